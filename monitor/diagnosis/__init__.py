@@ -1,0 +1,29 @@
+"""Pure diagnosis: a job's rank snapshots in, a verdict with culprits and evidence out."""
+
+from monitor.diagnosis.model import (
+    VERDICTS,
+    Diagnosis,
+    ExitView,
+    Frame,
+    HostFacts,
+    JobView,
+    RankDiagnosis,
+    RankView,
+    Stack,
+    WaitGroup,
+)
+from monitor.diagnosis.verdict import diagnose
+
+__all__ = [
+    "VERDICTS",
+    "Diagnosis",
+    "ExitView",
+    "Frame",
+    "HostFacts",
+    "JobView",
+    "RankDiagnosis",
+    "RankView",
+    "Stack",
+    "WaitGroup",
+    "diagnose",
+]

@@ -1,0 +1,152 @@
+"""The agent-to-monitor report, as the monitor validates it.
+
+This is the one definition of the wire format: the agent builds plain dicts of
+this shape (it does not import pydantic models), and a contract test checks
+the agent's real output against these models.
+
+Times are the agent's wall clock (seconds since the epoch); the monitor shifts
+them onto its own clock using ``sent_at`` and the time it received the report.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+ShortStr = Annotated[str, Field(max_length=256)]
+LineStr = Annotated[str, Field(max_length=2048)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class FrameReport(_Strict):
+    """One stack frame, innermost first in its list."""
+
+    name: ShortStr
+    file: Annotated[str, Field(max_length=1024)] = ""
+    line: int | None = None
+    native: bool = False
+
+
+class ThreadStackReport(_Strict):
+    tid: int | None = None
+    name: ShortStr = ""
+    active: bool | None = None
+    owns_gil: bool | None = None
+    frames: Annotated[list[FrameReport], Field(max_length=256)] = []
+
+
+class StackReport(_Strict):
+    taken_at: float
+    native: bool = False
+    duration_s: float | None = None
+    # Main thread first.
+    threads: Annotated[list[ThreadStackReport], Field(max_length=64)] = []
+
+
+class ThreadReport(_Strict):
+    tid: int
+    name: ShortStr = ""
+    state: Annotated[str, Field(max_length=2)] = "?"
+    cpu_percent: float | None = None
+
+
+class ThreadsReport(_Strict):
+    total: int = 0
+    by_state: dict[Annotated[str, Field(max_length=2)], int] = {}
+    # The busiest few threads, busiest first.
+    busiest: Annotated[list[ThreadReport], Field(max_length=32)] = []
+
+
+class ExitReport(_Strict):
+    at: float
+    code: int | None = None
+    signal: int | None = None
+    # Where the exit status came from: "proc" (zombie's /proc stat), "launcher-log", "unknown".
+    source: ShortStr = "unknown"
+
+
+class ProgressReport(_Strict):
+    # Counts every progress line seen since the agent started following the log:
+    # it changes whenever the job made progress, even if the printed step resets
+    # (per-epoch progress bars).
+    events: int = 0
+    step: int | None = None
+    total_steps: int | None = None
+    # When the agent first saw the latest progress line.
+    step_at: float | None = None
+    # "rank": lines written by (or prefixed for) this rank; "job": unprefixed lines
+    # in a log shared by several ranks, or a rank-0-only log.
+    scope: Literal["rank", "job"] = "rank"
+    source: Annotated[str, Field(max_length=1024)] = ""
+    pattern: ShortStr = ""
+    last_line: LineStr | None = None
+    # Recent (time, step) pairs, oldest first, so the monitor sees the cadence even
+    # when several steps pass between two reports.
+    recent: Annotated[list[tuple[float, int]], Field(max_length=256)] = []
+
+
+class RankReport(_Strict):
+    job_id: Annotated[str, Field(min_length=1, max_length=256)]
+    rank: Annotated[int, Field(ge=0, lt=1_000_000)]
+    world_size: Annotated[int, Field(ge=1, le=1_000_000)]
+    local_rank: int | None = None
+    pid: Annotated[int, Field(ge=1)]
+    cmdline: Annotated[str, Field(max_length=4096)] = ""
+    launcher: ShortStr = ""
+    started_at: float | None = None
+    alive: bool = True
+    exit: ExitReport | None = None
+    # Kernel process state letter: R S D T t Z X I.
+    state: Annotated[str, Field(max_length=2)] | None = None
+    # 100 means one full core.
+    cpu_percent: float | None = None
+    cpu_seconds: float | None = None
+    rss_bytes: int | None = None
+    threads: ThreadsReport | None = None
+    # Bytes written through write()/send() (wchar in /proc/PID/io).
+    wchar: int | None = None
+    write_bytes_per_s: float | None = None
+    progress: ProgressReport | None = None
+    # Error lines from this rank's log (last lines of tracebacks), newest last.
+    log_errors: Annotated[list[LineStr], Field(max_length=50)] = []
+    stack: StackReport | None = None
+    stack_error: LineStr | None = None
+
+
+class CollectorHealth(_Strict):
+    name: ShortStr
+    ok: bool
+    error: LineStr | None = None
+    duration_s: float | None = None
+
+
+class HostReport(_Strict):
+    hostname: ShortStr = ""
+    cpu_count: int | None = None
+    # Only the flags that matter to the diagnosis (amx_bf16, avx512_bf16, ...).
+    cpu_flags: Annotated[list[ShortStr], Field(max_length=64)] = []
+    cpu_model: ShortStr = ""
+
+
+class AgentInfo(_Strict):
+    version: ShortStr = ""
+    pid: int | None = None
+    started_at: float | None = None
+    interval_s: float | None = None
+    py_spy: LineStr | None = None  # "ok", or why stacks are unavailable
+
+
+class Report(_Strict):
+    schema_version: Literal[1]
+    node: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")]
+    sent_at: float
+    agent: AgentInfo = AgentInfo()
+    host: HostReport = HostReport()
+    collectors: Annotated[list[CollectorHealth], Field(max_length=64)] = []
+    ranks: Annotated[list[RankReport], Field(max_length=4096)] = []
