@@ -1,0 +1,74 @@
+"""What each rank is doing right now, from its latest snapshot.
+
+A stack only counts when it is fresh: taken after ``fresh_after`` (the job's
+last progress), so a background dump from a healthy moment is never read as
+the rank's current position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from monitor.diagnosis.model import RankView
+from monitor.diagnosis.stacks import WaitPoint, top_python_frame, wait_point
+
+BUSY_CPU_PERCENT = 50.0
+# wchar rate above which a waiting rank is still moving data (log lines stay far below).
+MOVING_BYTES_PER_S = 256 * 1024
+# A stop seen in two reports (about 2 s apart) is not the agent's own py-spy pause.
+STOPPED_CONFIRM_S = 1.5
+
+ACTIVITIES = (
+    "exited",
+    "failed",
+    "stopped",
+    "in_collective",
+    "sending",
+    "rendezvous",
+    "computing",
+    "idle",
+    "unknown",
+)
+
+
+@dataclass(frozen=True)
+class Activity:
+    rank: RankView
+    kind: str  # one of ACTIVITIES
+    wait: WaitPoint | None = None
+    top_frame: str | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return self.kind in ("in_collective", "sending")
+
+
+def is_stopped(rank: RankView) -> bool:
+    if not rank.alive or rank.proc_state not in ("T", "t"):
+        return False
+    since = rank.state_since if rank.state_since is not None else rank.observed_at
+    return rank.observed_at - since >= STOPPED_CONFIRM_S
+
+
+def classify(rank: RankView, fresh_after: float | None) -> Activity:
+    stack = rank.stack
+    if stack is not None and fresh_after is not None and stack.taken_at < fresh_after:
+        stack = None
+    top = top_python_frame(stack)
+    top_text = top.where() if top else None
+    if not rank.alive:
+        failed = rank.exit is not None and rank.exit.failed
+        return Activity(rank, "failed" if failed else "exited", top_frame=top_text)
+    if is_stopped(rank):
+        return Activity(rank, "stopped", top_frame=top_text)
+    point = wait_point(stack, rank.cpu_percent)
+    if point is not None:
+        if point.is_rendezvous:
+            return Activity(rank, "rendezvous", point, top_text)
+        moving = (rank.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S
+        return Activity(rank, "sending" if moving else "in_collective", point, top_text)
+    if rank.cpu_percent is not None and rank.cpu_percent >= BUSY_CPU_PERCENT:
+        return Activity(rank, "computing", top_frame=top_text)
+    if stack is not None:
+        return Activity(rank, "idle", top_frame=top_text)
+    return Activity(rank, "unknown", top_frame=top_text)

@@ -1,0 +1,67 @@
+"""A job's own pace, learned from its progress lines, and when silence means a stall.
+
+A job with 70-second steps is not stuck after 20 seconds: the threshold scales
+with the usual step interval and with the longest recent one (eval passes,
+checkpoints), and never drops below a floor that covers sampling delays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+
+from monitor.diagnosis.model import JobView
+
+MIN_STALL_S = 5.0
+MEDIAN_FACTOR = 5.0
+LONGEST_FACTOR = 1.5
+RECENT_INTERVALS = 32
+
+
+@dataclass(frozen=True)
+class Cadence:
+    last_progress_at: float | None
+    median_interval_s: float | None
+    longest_interval_s: float | None
+
+    @property
+    def stall_after_s(self) -> float:
+        if self.median_interval_s is None:
+            return MIN_STALL_S
+        return max(
+            MIN_STALL_S,
+            MEDIAN_FACTOR * self.median_interval_s,
+            LONGEST_FACTOR * (self.longest_interval_s or 0.0),
+        )
+
+    def silent_for(self, now: float) -> float | None:
+        return None if self.last_progress_at is None else max(0.0, now - self.last_progress_at)
+
+    def is_stalled(self, now: float) -> bool:
+        silent = self.silent_for(now)
+        return silent is not None and silent > self.stall_after_s
+
+
+def _intervals(times: tuple[float, ...]) -> list[float]:
+    ordered = sorted(times)[-(RECENT_INTERVALS + 1) :]
+    return [b - a for a, b in zip(ordered, ordered[1:]) if b > a]
+
+
+def job_cadence(job: JobView) -> Cadence:
+    """Each progress source (the job log, each rank's log) is timed on its own —
+    merging them would halve the intervals — and the slowest source sets the pace."""
+    sources = [job.job_progress_times] + [r.progress_times for r in job.ranks]
+    sources = [s for s in sources if s]
+    if not sources:
+        return Cadence(None, None, None)
+    last = max(max(s) for s in sources)
+    medians: list[float] = []
+    longest: list[float] = []
+    for times in sources:
+        gaps = _intervals(times)
+        if gaps:
+            medians.append(median(gaps))
+            longest.append(max(gaps))
+    if not medians:
+        return Cadence(last, None, None)
+    return Cadence(last, max(medians), max(longest))

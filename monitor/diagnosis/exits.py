@@ -1,0 +1,68 @@
+"""Which ended rank caused the others to end.
+
+With gloo, the peers of a dead rank fail at once with "Connection closed by
+peer", and torchrun then terminates the survivors with SIGTERM: those endings
+are consequences. The cause is the earliest ending that is not one of them.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as signals
+
+from monitor.diagnosis.model import RankView
+
+# Errors a rank gets because a peer went away, not because of its own fault.
+PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|"
+    r"Connection refused|NCCL communicator was aborted|peer.*(closed|gone|lost)|"
+    r"DistBackendError|Socket Timeout",
+    re.IGNORECASE,
+)
+# How close two endings must be to count as "at the same time".
+SAME_MOMENT_S = 0.5
+
+
+def is_consequence(rank: RankView, first_end: float) -> bool:
+    exit_ = rank.exit
+    if exit_ is None:
+        return False
+    if exit_.error and PEER_LOST.search(exit_.error):
+        return True
+    # SIGTERM/SIGINT after another rank ended: the launcher tearing the group down.
+    return exit_.signal in (signals.SIGTERM, signals.SIGINT) and exit_.at > first_end + 0.05
+
+
+def first_causes(ended: list[RankView]) -> list[RankView]:
+    """The rank(s) that ended first and not because a peer ended."""
+    timed = sorted(ended, key=lambda r: r.exit.at if r.exit else float("inf"))
+    first_end = timed[0].exit.at if timed and timed[0].exit else float("inf")
+    causes = [r for r in timed if not is_consequence(r, first_end)]
+    if not causes:
+        causes = timed[:1]
+    earliest = causes[0].exit.at if causes[0].exit else float("inf")
+    return [r for r in causes if r.exit is None or r.exit.at - earliest <= SAME_MOMENT_S] or causes[:1]
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe_exit(rank: RankView) -> str:
+    exit_ = rank.exit
+    where = f"rank {rank.rank} (pid {rank.pid} on {rank.node})"
+    if exit_ is None:
+        return f"{where} vanished; exit status unknown"
+    if exit_.signal:
+        how = f"killed by {signal_name(exit_.signal)}"
+    elif exit_.code is not None:
+        how = f"exited with code {exit_.code}"
+    else:
+        how = "ended (exit status unknown)"
+    text = f"{where} {how}"
+    if exit_.error:
+        text += f": {exit_.error}"
+    return text

@@ -1,0 +1,169 @@
+"""The diagnosis, table-style: one row per situation, no processes."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from monitor.diagnosis import VERDICTS, ExitView, JobView, diagnose
+from tests.diagnosis.builders import (
+    NOW,
+    async_wait_native,
+    collective,
+    computing,
+    ddp_backward,
+    init_pg,
+    job,
+    rank,
+    sleeping,
+    steps,
+)
+
+STALLED = steps(NOW - 12, 0.1)  # sub-second steps that stopped 12 s ago
+RUNNING = steps(NOW - 0.1, 0.1)  # still advancing
+PEER_CLOSED = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4711"
+
+CASES: list[tuple[str, JobView, str, tuple[int, ...]]] = [
+    ("healthy sub-second steps",
+     job(rank(0, cpu=98, frames=computing(), active=True), rank(1, cpu=97), progress=RUNNING),
+     "healthy", ()),
+    ("70-second steps, 60 s since the last one: not stuck",
+     job(rank(0, cpu=0, frames=collective("all_reduce", 50)), rank(1, cpu=100, frames=computing(), active=True),
+         progress=steps(NOW - 60, 70, 10)),
+     "healthy", ()),
+    ("slow first step: nothing logged yet, everyone busy",
+     job(rank(0, cpu=100, frames=computing(), active=True), rank(1, cpu=100, frames=computing(), active=True)),
+     "healthy", ()),
+    ("rank 1 left the loop and lingers",
+     job(rank(0, frames=collective("all_reduce", 50)), rank(1, frames=sleeping()), progress=STALLED),
+     "deadlock", (1,)),
+    ("rank-0-only barrier, rank 1 in the step's all_reduce",
+     job(rank(0, frames=collective("barrier", 80, "save_checkpoint")), rank(1, frames=collective("all_reduce", 50)),
+         progress=STALLED),
+     "deadlock", (0,)),
+    ("two all_reduce call sites: the job's known sync point wins the tie",
+     job(rank(0, frames=collective("all_reduce", 91, "log_metrics")), rank(1, frames=collective("all_reduce", 50)),
+         progress=STALLED, known_wait_sites=frozenset({"all_reduce@train.py:50"})),
+     "deadlock", (0,)),
+    ("three ranks: the minority is the odd one out",
+     job(rank(0, frames=collective("broadcast", 85)), rank(1, frames=collective("broadcast", 85)),
+         rank(2, frames=collective("all_reduce", 50)), progress=STALLED),
+     "deadlock", (2,)),
+    ("DDP: a peer waits inside backward, rank 1 lingers",
+     job(rank(0, frames=ddp_backward()), rank(1, frames=sleeping()), progress=STALLED),
+     "deadlock", (1,)),
+    ("async all_reduce: only native frames show the wait",
+     job(rank(0, frames=async_wait_native()), rank(1, frames=sleeping()), progress=STALLED),
+     "deadlock", (1,)),
+    ("NCCL spin: 100% CPU but parked in a different collective",
+     job(rank(0, cpu=100, frames=collective("all_reduce", 50), active=True),
+         rank(1, cpu=100, frames=collective("all_gather_object", 88, "gather_stats"), active=True), progress=STALLED),
+     "deadlock", (1,)),
+    ("no step log at all: parked at 0% CPU for 20 s",
+     job(rank(0, frames=collective("all_reduce", 50), idle_since=NOW - 20),
+         rank(1, frames=sleeping(), idle_since=NOW - 20)),
+     "deadlock", (1,)),
+    ("no step log at all: parked only 4 s (a normal wait)",
+     job(rank(0, frames=collective("all_reduce", 50), idle_since=NOW - 4),
+         rank(1, frames=sleeping(), idle_since=NOW - 4)),
+     "healthy", ()),
+    ("no step log at all: both parked in collectives for 20 s",
+     job(rank(0, frames=collective("all_reduce", 50), idle_since=NOW - 20),
+         rank(1, frames=collective("barrier", 80), idle_since=NOW - 20)),
+     "deadlock", (1,)),
+    ("straggler: rank 1 computes while rank 0 waits",
+     job(rank(0, frames=collective("all_reduce", 50)), rank(1, cpu=100, frames=computing(), active=True),
+         progress=STALLED),
+     "straggler", (1,)),
+    ("slow compute: everyone busy, no one waits",
+     job(rank(0, cpu=100, frames=computing(), active=True), rank(1, cpu=99, frames=computing(), active=True),
+         progress=STALLED),
+     "slow_compute", ()),
+    ("a stale stack from before the stall is not read as the current position",
+     job(rank(0, frames=collective("all_reduce", 50)),
+         rank(1, cpu=100, frames=collective("all_reduce", 50), stack_at=NOW - 30), progress=STALLED),
+     "straggler", (1,)),
+    ("rank 1 exited 0 early; rank 0 failed with Connection closed by peer",
+     job(rank(0, alive=False, exit=ExitView(NOW - 5, 1, None, PEER_CLOSED)),
+         rank(1, alive=False, exit=ExitView(NOW - 5.01, 0, None, None)), progress=STALLED),
+     "rank_exited", (1,)),
+    ("rank 1 SIGKILLed; torchrun terminated rank 0",
+     job(rank(0, alive=False, exit=ExitView(NOW - 4.9, None, signal.SIGTERM, None)),
+         rank(1, alive=False, exit=ExitView(NOW - 5, None, signal.SIGKILL, None)), progress=STALLED),
+     "rank_exited", (1,)),
+    ("the peer's error was recorded a moment before the killed rank's exit",
+     job(rank(0, alive=False, exit=ExitView(NOW - 5.02, 1, None, PEER_CLOSED)),
+         rank(1, alive=False, exit=ExitView(NOW - 5, None, signal.SIGKILL, None)), progress=STALLED),
+     "rank_exited", (1,)),
+    ("rank 1 exited 0; rank 0 still alive, parked and stalled",
+     job(rank(0, frames=collective("all_reduce", 50)), rank(1, alive=False, exit=ExitView(NOW - 11, 0)),
+         progress=STALLED),
+     "rank_exited", (1,)),
+    ("rank 1 finished a moment before rank 0: still healthy",
+     job(rank(0, cpu=100, frames=computing(), active=True), rank(1, alive=False, exit=ExitView(NOW - 0.3, 0)),
+         progress=RUNNING),
+     "healthy", ()),
+    ("every rank ended with code 0",
+     job(rank(0, alive=False, exit=ExitView(NOW - 1, 0)), rank(1, alive=False, exit=ExitView(NOW - 1.2, 0)),
+         progress=STALLED),
+     "finished", ()),
+    ("rank 1 SIGSTOPped for 5 s",
+     job(rank(0, frames=collective("all_reduce", 50)), rank(1, state="T", state_since=NOW - 5), progress=STALLED),
+     "rank_stopped", (1,)),
+    ("a stop seen once (py-spy's own pause) is not a stopped rank",
+     job(rank(0, cpu=90), rank(1, cpu=90, state="t", state_since=NOW), progress=RUNNING),
+     "healthy", ()),
+    ("world size 3 never reached",
+     job(rank(0, frames=init_pg(), first_seen=NOW - 20), rank(1, frames=init_pg(), first_seen=NOW - 20),
+         world_size=3),
+     "rendezvous_hang", (2,)),
+    ("initialising for 3 s is normal",
+     job(rank(0, frames=init_pg(), first_seen=NOW - 3), rank(1, frames=init_pg(), first_seen=NOW - 3), world_size=3),
+     "healthy", ()),
+    ("bytes still moving in the collective: not a deadlock",
+     job(rank(0, frames=collective("all_reduce", 50), bytes_per_s=8e6), rank(1, frames=collective("all_reduce", 50)),
+         progress=STALLED),
+     "stalled", ()),
+    ("no stacks at all (py-spy missing): stalled, never a guessed deadlock",
+     job(rank(0), rank(1), progress=STALLED, stacks_unavailable_reason="py-spy not found"),
+     "stalled", ()),
+]
+
+
+@pytest.mark.parametrize(("situation", "job_view", "verdict", "culprits"), CASES, ids=[c[0] for c in CASES])
+def test_verdict(situation: str, job_view: JobView, verdict: str, culprits: tuple[int, ...]) -> None:
+    result = diagnose(job_view)
+    assert (result.verdict, result.culprit_ranks) == (verdict, culprits), result.summary
+    assert result.verdict in VERDICTS
+    assert result.summary
+
+
+def test_deadlock_groups_ranks_by_wait_site() -> None:
+    result = diagnose(CASES[6][1])
+    assert {(g.site, g.ranks) for g in result.groups} == {
+        ("broadcast@train.py:85", (0, 1)),
+        ("all_reduce@train.py:50", (2,)),
+    }
+    assert any("broadcast" in line for line in result.evidence)
+
+
+def test_every_rank_gets_a_state_and_top_frame() -> None:
+    result = diagnose(CASES[3][1])
+    by_rank = {r.rank: r for r in result.ranks}
+    assert by_rank[0].state == "in_collective"
+    assert by_rank[0].wait_site == "all_reduce@train.py:50"
+    assert by_rank[0].top_frame.startswith("all_reduce (torch/distributed/distributed_c10d.py")
+    assert by_rank[1].state == "idle"
+
+
+def test_exit_evidence_names_the_signal() -> None:
+    result = diagnose(CASES[16][1])
+    assert any("killed by SIGKILL" in line for line in result.evidence)
+    assert result.since == NOW - 5
+
+
+def test_stall_since_is_the_last_progress() -> None:
+    result = diagnose(CASES[3][1])
+    assert result.since == pytest.approx(NOW - 12)
+    assert result.hints
