@@ -131,6 +131,10 @@ CASES: list[tuple[str, JobView, str, tuple[int, ...]]] = [
 ]
 
 
+def case(prefix: str) -> JobView:
+    return next(c[1] for c in CASES if c[0].startswith(prefix))
+
+
 @pytest.mark.parametrize(("situation", "job_view", "verdict", "culprits"), CASES, ids=[c[0] for c in CASES])
 def test_verdict(situation: str, job_view: JobView, verdict: str, culprits: tuple[int, ...]) -> None:
     result = diagnose(job_view)
@@ -140,7 +144,7 @@ def test_verdict(situation: str, job_view: JobView, verdict: str, culprits: tupl
 
 
 def test_deadlock_groups_ranks_by_wait_site() -> None:
-    result = diagnose(CASES[6][1])
+    result = diagnose(case("three ranks"))
     assert {(g.site, g.ranks) for g in result.groups} == {
         ("broadcast@train.py:85", (0, 1)),
         ("all_reduce@train.py:50", (2,)),
@@ -149,7 +153,7 @@ def test_deadlock_groups_ranks_by_wait_site() -> None:
 
 
 def test_every_rank_gets_a_state_and_top_frame() -> None:
-    result = diagnose(CASES[3][1])
+    result = diagnose(case("rank 1 left the loop"))
     by_rank = {r.rank: r for r in result.ranks}
     assert by_rank[0].state == "in_collective"
     assert by_rank[0].wait_site == "all_reduce@train.py:50"
@@ -158,12 +162,12 @@ def test_every_rank_gets_a_state_and_top_frame() -> None:
 
 
 def test_exit_evidence_names_the_signal() -> None:
-    result = diagnose(CASES[16][1])
+    result = diagnose(case("rank 1 SIGKILLed"))
     assert any("killed by SIGKILL" in line for line in result.evidence)
     assert result.since == NOW - 5
 
 
 def test_stall_since_is_the_last_progress() -> None:
-    result = diagnose(CASES[3][1])
+    result = diagnose(case("rank 1 left the loop"))
     assert result.since == pytest.approx(NOW - 12)
     assert result.hints
