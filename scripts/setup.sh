@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh clone: a virtual environment with torch (CPU build,
+# installed first so nothing pulls a multi-GB CUDA build) and the project.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${HANGWATCH_VENV:-.venv}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+fi
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    pip install "torch==2.13.0"
+fi
+pip install -e ".[test]"

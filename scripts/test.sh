@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the whole test suite. Extra arguments go to pytest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh || exit 1
+.venv/bin/python -m pytest "$@"
+status=$?
+if [ "$status" -eq 5 ]; then
+    echo "pytest collected no tests: failing on purpose" >&2
+    exit 1
+fi
+exit "$status"
