@@ -1,0 +1,75 @@
+"""``hangwatch-monitor``: serve the monitor on uvicorn (one worker: metrics come from in-process state)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sqlite3
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import NoReturn
+
+import uvicorn
+
+from monitor.app import create_app
+from monitor.settings import Settings, SettingsError
+from monitor.store import Store
+
+PROG = "hangwatch-monitor"
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, no usage dump: scripts and units read the reason at a glance.
+        self.exit(EXIT_USAGE, f"{PROG}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Central hang-detection monitor for distributed PyTorch training.")
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1, env HANGWATCH_HOST)")
+    parser.add_argument("--port", help="port to listen on (default 8787, env HANGWATCH_PORT)")
+    parser.add_argument("--db", help="SQLite file (default $HANGWATCH_STATE_DIR/monitor.db or the XDG state dir)")
+    parser.add_argument("--log-level", help="critical, error, warning, info, debug (default info)")
+    parser.add_argument("--max-body-bytes", help="largest accepted report (default 8 MiB)")
+    parser.add_argument("--job-retention", dest="job_retention_s", help="seconds an ended or silent job stays shown")
+    return parser
+
+
+def _quiet_exit(signum: int, frame: FrameType | None) -> None:
+    # Installed before uvicorn runs: it covers start-up, and uvicorn re-raises the SIGTERM
+    # it captured once it has shut down cleanly, which then lands here as exit status 0.
+    raise SystemExit(0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.load(vars(args))
+        settings.prepare_db_dir()
+    except SettingsError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    logging.basicConfig(level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _quiet_exit)
+    try:
+        store = Store(settings.db, settings.report_retention_s, settings.reports_per_node)
+    except sqlite3.Error as exc:
+        print(f"{PROG}: error: cannot open database {settings.db}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        app = create_app(settings, store)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, workers=1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

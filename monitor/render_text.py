@@ -1,0 +1,75 @@
+"""``GET /diagnose`` for a person at a terminal: one block per job, a table of ranks."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def render_text(jobs: list[dict[str, Any]], now: float) -> str:
+    if not jobs:
+        return "hangwatch: no jobs reported yet\n"
+    return "\n".join(render_job(job, now) for job in jobs)
+
+
+def render_job(job: dict[str, Any], now: float) -> str:
+    lines = []
+    since = f"  since {_clock(job['since'])} ({_ago(now - job['since'])} ago)" if job["since"] is not None else ""
+    lines.append(f"== job {job['job_id']}: {job['verdict'].upper()}{since}")
+    lines.append(f"   {job['summary']}")
+    if job["culprit_ranks"]:
+        lines.append(f"   culprit ranks: {', '.join(str(r) for r in job['culprit_ranks'])}")
+    nodes = ", ".join(job.get("nodes", []))
+    lines.append(f"   world size {job['world_size']}, {len(job['ranks'])} ranks seen" + (f" on {nodes}" if nodes else ""))
+    if job.get("stacks_unavailable_reason"):
+        lines.append(f"   stacks unavailable: {job['stacks_unavailable_reason']}")
+    if job["evidence"]:
+        lines.append("   evidence:")
+        lines.extend(f"     - {e}" for e in job["evidence"])
+    if job["hints"]:
+        lines.append("   hints:")
+        lines.extend(f"     > {h}" for h in job["hints"])
+    lines.append("")
+    lines.extend("   " + row for row in _rank_table(job["ranks"]))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _rank_table(ranks: list[dict[str, Any]]) -> list[str]:
+    header = ("RANK", "NODE", "PID", "STATE", "CPU%", "STEP", "NO PROGRESS", "TOP FRAME")
+    rows = [
+        (
+            str(r["rank"]),
+            r["node"],
+            _opt(r["pid"]),
+            r["state"],
+            f"{r['cpu_percent']:.0f}" if r["cpu_percent"] is not None else "-",
+            _opt(r["step"]),
+            _ago(r["seconds_since_progress"]) if r["seconds_since_progress"] is not None else "-",
+            r["top_frame"] or "-",
+        )
+        for r in ranks
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    out = []
+    for row in [header, *rows]:
+        cells = [cell.ljust(w) for cell, w in zip(row, widths)]
+        out.append("  ".join([*cells, row[-1]]).rstrip())
+    return out
+
+
+def _opt(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
+    return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"

@@ -1,0 +1,131 @@
+"""Monitor settings: built once at start-up from defaults, ``HANGWATCH_*`` and the command line.
+
+Every value is checked here, so a bad option fails at start with one clear line
+instead of surfacing later as a traceback inside a request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "HANGWATCH_"
+
+
+class SettingsError(ValueError):
+    """A setting that cannot work; the message is one line meant for a person."""
+
+
+def default_db_path(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    if env.get("HANGWATCH_STATE_DIR"):
+        return Path(env["HANGWATCH_STATE_DIR"]) / "monitor.db"
+    if env.get("XDG_STATE_HOME"):
+        return Path(env["XDG_STATE_HOME"]) / "hangwatch" / "monitor.db"
+    return Path.home() / ".local" / "state" / "hangwatch" / "monitor.db"
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8787
+    db: Path = field(default_factory=default_db_path)
+    # Bodies above this are refused with 413 (checked on Content-Length and while streaming).
+    max_body_bytes: int = 8 * 1024 * 1024
+    # Stored reports older than this are pruned; a restart replays what is left.
+    report_retention_s: float = 900.0
+    # Cap on stored reports per node, whatever their age (15 min at one report a second).
+    reports_per_node: int = 900
+    # Jobs whose ranks all ended, or that no agent mentions any more, are forgotten after this.
+    job_retention_s: float = 600.0
+    # Background diagnosis that records verdict changes; 0 turns it off (tests drive it by hand).
+    tick_interval_s: float = 1.0
+    log_level: str = "info"
+
+    @classmethod
+    def load(
+        cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Defaults, then ``HANGWATCH_<NAME>`` variables, then ``overrides`` (None values skipped)."""
+        env = os.environ if env is None else env
+        raw: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            key = ENV_PREFIX + f.name.upper()
+            if key in env and env[key] != "":
+                raw[f.name] = env[key]
+        if "db" not in raw:
+            raw["db"] = default_db_path(env)
+        for name, value in (overrides or {}).items():
+            if value is not None:
+                raw[name] = value
+        return cls.from_raw(raw)
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> Settings:
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for name, value in raw.items():
+            if name not in known:
+                raise SettingsError(f"unknown setting {name!r}")
+            values[name] = _convert(name, value, known[name].type)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if not self.host:
+            raise SettingsError("host must not be empty")
+        if not 1 <= self.port <= 65535:
+            raise SettingsError(f"port must be between 1 and 65535, not {self.port}")
+        if self.max_body_bytes < 1024:
+            raise SettingsError("max_body_bytes must be at least 1024")
+        for name in ("report_retention_s", "job_retention_s"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be positive")
+        if self.reports_per_node < 1:
+            raise SettingsError("reports_per_node must be at least 1")
+        if self.tick_interval_s < 0:
+            raise SettingsError("tick_interval_s must not be negative")
+        if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
+            raise SettingsError(f"unknown log level {self.log_level!r}")
+
+    def prepare_db_dir(self) -> None:
+        """Create the database's directory and check it can be written, before serving."""
+        path = self.db
+        if path.exists() and path.is_dir():
+            raise SettingsError(f"database path {path} is a directory")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SettingsError(f"cannot create database directory {path.parent}: {exc.strerror or exc}") from None
+        # WAL needs to create -wal/-shm files beside the database, so the directory must be writable.
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            raise SettingsError(f"database directory {path.parent} is not writable")
+        if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+            raise SettingsError(f"database file {path} is not readable and writable")
+        try:
+            sqlite3.connect(path).close()
+        except sqlite3.Error as exc:
+            raise SettingsError(f"cannot open database {path}: {exc}") from None
+
+
+def _convert(name: str, value: Any, type_name: Any) -> Any:
+    kind = type_name if isinstance(type_name, str) else getattr(type_name, "__name__", str(type_name))
+    try:
+        if kind == "int":
+            return int(value)
+        if kind == "float":
+            number = float(value)
+            if number != number:  # NaN passes every comparison in validate()
+                raise ValueError
+            return number
+        if kind == "Path":
+            return Path(value).expanduser()
+        return str(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name}: {value!r} is not a valid {kind}") from None

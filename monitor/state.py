@@ -1,0 +1,318 @@
+"""What the monitor knows about each job, rank and node, kept up to date report by report.
+
+Every time is put on the monitor's clock as it comes in: the agent's clock is
+shifted by ``received_at - sent_at`` of the report that carried it.
+``monitor.views`` turns this into the diagnosis's ``JobView``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from monitor.diagnosis import ExitView, Frame, Stack
+from monitor.wire import AgentInfo, CollectorHealth, HostReport, ProgressReport, RankReport, Report, StackReport
+
+# Below this CPU percent a rank counts as idle (waiting, not computing).
+IDLE_CPU_PERCENT = 10.0
+PROGRESS_HISTORY = 64
+LOG_ERRORS_KEPT = 50
+KNOWN_SITES_KEPT = 64
+
+RankKey = tuple[str, int]
+
+
+@dataclass
+class ProgressCursor:
+    """How far one progress source has been read: its event count and newest time taken.
+
+    The mark is on the agent's clock: dedupe on the agent's own numbers, since the
+    shift onto the monitor's clock jitters with network latency.
+    """
+
+    events: int | None = None
+    mark: float | None = None
+
+
+@dataclass
+class RankTrack:
+    job_id: str
+    rank: int
+    node: str
+    pid: int
+    first_seen_at: float
+    observed_at: float
+    latest: RankReport
+    alive: bool = True
+    exit: ExitView | None = None
+    # True when the agent stopped listing this rank without saying it ended.
+    vanished: bool = False
+    proc_state: str | None = None
+    state_since: float | None = None
+    idle_since: float | None = None
+    progress_cursor: ProgressCursor = field(default_factory=lambda: ProgressCursor())
+    progress_times: deque[float] = field(default_factory=lambda: deque(maxlen=PROGRESS_HISTORY))
+    last_progress_at: float | None = None
+    stack: Stack | None = None
+    # Wait site of ``stack`` not yet known to be a regular sync point of the job.
+    pending_wait_site: str | None = None
+    log_errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class JobTrack:
+    job_id: str
+    ranks: dict[int, RankTrack] = field(default_factory=dict)
+    world_size: int = 1
+    last_report_at: float = 0.0
+    progress_times: deque[float] = field(default_factory=lambda: deque(maxlen=PROGRESS_HISTORY))
+    # One cursor per (node, log source): ranks sharing one log all report the same
+    # lines, and this keeps each line once.
+    progress_cursors: dict[tuple[str, str], ProgressCursor] = field(default_factory=dict)
+    job_step: int | None = None
+    job_step_at: float | None = None
+    known_wait_sites: set[str] = field(default_factory=set)
+
+    @property
+    def first_seen_at(self) -> float:
+        return min((r.first_seen_at for r in self.ranks.values()), default=self.last_report_at)
+
+    @property
+    def last_progress_at(self) -> float | None:
+        times = [r.last_progress_at for r in self.ranks.values() if r.last_progress_at is not None]
+        if self.progress_times:
+            times.append(self.progress_times[-1])
+        return max(times, default=None)
+
+    @property
+    def ended_at(self) -> float | None:
+        """When the last rank ended, if every rank has; None while one is alive."""
+        if not self.ranks or any(r.alive for r in self.ranks.values()):
+            return None
+        return max((r.exit.at if r.exit else r.observed_at) for r in self.ranks.values())
+
+
+@dataclass
+class NodeTrack:
+    node: str
+    last_report_at: float
+    offset: float
+    agent: AgentInfo
+    host: HostReport
+    collectors: tuple[CollectorHealth, ...]
+    rank_keys: set[RankKey] = field(default_factory=set)
+
+
+WaitSite = Callable[[Stack], str | None]
+
+
+class MonitorState:
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobTrack] = {}
+        self.nodes: dict[str, NodeTrack] = {}
+        # Bumped on every change, so readers can tell whether anything moved.
+        self.version = 0
+
+    def apply(self, report: Report, received_at: float, wait_site: WaitSite | None = None) -> set[str]:
+        """Take in one accepted report; return the ids of the jobs it touched.
+
+        ``wait_site(stack) -> str | None`` names the collective a stack waits in, if any.
+        """
+        offset = received_at - report.sent_at
+        node = self.nodes.get(report.node)
+        previous_keys = node.rank_keys if node else set()
+        node = NodeTrack(
+            node=report.node,
+            last_report_at=received_at,
+            offset=offset,
+            agent=report.agent,
+            host=report.host,
+            collectors=tuple(report.collectors),
+        )
+        self.nodes[report.node] = node
+        touched: set[str] = set()
+        for rank_report in report.ranks:
+            job = self.jobs.get(rank_report.job_id)
+            if job is None:
+                job = self.jobs[rank_report.job_id] = JobTrack(rank_report.job_id)
+            self._apply_rank(job, report.node, rank_report, received_at, offset, wait_site)
+            node.rank_keys.add((rank_report.job_id, rank_report.rank))
+            touched.add(job.job_id)
+        for job_id, rank in previous_keys - node.rank_keys:
+            job = self.jobs.get(job_id)
+            track = job.ranks.get(rank) if job else None
+            if job and track and track.node == report.node and track.alive:
+                _mark_vanished(track)
+                touched.add(job_id)
+        for job_id in touched:
+            self._learn_wait_sites(self.jobs[job_id])
+        self.version += 1
+        return touched
+
+    def _apply_rank(
+        self,
+        job: JobTrack,
+        node: str,
+        rr: RankReport,
+        received_at: float,
+        offset: float,
+        wait_site: WaitSite | None,
+    ) -> None:
+        job.last_report_at = max(job.last_report_at, received_at)
+        job.world_size = rr.world_size
+        track = job.ranks.get(rr.rank)
+        if track is None or track.pid != rr.pid:
+            # A new process for this rank (first sight, or restarted by its launcher):
+            # per-process facts start over, the rank's progress history carries on.
+            fresh = RankTrack(
+                job_id=job.job_id,
+                rank=rr.rank,
+                node=node,
+                pid=rr.pid,
+                first_seen_at=received_at,
+                observed_at=received_at,
+                latest=rr,
+            )
+            if track is not None:
+                fresh.progress_times = track.progress_times
+                fresh.progress_cursor = track.progress_cursor
+                fresh.last_progress_at = track.last_progress_at
+                fresh.first_seen_at = track.first_seen_at
+            previous_observed = None
+            track = job.ranks[rr.rank] = fresh
+        else:
+            previous_observed = track.observed_at
+        track.node = node
+        track.latest = rr
+        track.observed_at = received_at
+        track.vanished = False
+
+        if rr.state != track.proc_state:
+            track.proc_state = rr.state
+            track.state_since = received_at
+        if rr.cpu_percent is not None:
+            if rr.cpu_percent < IDLE_CPU_PERCENT:
+                if track.idle_since is None:
+                    # cpu_percent is measured over the interval since the agent's previous
+                    # sample, so the rank has been idle since about that report.
+                    track.idle_since = previous_observed if previous_observed is not None else received_at
+            else:
+                track.idle_since = None
+
+        track.log_errors = _merge_lines(track.log_errors, rr.log_errors, LOG_ERRORS_KEPT)
+        track.alive = rr.alive
+        if rr.alive:
+            track.exit = None
+        else:
+            error = track.log_errors[-1] if track.log_errors else None
+            if rr.exit is not None:
+                track.exit = ExitView(at=rr.exit.at + offset, code=rr.exit.code, signal=rr.exit.signal, error=error)
+            elif track.exit is None:
+                track.exit = ExitView(at=received_at, error=error)
+            else:
+                track.exit = ExitView(at=track.exit.at, code=track.exit.code, signal=track.exit.signal, error=error)
+
+        if rr.stack is not None:
+            track.stack = to_stack(rr.stack, offset)
+            track.pending_wait_site = wait_site(track.stack) if wait_site else None
+        if rr.progress is not None:
+            self._apply_progress(job, track, node, rr.progress, received_at, offset)
+
+    def _apply_progress(
+        self, job: JobTrack, track: RankTrack, node: str, p: ProgressReport, received_at: float, offset: float
+    ) -> None:
+        if p.scope == "job":
+            cursor = job.progress_cursors.setdefault((node, p.source), ProgressCursor())
+        else:
+            cursor = track.progress_cursor
+        changed = cursor.events is not None and p.events != cursor.events
+        first_sight = cursor.events is None
+        cursor.events = p.events
+        new = [t for t, _ in p.recent if cursor.mark is None or t > cursor.mark]
+        if not new and (changed or (first_sight and p.events > 0)):
+            # Progress without a cadence list: fall back on when the agent saw the line.
+            if p.step_at is not None and (cursor.mark is None or p.step_at > cursor.mark):
+                new = [p.step_at]
+            elif changed:
+                new = [received_at - offset]
+        if not new:
+            return
+        cursor.mark = max(new)
+        shifted = sorted(t + offset for t in new)
+        if p.scope == "job":
+            _add_times(job.progress_times, shifted)
+            if job.job_step_at is None or shifted[-1] >= job.job_step_at:
+                job.job_step, job.job_step_at = p.step, shifted[-1]
+        else:
+            _add_times(track.progress_times, shifted)
+            track.last_progress_at = track.progress_times[-1]
+
+    def _learn_wait_sites(self, job: JobTrack) -> None:
+        """A wait site counts as a regular sync point once the job progressed after a stack showed it."""
+        progressed_at = job.last_progress_at
+        if progressed_at is None:
+            return
+        for track in job.ranks.values():
+            site = track.pending_wait_site
+            if site and track.stack is not None and track.stack.taken_at < progressed_at:
+                if len(job.known_wait_sites) < KNOWN_SITES_KEPT:
+                    job.known_wait_sites.add(site)
+                track.pending_wait_site = None
+
+    def prune(self, now: float, retention_s: float) -> list[str]:
+        """Forget jobs that ended, or that no agent mentioned, more than ``retention_s`` ago."""
+        dropped = []
+        for job_id, job in list(self.jobs.items()):
+            ended_at = job.ended_at
+            if now - job.last_report_at > retention_s or (ended_at is not None and now - ended_at > retention_s):
+                del self.jobs[job_id]
+                dropped.append(job_id)
+        for name, node in list(self.nodes.items()):
+            if now - node.last_report_at > retention_s:
+                del self.nodes[name]
+        if dropped:
+            self.version += 1
+        return dropped
+
+
+def to_stack(report: StackReport, offset: float) -> Stack:
+    main = report.threads[0] if report.threads else None
+    frames = tuple(Frame(f.name, f.file, f.line, f.native) for f in main.frames) if main else ()
+    return Stack(
+        taken_at=report.taken_at + offset,
+        frames=frames,
+        native=report.native,
+        active=main.active if main else None,
+    )
+
+
+def _mark_vanished(track: RankTrack) -> None:
+    track.alive = False
+    track.vanished = True
+    error = track.log_errors[-1] if track.log_errors else None
+    track.exit = ExitView(at=track.observed_at, error=error)
+
+
+def _add_times(times: deque[float], new: Iterable[float]) -> None:
+    for t in new:
+        if times and t < times[-1]:
+            # Rare (two logs of one job on different clocks): keep the list ordered.
+            merged = sorted([*times, t])
+            times.clear()
+            times.extend(merged[-(times.maxlen or len(merged)) :])
+        else:
+            times.append(t)
+
+
+def _merge_lines(old: list[str], new: list[str], keep: int) -> list[str]:
+    """Append ``new`` to ``old``, skipping the part of ``new`` that repeats the tail of ``old``.
+
+    Works whether the agent sends its whole recent window each time or only new lines.
+    """
+    if not new:
+        return old
+    for overlap in range(min(len(old), len(new)), 0, -1):
+        if old[-overlap:] == new[:overlap]:
+            return (old + new[overlap:])[-keep:]
+    return (old + new)[-keep:]

@@ -1,0 +1,218 @@
+"""MonitorState and views: reports in, JobView out, times on the monitor's clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from report_builder import ALL_REDUCE_FRAMES, frame, progress, rank, report, stack
+
+from monitor.diagnosis import ExitView, Frame, Stack
+from monitor.state import MonitorState
+from monitor.views import job_view
+from monitor.wire import Report
+
+T0 = 1_700_000_000.0
+
+
+def apply(state: MonitorState, body: dict[str, Any], received_at: float, **kw: Any) -> set[str]:
+    return state.apply(Report.model_validate(body), received_at, **kw)
+
+
+def view(state: MonitorState, job: str = "job-a", now: float = T0 + 100):
+    return job_view(state.jobs[job], state.nodes, now)
+
+
+def test_times_are_shifted_onto_the_monitor_clock() -> None:
+    state = MonitorState()
+    skew = -500.0  # the agent's clock runs 500 s behind the monitor's
+    agent_now = T0 + skew
+    r = rank(
+        progress=progress(3, 30, [(agent_now - 2, 28), (agent_now - 1, 29), (agent_now, 30)]),
+        stack=stack(agent_now - 0.5),
+        alive=False,
+        exit={"at": agent_now - 0.2, "code": 1, "source": "proc"},
+    )
+    apply(state, report(ranks=[r], sent_at=agent_now), received_at=T0)
+    rv = view(state).ranks[0]
+    assert rv.progress_times == pytest.approx((T0 - 2, T0 - 1, T0))
+    assert rv.stack is not None and rv.stack.taken_at == pytest.approx(T0 - 0.5)
+    assert rv.exit is not None and rv.exit.at == pytest.approx(T0 - 0.2)
+    assert rv.first_seen_at == rv.observed_at == T0
+
+
+def test_state_since_changes_only_when_the_letter_changes() -> None:
+    state = MonitorState()
+    for i, letter in enumerate(["R", "R", "S", "S", "S"]):
+        apply(state, report(ranks=[rank(state=letter)], sent_at=T0 + i), received_at=T0 + i)
+    rv = view(state).ranks[0]
+    assert rv.proc_state == "S"
+    assert rv.state_since == T0 + 2
+    assert rv.observed_at == T0 + 4
+    assert rv.first_seen_at == T0
+
+
+def test_idle_since_starts_at_the_report_before_cpu_dropped_and_resets_on_work() -> None:
+    state = MonitorState()
+    cpus = [100.0, 99.0, 2.0, 0.5, None, 1.0]
+    for i, cpu in enumerate(cpus):
+        apply(state, report(ranks=[rank(cpu_percent=cpu)], sent_at=T0 + i), received_at=T0 + i)
+    # CPU covers the interval since the previous sample (at T0+1), and None keeps the run going.
+    assert view(state).ranks[0].idle_since == T0 + 1
+    apply(state, report(ranks=[rank(cpu_percent=50.0)], sent_at=T0 + 6), received_at=T0 + 6)
+    assert view(state).ranks[0].idle_since is None
+
+
+def test_rank_progress_is_deduplicated_and_capped() -> None:
+    state = MonitorState()
+    history: list[tuple[float, int]] = []
+    for i in range(100):
+        history.append((T0 + i, i))
+        # The agent resends its recent window each time: overlapping entries must count once.
+        p = progress(i + 1, i, history[-5:])
+        apply(state, report(ranks=[rank(progress=p)], sent_at=T0 + i), received_at=T0 + i + 0.01 * (i % 3))
+    rv = view(state).ranks[0]
+    assert len(rv.progress_times) == 64
+    assert rv.progress_times[-1] == pytest.approx(T0 + 99, abs=0.05)
+    assert list(rv.progress_times) == sorted(rv.progress_times)
+    assert rv.step == 99
+
+
+def test_progress_events_without_recent_use_step_at_or_receive_time() -> None:
+    state = MonitorState()
+    apply(state, report(ranks=[rank(progress=progress(1, 1))], sent_at=T0), received_at=T0)
+    assert view(state).ranks[0].progress_times == ()  # first sight, no time to go by
+    apply(state, report(ranks=[rank(progress=progress(2, 2, step_at=T0 + 4.5))], sent_at=T0 + 5), received_at=T0 + 5)
+    apply(state, report(ranks=[rank(progress=progress(3, 3))], sent_at=T0 + 6), received_at=T0 + 6)
+    apply(state, report(ranks=[rank(progress=progress(3, 3))], sent_at=T0 + 7), received_at=T0 + 7)
+    assert view(state).ranks[0].progress_times == (T0 + 4.5, T0 + 6)
+
+
+def test_job_scope_progress_counts_each_line_once_across_ranks() -> None:
+    state = MonitorState()
+    for i in range(3):
+        recent = [(T0 + j, j) for j in range(i + 1)]
+        ranks = [rank(rank=r, progress=progress(i + 1, i, recent, scope="job")) for r in range(4)]
+        apply(state, report(ranks=ranks, sent_at=T0 + i), received_at=T0 + i)
+    jv = view(state)
+    assert jv.job_progress_times == (T0, T0 + 1, T0 + 2)
+    assert jv.job_step == 2
+    assert all(r.progress_times == () for r in jv.ranks)
+
+
+def test_the_last_stack_is_kept_when_a_later_report_has_none() -> None:
+    state = MonitorState()
+    apply(state, report(ranks=[rank(stack=stack(T0, active=False))], sent_at=T0), received_at=T0)
+    apply(state, report(ranks=[rank(stack=None, stack_error="py-spy timed out")], sent_at=T0 + 1), received_at=T0 + 1)
+    rv = view(state).ranks[0]
+    assert rv.stack == Stack(
+        taken_at=T0,
+        frames=tuple(Frame(f["name"], f["file"], f["line"], f["native"]) for f in ALL_REDUCE_FRAMES),
+        native=False,
+        active=False,
+    )
+    assert rv.stack.frames[0].where() == "all_reduce (torch/distributed/distributed_c10d.py:2501)"
+    assert rv.stack_error == "py-spy timed out"
+
+
+def test_exit_carries_the_last_logged_error() -> None:
+    state = MonitorState()
+    apply(state, report(ranks=[rank(log_errors=["ValueError: a"])], sent_at=T0), received_at=T0)
+    r = rank(alive=False, exit={"at": T0 + 1, "code": 1, "source": "proc"},
+             log_errors=["ValueError: a", "RuntimeError: Connection closed by peer"])
+    apply(state, report(ranks=[r], sent_at=T0 + 2), received_at=T0 + 2)
+    rv = view(state).ranks[0]
+    assert not rv.alive
+    assert rv.exit == ExitView(at=T0 + 1, code=1, signal=None, error="RuntimeError: Connection closed by peer")
+    assert rv.exit.failed
+    assert rv.log_errors == ("ValueError: a", "RuntimeError: Connection closed by peer")
+
+
+def test_a_rank_the_agent_stops_listing_is_treated_as_vanished() -> None:
+    state = MonitorState()
+    both = [rank(rank=0), rank(rank=1)]
+    apply(state, report(ranks=both, sent_at=T0), received_at=T0)
+    touched = apply(state, report(ranks=[rank(rank=0)], sent_at=T0 + 1), received_at=T0 + 1)
+    assert touched == {"job-a"}
+    r0, r1 = view(state).ranks
+    assert r0.alive and r0.exit is None
+    assert not r1.alive
+    assert r1.exit == ExitView(at=T0)
+    # Another node's report says nothing about this node's ranks.
+    apply(state, report(node="node-b", ranks=[], sent_at=T0 + 2), received_at=T0 + 2)
+    assert view(state).ranks[0].alive
+
+
+def test_ranks_from_several_nodes_merge_into_one_job() -> None:
+    state = MonitorState()
+    apply(state, report(node="node-a", ranks=[rank(rank=0, world_size=4), rank(rank=1, world_size=4)]), T0)
+    apply(state, report(node="node-b", ranks=[rank(rank=2, world_size=4), rank(rank=3, world_size=4)],
+                        host={"cpu_flags": ["amx_bf16"], "cpu_model": "Other CPU"}), T0 + 0.5)
+    jv = view(state)
+    assert [(r.rank, r.node) for r in jv.ranks] == [(0, "node-a"), (1, "node-a"), (2, "node-b"), (3, "node-b")]
+    assert jv.world_size == 4
+    assert jv.first_seen_at == T0
+    assert jv.hosts["node-b"].cpu_flags == frozenset({"amx_bf16"})
+    assert jv.hosts["node-a"].cpu_model == "Test CPU"
+
+
+def test_a_new_pid_starts_the_process_facts_over() -> None:
+    state = MonitorState()
+    apply(state, report(ranks=[rank(pid=10, stack=stack(T0), state="S")], sent_at=T0), received_at=T0)
+    apply(state, report(ranks=[rank(pid=11, state="S")], sent_at=T0 + 5), received_at=T0 + 5)
+    rv = view(state).ranks[0]
+    assert rv.pid == 11
+    assert rv.stack is None
+    assert rv.state_since == T0 + 5
+    assert rv.first_seen_at == T0
+
+
+def test_stacks_unavailable_only_when_every_node_says_so() -> None:
+    state = MonitorState()
+    no_spy = {"py_spy": "ptrace not permitted (ptrace_scope=1)"}
+    apply(state, report(node="node-a", ranks=[rank(rank=0)], agent=no_spy), T0)
+    apply(state, report(node="node-b", ranks=[rank(rank=1)]), T0)
+    assert view(state).stacks_unavailable_reason is None
+    apply(state, report(node="node-b", ranks=[rank(rank=1)], agent=no_spy), T0 + 1)
+    assert view(state).stacks_unavailable_reason == "ptrace not permitted (ptrace_scope=1)"
+
+
+def test_wait_sites_become_known_once_the_job_progresses_past_them() -> None:
+    state = MonitorState()
+
+    def wait_site(s: Stack) -> str | None:
+        return f"{s.frames[0].name}@{s.frames[2].where()}" if s.frames else None
+
+    r = rank(stack=stack(T0), progress=progress(1, 1, [(T0 - 1, 1)]))
+    apply(state, report(ranks=[r], sent_at=T0), received_at=T0, wait_site=wait_site)
+    assert view(state).known_wait_sites == frozenset()  # no progress since the stack yet
+    r = rank(progress=progress(2, 2, [(T0 - 1, 1), (T0 + 1, 2)]))
+    apply(state, report(ranks=[r], sent_at=T0 + 1), received_at=T0 + 1, wait_site=wait_site)
+    assert view(state).known_wait_sites == frozenset({"all_reduce@train_step (train.py:50)"})
+
+
+def test_prune_forgets_ended_and_silent_jobs() -> None:
+    state = MonitorState()
+    done = rank(job_id="done", alive=False, exit={"at": T0, "code": 0})
+    apply(state, report(ranks=[done], sent_at=T0), T0)
+    apply(state, report(node="node-b", ranks=[rank(job_id="live")]), T0)
+    assert state.prune(T0 + 100, retention_s=300) == []
+    apply(state, report(node="node-b", ranks=[rank(job_id="live")]), T0 + 400)
+    assert state.prune(T0 + 400, retention_s=300) == ["done"]
+    assert set(state.nodes) == {"node-b"}
+    assert state.prune(T0 + 800, retention_s=300) == ["live"]
+
+
+def test_log_errors_merge_windows_and_increments() -> None:
+    state = MonitorState()
+    for errors in (["a", "b"], ["a", "b"], ["b", "c"], ["d"], []):
+        apply(state, report(ranks=[rank(log_errors=errors)]), T0)
+    assert view(state).ranks[0].log_errors == ("a", "b", "c", "d")
+
+
+def test_frame_is_rendered_from_stack_thread_zero() -> None:
+    state = MonitorState()
+    s = stack(T0, frames=[frame("pthread_cond_wait", native=True)], active=True)
+    apply(state, report(ranks=[rank(stack=s)], sent_at=T0), received_at=T0)
+    st = view(state).ranks[0].stack
+    assert st is not None and st.active is True and st.frames[0].where() == "pthread_cond_wait"
