@@ -1,0 +1,170 @@
+"""hangwatch-agent command line: options -> Config, then the loop until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from urllib.parse import urlsplit
+
+from agent.logpatterns import compile_user_pattern
+from agent.report import NODE_NAME, default_node_name
+from agent.runner import Agent, Config
+from agent.sender import Sender
+
+log = logging.getLogger("agent")
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, no usage block
+        raise UsageError(message)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
+def _monitor_url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {text!r}")
+    try:
+        parts.port  # noqa: B018 -- raises on a bad port
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad port in URL: {text!r}") from None
+    return text.rstrip("/")
+
+
+def _node(text: str) -> str:
+    if not NODE_NAME.match(text):
+        raise argparse.ArgumentTypeError(f"node name must match [A-Za-z0-9_.:-]{{1,128}}: {text!r}")
+    return text
+
+
+def _regex(text: str) -> re.Pattern[str]:
+    try:
+        return compile_user_pattern(text)
+    except (re.error, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"bad --step-regex: {e}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="hangwatch-agent", description=__doc__)
+    p.add_argument("--monitor", type=_monitor_url, help="monitor base URL, e.g. http://10.0.0.5:8000")
+    p.add_argument("--interval", type=_positive_float, default=1.0, help="seconds between samples")
+    p.add_argument("--node", type=_node, default=None, help="node name (default: hostname)")
+    p.add_argument("--log", action="append", default=[], metavar="PATH",
+                   help="extra log file to follow (e.g. the launcher's output); repeatable")
+    p.add_argument("--step-regex", type=_regex, default=None,
+                   help="progress pattern: named group 'step' or the first group")
+    p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
+    p.add_argument("--py-spy", default=None, metavar="PATH", help="py-spy binary")
+    p.add_argument("--no-stacks", action="store_true", help="never run py-spy")
+    p.add_argument("--job", action="append", default=[], metavar="JOB_ID",
+                   help="only track ranks of this job id; repeatable")
+    p.add_argument("--once", action="store_true",
+                   help="sample twice one interval apart, print the report JSON and exit")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
+    args = build_parser().parse_args(argv)
+    if not args.monitor and not args.once:
+        raise UsageError("--monitor URL is required (unless --once)")
+    if not os.path.isdir(args.proc_root):
+        raise UsageError(f"--proc-root {args.proc_root!r} is not a directory")
+    config = Config(
+        monitor=args.monitor,
+        interval=args.interval,
+        node=args.node or default_node_name(),
+        logs=tuple(args.log),
+        step_regex=args.step_regex,
+        proc_root=args.proc_root,
+        py_spy=args.py_spy,
+        stacks=not args.no_stacks,
+        jobs=frozenset(args.job),
+    )
+    return config, args
+
+
+def run_once(agent: Agent, config: Config) -> dict:
+    agent.tick(schedule_stacks=False)
+    time.sleep(config.interval)
+    agent.tick(schedule_stacks=False)
+    agent.dump_all_now()
+    return agent.report(time.time())
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config, args = parse_config(argv)
+    except UsageError as e:
+        print(f"hangwatch-agent: error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s hangwatch-agent %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    agent = Agent(config)
+    agent.start()
+    try:
+        if args.once:
+            report = run_once(agent, config)
+            json.dump(report, sys.stdout)
+            sys.stdout.write("\n")
+            if config.monitor:
+                sender = Sender(config.monitor)
+                ok = sender.post(report)
+                sender.client.close()
+                return 0 if ok else 1
+            return 0
+        return run_loop(agent, config)
+    finally:
+        agent.close()
+
+
+def run_loop(agent: Agent, config: Config) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        if stop.is_set():  # a second Ctrl-C: stop now
+            os._exit(1)
+        log.info("got %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    sender = Sender(config.monitor)
+    sender.start()
+    log.info(
+        "reporting to %s every %.3g s as node %s (py-spy: %s)",
+        config.monitor, config.interval, config.node, agent.agent_info()["py_spy"],
+    )
+    try:
+        agent.run(stop, sender)
+    finally:
+        sender.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Pure line parsers for training logs: progress lines, rank prefixes, tracebacks, and
+torchrun's failure block. No I/O here; every function is tested on log text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+# torchrun --tee/--redirects prefixes lines with "[defaultN]:" where N is the LOCAL
+# rank (checked with a two-node torchrun: global rank 1 on node 1 printed "[default0]:");
+# torch.distributed's excepthook prefixes traceback lines with "[rankN]:" (global rank).
+PREFIX = re.compile(r"^\[(default|rank)(\d+)\]:\s?")
+
+
+@dataclass(frozen=True)
+class Prefixed:
+    rank: int | None  # global rank from "[rankN]:"
+    local_rank: int | None  # from "[defaultN]:"
+    text: str  # the line without prefixes
+
+
+def split_prefixes(line: str) -> Prefixed:
+    rank = local_rank = None
+    while m := PREFIX.match(line):
+        if m.group(1) == "rank":
+            rank = int(m.group(2))
+        else:
+            local_rank = int(m.group(2))
+        line = line[m.end() :]
+    return Prefixed(rank, local_rank, line)
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    total: int | None
+    pattern: str
+
+
+# Order matters: the specific formats come before the generic "step N".
+BUILTIN_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # nanochat: "step 00004/05000 (0.08%) | loss: 10.4 | ..."
+    ("nanochat", re.compile(r"\bstep (?P<step>\d+)/(?P<total>\d+)\b")),
+    # Megatron-LM: " iteration      100/    1000 | consumed samples: ..."
+    ("megatron", re.compile(r"\biteration\s+(?P<step>\d+)/\s*(?P<total>\d+)\s*\|")),
+    # torchtitan: "step: 10  loss:  7.9 ..." (colour codes stripped first)
+    ("torchtitan", re.compile(r"\bstep:\s*(?P<step>\d+)\s+loss")),
+    # tqdm bars (Hugging Face Trainer, Lightning): " 45/100 [00:05<00:06,  8.50it/s"
+    ("tqdm", re.compile(r"(?P<step>\d+)/(?P<total>\d+)\s*\[\d+:\d+(?::\d+)?<")),
+    # generic: "step 12", "step=12", "Step: 12", "global_step=12"
+    ("generic", re.compile(r"\b(?:global_)?step\s*[=:]?\s*(?P<step>\d+)\b", re.IGNORECASE)),
+)
+
+
+def compile_user_pattern(regex: str) -> re.Pattern[str]:
+    """The user's --step-regex: named group "step" or else the first group."""
+    pattern = re.compile(regex)
+    if "step" not in pattern.groupindex and pattern.groups < 1:
+        raise ValueError("the step regex needs a group: (?P<step>\\d+) or (\\d+)")
+    return pattern
+
+
+def match_progress(line: str, user: re.Pattern[str] | None = None) -> Progress | None:
+    text = ANSI.sub("", line)
+    candidates = (("user", user),) if user is not None else ()
+    for name, pattern in candidates + BUILTIN_PATTERNS:
+        m = pattern.search(text)
+        if not m:
+            continue
+        groups = m.groupdict()
+        raw_step = groups.get("step") if "step" in groups else m.group(1)
+        try:
+            step = int(raw_step)
+        except (TypeError, ValueError):
+            continue
+        total = groups.get("total")
+        return Progress(step, int(total) if total else None, name)
+    return None
+
+
+# After a traceback's indented frames: "ValueError: bad shape", "KeyboardInterrupt".
+ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
+
+
+class TracebackTracker:
+    """Feeds lines of one writer; returns the final "SomeError: message" line of a traceback."""
+
+    def __init__(self) -> None:
+        self.inside = False
+
+    def feed(self, text: str) -> str | None:
+        if text.startswith("Traceback (most recent call last)"):
+            self.inside = True
+            return None
+        if not self.inside or not text.strip() or text[0] in " \t":
+            return None
+        if text.startswith(("During handling of the above", "The above exception")):
+            return None
+        self.inside = False
+        return text.rstrip() if ERROR_LINE.match(text) else None
+
+
+@dataclass(frozen=True)
+class LauncherFailure:
+    pid: int
+    exitcode: int
+    rank: int | None = None
+    local_rank: int | None = None
+
+
+# The failure block torchrun prints:   "  rank      : 1 (local_rank: 1)"
+#                                      "  exitcode  : -9 (pid: 1234)"
+BLOCK_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+BLOCK_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+# and its log line: "... failed (exitcode: -9) local_rank: 1 (pid: 3108) of binary: ..."
+FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+
+
+class LauncherBlockParser:
+    """Feeds unprefixed lines of a launcher log; returns a LauncherFailure when one is complete."""
+
+    def __init__(self) -> None:
+        self._rank: tuple[int, int] | None = None
+
+    def feed(self, text: str) -> LauncherFailure | None:
+        if m := FAILED_LINE.search(text):
+            return LauncherFailure(int(m.group(3)), int(m.group(1)), None, int(m.group(2)))
+        if m := BLOCK_RANK.match(text):
+            self._rank = (int(m.group(1)), int(m.group(2)))
+            return None
+        if m := BLOCK_EXIT.match(text):
+            rank, local = self._rank or (None, None)
+            self._rank = None
+            return LauncherFailure(int(m.group(2)), int(m.group(1)), rank, local)
+        return None

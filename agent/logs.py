@@ -1,0 +1,247 @@
+"""Follow the ranks' log files for progress lines and errors.
+
+A rank's logs are its stdout/stderr when they are regular files (found through
+/proc/PID/fd/1 and /fd/2), plus any --log paths. One tailer per file (by inode),
+shared by every rank writing to it. Attribution of a line:
+  - "[rankN]:" / "[defaultN]:" prefix (global / local rank) -> that rank;
+  - a file written by exactly one rank -> that rank (scope "rank");
+  - unprefixed lines of a file shared by several ranks, or of a --log file ->
+    every rank sharing it (scope "job").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat as stat_module
+from collections import deque
+from dataclasses import dataclass, field
+
+from agent.discovery import RankProcess
+from agent.logpatterns import (
+    LauncherBlockParser,
+    LauncherFailure,
+    Progress,
+    TracebackTracker,
+    match_progress,
+    split_prefixes,
+)
+
+FIRST_READ_BYTES = 64 * 1024
+MAX_READ_BYTES = 4 * 1024 * 1024
+RECENT_PROGRESS = 32
+KEPT_ERRORS = 10
+LINE_MAX = 2048
+LINE_SPLIT = re.compile(rb"[\r\n]")  # tqdm redraws its bar with \r
+
+
+class FileTailer:
+    """Reads what was appended to one open file since the last call, as whole lines."""
+
+    def __init__(self, path: str, opened: str, from_start: bool = False):
+        self.path = path  # a name for reports; reading goes through the open file
+        self.file = open(opened, "rb")
+        size = os.fstat(self.file.fileno()).st_size
+        self.offset = 0 if from_start else max(0, size - FIRST_READ_BYTES)
+        self.partial = b""
+        self.skip_first = self.offset > 0  # we started mid-line
+        self.backlog = not from_start  # the first read is history, not live progress
+
+    def read_lines(self) -> list[str]:
+        size = os.fstat(self.file.fileno()).st_size
+        if size < self.offset:  # truncated (copytruncate rotation, or rewritten)
+            self.offset, self.partial = 0, b""
+        if size - self.offset > MAX_READ_BYTES:  # fell far behind: keep only the tail
+            self.offset, self.partial, self.skip_first = size - FIRST_READ_BYTES, b"", True
+        if size == self.offset:
+            return []
+        self.file.seek(self.offset)
+        data = self.partial + self.file.read(size - self.offset)
+        self.offset = size
+        pieces = LINE_SPLIT.split(data)
+        self.partial = pieces.pop()
+        if self.skip_first and pieces:
+            pieces, self.skip_first = pieces[1:], False
+        return [p.decode("utf-8", "replace")[:LINE_MAX] for p in pieces if p.strip()]
+
+    def close(self) -> None:
+        self.file.close()
+
+
+@dataclass
+class ProgressTracker:
+    scope: str
+    events: int = 0
+    step: int | None = None
+    total: int | None = None
+    step_at: float | None = None
+    source: str = ""
+    pattern: str = ""
+    last_line: str | None = None
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_PROGRESS))
+
+    def add(self, progress: Progress, now: float, source: str, line: str, live: bool) -> None:
+        self.last_line = line
+        if self.events and (progress.step, progress.pattern) == (self.step, self.pattern):
+            return  # the same step printed again (a tqdm refresh, or by another rank)
+        self.events += 1
+        self.step, self.total, self.pattern = progress.step, progress.total, progress.pattern
+        self.step_at, self.source = now, source
+        if live:
+            self.recent.append((now, progress.step))
+
+    def report(self) -> dict:
+        return {
+            "events": self.events,
+            "step": self.step,
+            "total_steps": self.total,
+            "step_at": self.step_at,
+            "scope": self.scope,
+            "source": self.source[:1024],
+            "pattern": self.pattern,
+            "last_line": self.last_line,
+            "recent": list(self.recent),
+        }
+
+
+@dataclass
+class _RankLog:
+    progress: dict[str, ProgressTracker] = field(default_factory=dict)  # scope -> tracker
+    errors: deque = field(default_factory=lambda: deque(maxlen=KEPT_ERRORS))
+
+
+@dataclass
+class _File:
+    tailer: FileTailer
+    tracebacks: dict[tuple, TracebackTracker] = field(default_factory=dict)
+    launcher: LauncherBlockParser = field(default_factory=LauncherBlockParser)
+
+
+class LogFollower:
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        extra_paths: tuple[str, ...] = (),
+        user_pattern: re.Pattern[str] | None = None,
+    ):
+        self.proc_root = proc_root
+        self.extra_paths = extra_paths
+        self.user_pattern = user_pattern
+        self._files: dict[tuple[int, int], _File] = {}
+        self._extra_seen: set[str] = set()
+        self._ranks: dict[int, _RankLog] = {}
+        # pid -> the files it wrote, so a rank that just exited (its fds gone) still has its
+        # last lines read: the dying rank's traceback is often the most useful line of all.
+        self._rank_files: dict[int, list[tuple[int, int]]] = {}
+
+    def collect(self, ranks: list[RankProcess], now: float) -> list[LauncherFailure]:
+        """Read new lines of every log; returns launcher failure records seen."""
+        writers, names = self._find_files(ranks)
+        for key in [k for k in self._files if k not in names]:
+            self._files.pop(key).tailer.close()
+        failures: list[LauncherFailure] = []
+        for key, (name, opened, from_start) in names.items():
+            if key not in self._files:
+                self._files[key] = _File(FileTailer(name, opened, from_start))
+            entry = self._files[key]
+            lines = entry.tailer.read_lines()
+            live = not entry.tailer.backlog
+            entry.tailer.backlog = False
+            file_ranks = writers.get(key, [])
+            for line in lines:
+                failures.extend(self._route(entry, line, file_ranks, ranks, now, live))
+        return failures
+
+    def progress_of(self, pid: int) -> dict | None:
+        state = self._ranks.get(pid)
+        if not state:
+            return None
+        # A rank's own lines say more than the job's shared ones.
+        for scope in ("rank", "job"):
+            tracker = state.progress.get(scope)
+            if tracker and tracker.events:
+                return tracker.report()
+        return None
+
+    def errors_of(self, pid: int) -> list[str]:
+        state = self._ranks.get(pid)
+        return list(state.errors) if state else []
+
+    def forget(self, pid: int) -> None:
+        self._ranks.pop(pid, None)
+        self._rank_files.pop(pid, None)
+
+    def close(self) -> None:
+        for entry in self._files.values():
+            entry.tailer.close()
+        self._files.clear()
+
+    def _find_files(self, ranks: list[RankProcess]):
+        """(writers: inode -> ranks writing it, names: inode -> (path, path to open, from start))."""
+        writers: dict[tuple[int, int], list[RankProcess]] = {}
+        names: dict[tuple[int, int], tuple[str, str, bool]] = {}
+        for proc in ranks:
+            found = []
+            for fd in (1, 2):
+                link = f"{self.proc_root}/{proc.pid}/fd/{fd}"
+                try:
+                    target = os.readlink(link)
+                    st = os.stat(link)  # follows the magic link to the open file itself
+                except OSError:
+                    continue
+                if not stat_module.S_ISREG(st.st_mode):
+                    continue  # a tty, pipe or socket
+                key = (st.st_dev, st.st_ino)
+                found.append(key)
+                # Opening through /proc works even after the file was renamed or deleted.
+                names.setdefault(key, (target, link, False))
+            if found:
+                self._rank_files[proc.pid] = found
+            else:  # exited: keep reading the files it had, through our open tailers
+                for key in self._rank_files.get(proc.pid, []):
+                    if key in self._files:
+                        found.append(key)
+                        names.setdefault(key, (self._files[key].tailer.path, "", False))
+            for key in found:
+                if proc not in writers.setdefault(key, []):
+                    writers[key].append(proc)
+        for path in self.extra_paths:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if stat_module.S_ISREG(st.st_mode):
+                # A path seen before with a new inode was rotated: read the new file whole.
+                names.setdefault((st.st_dev, st.st_ino), (path, path, path in self._extra_seen))
+                self._extra_seen.add(path)
+        return writers, names
+
+    def _route(self, entry, line, file_ranks, all_ranks, now, live) -> list[LauncherFailure]:
+        p = split_prefixes(line)
+        pool = file_ranks or all_ranks
+        if p.rank is not None:
+            targets, scope = [r for r in pool if r.identity.rank == p.rank], "rank"
+        elif p.local_rank is not None:
+            targets, scope = [r for r in pool if r.identity.local_rank == p.local_rank], "rank"
+        else:
+            targets, scope = pool, ("rank" if len(file_ranks) == 1 else "job")
+
+        progress = match_progress(p.text, self.user_pattern)
+        if progress:
+            for proc in targets:
+                state = self._ranks.setdefault(proc.pid, _RankLog())
+                tracker = state.progress.setdefault(scope, ProgressTracker(scope))
+                tracker.add(progress, now, entry.tailer.path, p.text, live)
+            return []
+
+        writer = (p.rank, p.local_rank)
+        tracker = entry.tracebacks.setdefault(writer, TracebackTracker())
+        error = tracker.feed(p.text)
+        if error and scope == "rank":  # unprefixed errors in a shared log: the launcher's own
+            for proc in targets:
+                self._ranks.setdefault(proc.pid, _RankLog()).errors.append(error)
+        if p.rank is None and p.local_rank is None:
+            failure = entry.launcher.feed(p.text)
+            if failure:
+                return [failure]
+        return []

@@ -1,0 +1,154 @@
+"""Process and thread CPU, state and memory from /proc/PID/stat and /proc/PID/task/*/stat.
+
+The parsers are pure (text in, values out); the readers take the proc root as a
+parameter so tests can point them at fixture trees.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+BUSIEST_THREADS = 5
+
+
+@dataclass(frozen=True)
+class Stat:
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    utime: int  # clock ticks
+    stime: int
+    num_threads: int
+    starttime: int  # clock ticks after boot; (pid, starttime) names one process for good
+    rss_pages: int
+    exit_code: int | None  # a wait status, only meaningful for a zombie (Linux >= 3.5)
+
+    @property
+    def cpu_ticks(self) -> int:
+        return self.utime + self.stime
+
+
+def parse_stat(text: str) -> Stat:
+    """Parse one /proc/PID/stat (or task stat) line.
+
+    comm may hold spaces and parentheses, so split at the first "(" and the *last* ")".
+    """
+    head, _, tail = text.rpartition(")")
+    pid_text, _, comm = head.partition(" (")
+    rest = tail.split()
+    if not rest:
+        raise ValueError(f"not a stat line: {text[:80]!r}")
+
+    def field_no(n: int) -> int:  # 1-based field number as in proc(5)
+        return int(rest[n - 3])
+
+    return Stat(
+        pid=int(pid_text),
+        comm=comm,
+        state=rest[0],
+        ppid=field_no(4),
+        utime=field_no(14),
+        stime=field_no(15),
+        num_threads=field_no(20),
+        starttime=field_no(22),
+        rss_pages=field_no(24),
+        exit_code=field_no(52) if len(rest) >= 50 else None,
+    )
+
+
+def wait_status(status: int) -> tuple[int | None, int | None]:
+    """(exit code, signal) from a wait status: exactly one of them is set."""
+    sig = status & 0x7F
+    if sig:
+        return None, sig
+    return (status >> 8) & 0xFF, None
+
+
+def read_stat(proc_root: str, pid: int) -> Stat:
+    with open(f"{proc_root}/{pid}/stat") as f:
+        return parse_stat(f.read())
+
+
+def read_thread_stats(proc_root: str, pid: int) -> list[Stat]:
+    out = []
+    try:
+        tids = os.listdir(f"{proc_root}/{pid}/task")
+    except FileNotFoundError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"{proc_root}/{pid}/task/{tid}/stat") as f:
+                out.append(parse_stat(f.read()))
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue  # thread ended between listdir and open
+    return out
+
+
+def cpu_percent(ticks_before: int, ticks_now: int, wall_seconds: float) -> float | None:
+    """CPU use over an interval; 100 means one full core."""
+    if wall_seconds <= 0 or ticks_now < ticks_before:
+        return None
+    return round((ticks_now - ticks_before) / CLOCK_TICKS / wall_seconds * 100.0, 1)
+
+
+@dataclass
+class ProcessSample:
+    state: str
+    cpu_percent: float | None
+    cpu_seconds: float
+    rss_bytes: int
+    threads: dict  # ThreadsReport shape
+
+
+def summarize_threads(
+    threads: list[Stat], rates: dict[int, float | None], busiest: int = BUSIEST_THREADS
+) -> dict:
+    """The ThreadsReport dict: totals by state and the busiest few threads."""
+    by_state: dict[str, int] = {}
+    for t in threads:
+        by_state[t.state] = by_state.get(t.state, 0) + 1
+    ranked = sorted(threads, key=lambda t: (rates.get(t.pid) or 0.0, t.cpu_ticks), reverse=True)
+    return {
+        "total": len(threads),
+        "by_state": by_state,
+        "busiest": [
+            {"tid": t.pid, "name": t.comm[:256], "state": t.state, "cpu_percent": rates.get(t.pid)}
+            for t in ranked[:busiest]
+        ],
+    }
+
+
+@dataclass
+class CpuSampler:
+    """Turns successive stat readings into CPU rates; keeps one previous reading per thread."""
+
+    proc_root: str = "/proc"
+    # pid -> {tid (0 for the whole process) -> (cpu ticks, wall time)}
+    _prev: dict[int, dict[int, tuple[int, float]]] = field(default_factory=dict)
+
+    def sample(self, pid: int, now: float) -> ProcessSample:
+        stat = read_stat(self.proc_root, pid)
+        threads = read_thread_stats(self.proc_root, pid)
+        prev = self._prev.get(pid, {})
+        current = {0: (stat.cpu_ticks, now)} | {t.pid: (t.cpu_ticks, now) for t in threads}
+        self._prev[pid] = current  # dropping threads that ended
+
+        def rate(tid: int) -> float | None:
+            if tid not in prev:
+                return None
+            return cpu_percent(prev[tid][0], current[tid][0], now - prev[tid][1])
+
+        return ProcessSample(
+            state=stat.state,
+            cpu_percent=rate(0),
+            cpu_seconds=round(stat.cpu_ticks / CLOCK_TICKS, 2),
+            rss_bytes=stat.rss_pages * PAGE_SIZE,
+            threads=summarize_threads(threads, {t.pid: rate(t.pid) for t in threads}),
+        )
+
+    def forget(self, pid: int) -> None:
+        self._prev.pop(pid, None)

@@ -1,0 +1,83 @@
+"""Build the report dict the monitor validates (monitor/wire.py, schema version 1).
+
+Plain dicts on purpose: the agent stays standalone; a contract test checks the
+output against the monitor's pydantic models.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+
+SCHEMA_VERSION = 1
+NODE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
+
+
+def default_node_name() -> str:
+    name = re.sub(r"[^A-Za-z0-9_.:\-]", "-", socket.gethostname())[:128]
+    return name or "node"
+
+
+def rank_report(
+    proc,
+    *,
+    alive: bool,
+    exit: dict | None,
+    started_at: float | None,
+    sample=None,
+    wchar: int | None = None,
+    write_rate: float | None = None,
+    progress: dict | None = None,
+    log_errors: list[str] = (),
+    stack: dict | None = None,
+    stack_error: str | None = None,
+) -> dict:
+    ident = proc.identity
+    out = {
+        "job_id": ident.job_id,
+        "rank": ident.rank,
+        "world_size": ident.world_size,
+        "local_rank": ident.local_rank,
+        "pid": proc.pid,
+        "cmdline": proc.cmdline,
+        "launcher": ident.launcher,
+        "started_at": started_at,
+        "alive": alive,
+        "exit": dict(exit) if exit else None,
+        "state": None,
+        "cpu_percent": None,
+        "cpu_seconds": None,
+        "rss_bytes": None,
+        "threads": None,
+        "wchar": wchar,
+        "write_bytes_per_s": write_rate if alive else None,
+        "progress": progress,
+        "log_errors": list(log_errors)[-50:],
+        "stack": stack,
+        "stack_error": stack_error,
+    }
+    if sample is not None:
+        out.update(
+            state=sample.state,
+            cpu_percent=sample.cpu_percent if alive else None,
+            cpu_seconds=sample.cpu_seconds,
+            rss_bytes=sample.rss_bytes,
+            threads=sample.threads,
+        )
+    if not alive:
+        out["state"] = "X"
+    return out
+
+
+def build_report(
+    *, node: str, now: float, agent: dict, host: dict, collectors: list[dict], ranks: list[dict]
+) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "node": node,
+        "sent_at": now,
+        "agent": agent,
+        "host": host,
+        "collectors": collectors,
+        "ranks": ranks,
+    }

@@ -1,0 +1,292 @@
+"""The agent's sampling loop: run every collector, contained, and build one report per tick."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from agent import __version__
+from agent.discovery import Discovery, RankProcess
+from agent.exits import ExitWatcher, exit_from_stat
+from agent.host import collect_host
+from agent.logs import LogFollower
+from agent.procio import WriteRateSampler
+from agent.procstat import CLOCK_TICKS, CpuSampler, ProcessSample
+from agent.report import build_report, rank_report
+from agent.stacks import LOW_CPU_PERCENT, StackSampler, find_py_spy, looks_stuck
+
+log = logging.getLogger(__name__)
+
+EXITED_KEPT_S = 600.0
+VANISHED = (FileNotFoundError, ProcessLookupError)
+
+
+@dataclass(frozen=True)
+class Config:
+    monitor: str | None
+    interval: float = 1.0
+    node: str = "node"
+    logs: tuple[str, ...] = ()
+    step_regex: re.Pattern[str] | None = None
+    proc_root: str = "/proc"
+    py_spy: str | None = None
+    stacks: bool = True
+    jobs: frozenset[str] = frozenset()
+
+
+@dataclass
+class Tracked:
+    proc: RankProcess
+    discovered_at: float
+    started_at: float | None
+    alive: bool = True
+    ended_at: float | None = None
+    sample: ProcessSample | None = None
+    wchar: int | None = None
+    write_rate: float | None = None
+    low_cpu_since: float | None = None
+
+
+def boot_time(proc_root: str) -> float | None:
+    try:
+        with open(f"{proc_root}/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+@dataclass
+class CollectorHealth:
+    """Times each collector's run and turns its failure into a health entry, not a crash."""
+
+    entries: dict[str, dict] = field(default_factory=dict)
+
+    @contextmanager
+    def run(self, name: str):
+        started = time.monotonic()
+        entry = {"name": name, "ok": True, "error": None, "duration_s": None}
+        self.entries[name] = entry
+        try:
+            yield entry
+        except Exception as e:  # noqa: BLE001 -- one collector must never stop the others
+            log.debug("collector %s failed", name, exc_info=True)
+            entry.update(ok=False, error=f"{type(e).__name__}: {e}"[:2048])
+        finally:
+            entry["duration_s"] = round(time.monotonic() - started, 4)
+
+    def fail(self, name: str, error: str) -> None:
+        self.entries[name].update(ok=False, error=error[:2048])
+
+
+class Agent:
+    def __init__(self, config: Config, clock=time.time):
+        self.config = config
+        self.clock = clock
+        self.started_at = clock()
+        root = config.proc_root
+        self.discovery = Discovery(proc_root=root, jobs=config.jobs)
+        self.cpu = CpuSampler(root)
+        self.io = WriteRateSampler(root)
+        self.exits = ExitWatcher(root, clock)
+        self.logs = LogFollower(root, config.logs, config.step_regex)
+        py_spy = find_py_spy(config.py_spy) if config.stacks else None
+        self.stacks = StackSampler(py_spy, root) if config.stacks else None
+        self.boot_time = boot_time(root)
+        self.health = CollectorHealth()
+        self.host: dict = {}
+        with self.health.run("host"):  # host facts do not change: collected once
+            self.host = collect_host(root)
+        self._host_health = self.health.entries["host"]
+        self.tracked: dict[int, Tracked] = {}
+
+    def start(self) -> None:
+        self.exits.start()
+
+    def close(self) -> None:
+        self.exits.stop()
+        self.logs.close()
+        if self.stacks:
+            self.stacks.close()
+
+    def agent_info(self) -> dict:
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "interval_s": self.config.interval,
+            "py_spy": self.stacks.status if self.stacks else "disabled (--no-stacks)",
+        }
+
+    # --- one tick --------------------------------------------------------------------
+
+    def tick(self, schedule_stacks: bool = True) -> dict:
+        now = self.clock()
+        self.health = CollectorHealth()
+        with self.health.run("discovery"):
+            self._discover(now)
+        alive = [t for t in self.tracked.values() if t.alive]
+        with self.health.run("procstat") as entry:
+            self._per_rank(alive, entry, lambda t: self._sample_cpu(t, now))
+        with self.health.run("exits"):
+            self._collect_exits(now)
+        alive = [t for t in self.tracked.values() if t.alive]
+        with self.health.run("procio") as entry:
+            self._per_rank(alive, entry, lambda t: self._sample_io(t, now))
+        with self.health.run("logs"):
+            self._follow_logs(now)
+        if self.stacks and schedule_stacks:
+            with self.health.run("stacks"):
+                self._schedule_stacks(alive, now)
+        self._drop_old_exits(now)
+        return self.report(now)
+
+    def _per_rank(self, ranks: list[Tracked], entry: dict, sample) -> None:
+        denied = []
+        for t in ranks:
+            try:
+                sample(t)
+            except VANISHED:
+                continue  # exited mid-sample: the exit collector reports it
+            except PermissionError as e:
+                denied.append(f"pid {t.proc.pid}: {e.strerror}")
+        if denied:
+            entry.update(ok=False, error="; ".join(denied)[:2048])
+
+    def _discover(self, now: float) -> None:
+        for proc in self.discovery.scan():
+            known = self.tracked.get(proc.pid)
+            if known and known.proc.starttime == proc.starttime:
+                continue
+            if known:  # pid reused by a new rank: the old one is long gone
+                self._forget(proc.pid)
+            started = (
+                self.boot_time + proc.starttime / CLOCK_TICKS if self.boot_time is not None else None
+            )
+            self.tracked[proc.pid] = Tracked(proc, now, started)
+            self.exits.watch(proc.pid, proc.starttime)
+            log.info(
+                "tracking rank %d/%d of job %s (pid %d)",
+                proc.identity.rank, proc.identity.world_size, proc.identity.job_id, proc.pid,
+            )
+
+    def _sample_cpu(self, t: Tracked, now: float) -> None:
+        pid = t.proc.pid
+        try:
+            sample = self.cpu.sample(pid, now)
+        except VANISHED:
+            if not self.exits.available:  # fallback: no pidfd told us the exact time
+                self.exits.record(pid, exit_from_stat(self.config.proc_root, pid, t.proc.starttime, now))
+            raise
+        if sample.state in ("Z", "X") and self.exits.exit_of(pid) is None:
+            self.exits.record(pid, exit_from_stat(self.config.proc_root, pid, t.proc.starttime, now))
+        t.sample = sample
+        if sample.cpu_percent is not None and sample.cpu_percent < LOW_CPU_PERCENT:
+            t.low_cpu_since = t.low_cpu_since or now
+        elif sample.cpu_percent is not None:
+            t.low_cpu_since = None
+
+    def _sample_io(self, t: Tracked, now: float) -> None:
+        t.wchar, t.write_rate = self.io.sample(t.proc.pid, now)
+
+    def _collect_exits(self, now: float) -> None:
+        for t in self.tracked.values():
+            if t.alive and self.exits.exit_of(t.proc.pid) is not None:
+                t.alive, t.ended_at = False, now
+                ex = self.exits.exit_of(t.proc.pid)
+                log.info(
+                    "rank %d of job %s (pid %d) exited: code=%s signal=%s",
+                    t.proc.identity.rank, t.proc.identity.job_id, t.proc.pid, ex["code"], ex["signal"],
+                )
+
+    def _follow_logs(self, now: float) -> None:
+        failures = self.logs.collect([t.proc for t in self.tracked.values()], now)
+        for failure in failures:
+            if failure.pid in self.tracked:
+                self.exits.fill_from_launcher(failure.pid, failure.exitcode)
+
+    def _schedule_stacks(self, alive: list[Tracked], now: float) -> None:
+        for t in alive:
+            stuck = looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since)
+            self.stacks.schedule(t.proc.pid, now, stuck, t.sample.state if t.sample else None)
+        if self.stacks.status != "ok":
+            self.health.fail("stacks", self.stacks.status)
+        elif self.stacks.recent_failures >= 3:
+            self.health.fail("stacks", f"{self.stacks.recent_failures} dumps failed in a row")
+
+    def dump_all_now(self) -> None:
+        """Synchronous dumps of every running rank (for --once)."""
+        if not self.stacks:
+            return
+        with self.health.run("stacks"):
+            for t in self.tracked.values():
+                if t.alive and t.sample and t.sample.state not in ("T", "t", "Z", "X"):
+                    self.stacks.dump_now(t.proc.pid)
+            if self.stacks.status != "ok":
+                self.health.fail("stacks", self.stacks.status)
+
+    def _drop_old_exits(self, now: float) -> None:
+        for pid in [p for p, t in self.tracked.items() if t.ended_at and now - t.ended_at > EXITED_KEPT_S]:
+            self._forget(pid)
+
+    def _forget(self, pid: int) -> None:
+        self.tracked.pop(pid, None)
+        self.cpu.forget(pid)
+        self.io.forget(pid)
+        self.exits.forget(pid)
+        self.logs.forget(pid)
+        if self.stacks:
+            self.stacks.forget(pid)
+
+    # --- the report ------------------------------------------------------------------
+
+    def report(self, now: float) -> dict:
+        ranks = []
+        for t in sorted(self.tracked.values(), key=lambda t: (t.proc.identity.job_id, t.proc.identity.rank, t.alive, t.proc.pid)):
+            pid = t.proc.pid
+            stack, stack_error = self.stacks.latest(pid) if self.stacks else (None, None)
+            ranks.append(
+                rank_report(
+                    t.proc,
+                    alive=t.alive,
+                    exit=self.exits.exit_of(pid),
+                    started_at=t.started_at,
+                    sample=t.sample,
+                    wchar=t.wchar,
+                    write_rate=t.write_rate,
+                    progress=self.logs.progress_of(pid),
+                    log_errors=self.logs.errors_of(pid),
+                    stack=stack,
+                    stack_error=stack_error,
+                )
+            )
+        return build_report(
+            node=self.config.node,
+            now=now,
+            agent=self.agent_info(),
+            host=self.host,
+            collectors=[self._host_health] + list(self.health.entries.values()),
+            ranks=ranks,
+        )
+
+    # --- the loop --------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, sender) -> None:
+        next_tick = time.monotonic()
+        while not stop.is_set():
+            try:
+                sender.offer(self.tick())
+            except Exception:  # noqa: BLE001 -- the loop itself must survive anything
+                log.exception("tick failed")
+            next_tick += self.config.interval
+            delay = next_tick - time.monotonic()
+            if delay < 0:  # fell behind (a slow tick): do not try to catch up
+                next_tick, delay = time.monotonic(), 0
+            stop.wait(delay)

@@ -1,0 +1,269 @@
+"""Python (and native) stacks of the ranks, from py-spy.
+
+Three parts: the parser of ``py-spy dump --json`` output (pure), the runner
+(one py-spy process with a timeout, and the SIGCONT safety net for py-spy
+issues #390/#416, where a dump can leave its target stopped), and the
+scheduler that decides whom to dump when and runs at most two dumps at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from agent.procstat import read_stat
+
+MAX_THREADS = 16
+MAX_FRAMES = 64
+DUMP_TIMEOUT_S = 5.0
+STOPPED_STATES = ("T", "t", "Z", "X")
+
+
+class StackError(Exception):
+    """A dump failed; the message says why, in one line."""
+
+
+def find_py_spy(explicit: str | None = None) -> str | None:
+    if explicit:
+        return explicit
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("py-spy")
+
+
+def check_py_spy(path: str | None) -> str:
+    """ "ok", or why stacks are unavailable (for AgentInfo.py_spy)."""
+    if not path:
+        return "py-spy not found on PATH"
+    if not os.path.isfile(path):
+        return f"py-spy not found at {path}"
+    if not os.access(path, os.X_OK):
+        return f"py-spy at {path} is not executable"
+    return "ok"
+
+
+def _frame(raw: dict) -> dict:
+    # Native frames carry the shared object in "module" and line 0; Python ones module=None.
+    native = raw.get("module") is not None
+    line = raw.get("line")
+    return {
+        "name": str(raw.get("name") or "?")[:256],
+        "file": str(raw.get("filename") or "")[:1024],
+        "line": None if (native and not line) else line,
+        "native": native,
+    }
+
+
+def parse_dump(
+    text: str, pid: int, max_threads: int = MAX_THREADS, max_frames: int = MAX_FRAMES
+) -> list[dict]:
+    """ThreadStackReport dicts from py-spy's JSON (frames innermost first), main thread first."""
+    threads = json.loads(text)
+    if not isinstance(threads, list):
+        raise StackError("py-spy printed no thread list")
+
+    def is_main(t: dict) -> bool:
+        return t.get("os_thread_id") == pid or t.get("thread_name") == "MainThread"
+
+    ordered = sorted(threads, key=lambda t: not is_main(t))  # stable: keeps py-spy's order
+    return [
+        {
+            "tid": t.get("os_thread_id"),
+            "name": str(t.get("thread_name") or "")[:256],
+            "active": t.get("active"),
+            "owns_gil": t.get("owns_gil"),
+            "frames": [_frame(f) for f in (t.get("frames") or [])[:max_frames]],
+        }
+        for t in ordered[:max_threads]
+    ]
+
+
+def one_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else "no output")[:2048]
+
+
+def run_dump(py_spy: str, pid: int, native: bool, timeout: float = DUMP_TIMEOUT_S) -> str:
+    argv = [py_spy, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else [])
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:  # run() kills the child on timeout
+        raise StackError(f"py-spy dump timed out after {timeout:.0f} s") from None
+    except OSError as e:
+        raise StackError(f"cannot run py-spy: {e}") from None
+    if done.returncode != 0:
+        raise StackError(f"py-spy failed: {one_line(done.stderr or done.stdout)}")
+    return done.stdout
+
+
+def take_stack(py_spy: str, proc_root: str, pid: int, native: bool, clock=time.time) -> dict:
+    """Dump one rank: the StackReport dict. Never leaves the rank stopped."""
+    before = read_stat(proc_root, pid).state
+    if before in STOPPED_STATES:
+        raise StackError(f"not dumped: process is in state {before}")
+    taken_at, started = clock(), time.monotonic()
+    try:
+        text = run_dump(py_spy, pid, native)
+    finally:
+        resume_if_left_stopped(proc_root, pid)
+    return {
+        "taken_at": taken_at,
+        "native": native,
+        "duration_s": round(time.monotonic() - started, 3),
+        "threads": parse_dump(text, pid),
+    }
+
+
+def resume_if_left_stopped(proc_root: str, pid: int) -> None:
+    # We only dump running ranks, so a stop seen now came from the dump.
+    try:
+        if read_stat(proc_root, pid).state == "T":
+            os.kill(pid, signal.SIGCONT)
+    except (OSError, ValueError):
+        pass
+
+
+# --- when to dump -------------------------------------------------------------------
+
+STUCK_MIN_S = 3.0
+LOW_CPU_PERCENT = 10.0
+STUCK_DUMP_EVERY_S = 3.0
+NATIVE_DUMP_EVERY_S = 30.0
+BACKGROUND_DUMP_EVERY_S = 20.0
+FIRST_DUMP_AFTER_S = 2.0
+
+
+def usual_step_interval(recent: list[tuple[float, int]]) -> float | None:
+    """Mean time between progress events over the recent window.
+
+    Not a per-gap median: the agent sees lines once per interval, so several steps
+    share one timestamp and most gaps would read zero.
+    """
+    if len(recent) < 2 or recent[-1][0] <= recent[0][0]:
+        return None
+    return (recent[-1][0] - recent[0][0]) / (len(recent) - 1)
+
+
+def looks_stuck(now: float, progress: dict | None, low_cpu_since: float | None) -> bool:
+    """No new progress for max(3 s, 3x the usual step time); without progress, idle CPU for 3 s."""
+    if progress and progress.get("step_at") is not None:
+        usual = usual_step_interval(progress.get("recent") or []) or 0.0
+        return now - progress["step_at"] > max(STUCK_MIN_S, 3 * usual)
+    return low_cpu_since is not None and now - low_cpu_since >= STUCK_MIN_S
+
+
+@dataclass
+class DumpPlan:
+    """Per-rank memory of dumps, for the policy."""
+
+    discovered_at: float
+    last_dump_at: float | None = None
+    last_native_at: float | None = None
+    stuck_since: float | None = None  # start of the current stuck episode
+
+
+def next_dump(now: float, plan: DumpPlan, stuck: bool) -> str | None:
+    """"python", "native" or None: which dump this rank needs now. Updates the episode."""
+    if not stuck:
+        plan.stuck_since = None
+        due = (
+            plan.discovered_at + FIRST_DUMP_AFTER_S
+            if plan.last_dump_at is None
+            else plan.last_dump_at + BACKGROUND_DUMP_EVERY_S
+        )
+        return "python" if now >= due else None
+    if plan.stuck_since is None:
+        plan.stuck_since = now
+    native_due = (
+        plan.last_native_at is None
+        or plan.last_native_at < plan.stuck_since
+        or now - plan.last_native_at >= NATIVE_DUMP_EVERY_S
+    )
+    if native_due:
+        return "native"
+    if plan.last_dump_at is None or now - plan.last_dump_at >= STUCK_DUMP_EVERY_S:
+        return "python"
+    return None
+
+
+class StackSampler:
+    """Runs dumps on a small pool (bounded py-spy concurrency); keeps the latest per rank."""
+
+    def __init__(self, py_spy: str | None, proc_root: str = "/proc", workers: int = 2):
+        self.py_spy = py_spy
+        self.proc_root = proc_root
+        self.status = check_py_spy(py_spy)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="py-spy")
+        self._lock = threading.Lock()
+        self._busy: set[int] = set()
+        self._stacks: dict[int, dict] = {}
+        self._errors: dict[int, str] = {}
+        self._plans: dict[int, DumpPlan] = {}
+        self.recent_failures = 0  # consecutive failed dumps, for collector health
+
+    def schedule(self, pid: int, now: float, stuck: bool, state: str | None) -> None:
+        plan = self._plans.setdefault(pid, DumpPlan(discovered_at=now))
+        if self.status != "ok":
+            with self._lock:
+                self._errors[pid] = self.status
+            return
+        if state in STOPPED_STATES:
+            return  # never ptrace a stopped rank or a zombie
+        with self._lock:
+            if pid in self._busy:
+                return
+        kind = next_dump(now, plan, stuck)
+        if kind is None:
+            return
+        plan.last_dump_at = now
+        if kind == "native":
+            plan.last_native_at = now
+        with self._lock:
+            self._busy.add(pid)
+        self._pool.submit(self._dump, pid, kind == "native")
+
+    def dump_now(self, pid: int, native: bool = False) -> None:
+        """Synchronous dump (for --once)."""
+        if self.status != "ok":
+            with self._lock:
+                self._errors[pid] = self.status
+            return
+        self._dump(pid, native)
+
+    def _dump(self, pid: int, native: bool) -> None:
+        try:
+            stack = take_stack(self.py_spy, self.proc_root, pid, native)
+        except (StackError, OSError, ValueError) as e:
+            with self._lock:
+                self._errors[pid] = str(e)[:2048]
+                self.recent_failures += 1
+        else:
+            with self._lock:
+                self._stacks[pid] = stack
+                self._errors.pop(pid, None)
+                self.recent_failures = 0
+        finally:
+            with self._lock:
+                self._busy.discard(pid)
+
+    def latest(self, pid: int) -> tuple[dict | None, str | None]:
+        with self._lock:
+            return self._stacks.get(pid), self._errors.get(pid)
+
+    def forget(self, pid: int) -> None:
+        with self._lock:
+            self._stacks.pop(pid, None)
+            self._errors.pop(pid, None)
+            self._plans.pop(pid, None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
