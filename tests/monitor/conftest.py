@@ -3,35 +3,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import warnings
-
 import pytest
-from starlette.exceptions import StarletteDeprecationWarning
-
-with warnings.catch_warnings():
-    # Starlette 1.x asks for httpx2 under its TestClient; until the project's test extras
-    # bring it, httpx serves the same. Only this one warning is let through.
-    warnings.filterwarnings(
-        "ignore", message="Using `httpx` with `starlette.testclient`", category=StarletteDeprecationWarning
-    )
-    from fastapi.testclient import TestClient
+from monitor_testkit import FakeClock, TestClient
 
 from monitor.app import create_app
 from monitor.settings import Settings
 from monitor.store import Store
-
-
-class FakeClock:
-    """The monitor's clock, moved by hand so ages and offsets are exact."""
-
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture
@@ -61,7 +38,3 @@ def store(settings: Settings, clock: FakeClock) -> Iterator[Store]:
 def client(settings: Settings, store: Store, clock: FakeClock) -> Iterator[TestClient]:
     with TestClient(create_app(settings, store, clock=clock)) as client:
         yield client
-
-
-def monitor_of(client: TestClient):  # noqa: ANN201
-    return client.app.state.monitor  # type: ignore[attr-defined]

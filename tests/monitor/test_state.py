@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from report_builder import ALL_REDUCE_FRAMES, frame, progress, rank, report, stack
+from monitor_reports import ALL_REDUCE_FRAMES, frame, progress, rank, report, stack
 
 from monitor.diagnosis import ExitView, Frame, Stack
 from monitor.state import MonitorState

@@ -1,0 +1,187 @@
+"""GET /diagnose (text and JSON), job filtering and order, verdict history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from monitor_reports import progress, rank, report, stack
+from monitor_testkit import FakeClock, TestClient, monitor_of
+
+from monitor.diagnosis import Diagnosis, JobView, RankDiagnosis
+
+URL = "/api/v1/reports"
+
+
+class StubDiagnosis:
+    """Stands in for the real rules: answers whatever verdict the test sets."""
+
+    def __init__(self) -> None:
+        self.verdict = "deadlock"
+        self.culprits: tuple[int, ...] = (1,)
+        self.calls = 0
+
+    def __call__(self, job: JobView) -> Diagnosis:
+        self.calls += 1
+        ranks = tuple(
+            RankDiagnosis(r.rank, "in_collective", top_frame="all_reduce (torch/distributed/distributed_c10d.py:2501)",
+                          wait_site="all_reduce@train.py:50")
+            for r in job.ranks
+        )
+        return Diagnosis(
+            verdict=self.verdict,
+            culprit_ranks=self.culprits,
+            since=job.now - 30,
+            summary=f"{self.verdict} in {job.job_id}",
+            evidence=("rank 1 idle at 0% CPU for 30s",),
+            hints=("py-spy dump --pid 1001",),
+            ranks=ranks,
+        )
+
+
+@pytest.fixture
+def stub(monkeypatch: pytest.MonkeyPatch) -> StubDiagnosis:
+    stub = StubDiagnosis()
+    monkeypatch.setattr("monitor.diagnosis.diagnose", stub)
+    return stub
+
+
+def post(client: TestClient, body: dict[str, Any]) -> None:
+    assert client.post(URL, json=body).status_code == 202
+
+
+def diagnose_json(client: TestClient, **params: str) -> dict[str, Any]:
+    response = client.get("/diagnose", params={"format": "json", **params})
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    return response.json()
+
+
+RANK_KEYS = {"rank": int, "node": str, "pid": int, "state": str, "cpu_percent": float, "step": int,
+             "seconds_since_progress": float, "top_frame": str}
+JOB_KEYS = {"job_id": str, "verdict": str, "culprit_ranks": list, "since": float, "summary": str,
+            "evidence": list, "hints": list, "ranks": list}
+
+
+def test_json_has_the_contract_shape(client: TestClient, clock: FakeClock, stub: StubDiagnosis) -> None:
+    p = progress(5, 50, [(clock.now - 3, 49), (clock.now - 2, 50)])
+    post(client, report(ranks=[rank(rank=0, progress=p), rank(rank=1, progress=p)], sent_at=clock.now))
+    clock.advance(10)
+    data = diagnose_json(client)
+    assert set(data) == {"jobs"}
+    [job] = data["jobs"]
+    for key, kind in JOB_KEYS.items():
+        assert isinstance(job[key], kind), key
+    assert job["verdict"] == "deadlock"
+    assert job["culprit_ranks"] == [1]
+    assert job["since"] == pytest.approx(clock.now - 30)
+    assert job["evidence"] == ["rank 1 idle at 0% CPU for 30s"]
+    assert job["hints"] == ["py-spy dump --pid 1001"]
+    for r in job["ranks"]:
+        for key, kind in RANK_KEYS.items():
+            assert isinstance(r[key], kind), key
+    r0 = job["ranks"][0]
+    assert (r0["rank"], r0["node"], r0["pid"], r0["state"], r0["step"]) == (0, "node-a", 1000, "in_collective", 50)
+    assert r0["cpu_percent"] == 95.0
+    assert r0["seconds_since_progress"] == pytest.approx(12.0)
+    assert r0["top_frame"] == "all_reduce (torch/distributed/distributed_c10d.py:2501)"
+
+
+def test_seconds_since_progress_falls_back_on_the_job_and_is_null_without_any(
+    client: TestClient, clock: FakeClock
+) -> None:
+    job_progress = progress(2, 7, [(clock.now - 4, 7)], scope="job")
+    post(client, report(ranks=[rank(job_id="shared", progress=job_progress)], sent_at=clock.now))
+    post(client, report(node="node-b", ranks=[rank(job_id="quiet")], sent_at=clock.now))
+    by_id = {j["job_id"]: j for j in diagnose_json(client)["jobs"]}
+    assert by_id["shared"]["ranks"][0]["seconds_since_progress"] == pytest.approx(4.0)
+    assert by_id["quiet"]["ranks"][0]["seconds_since_progress"] is None
+    assert by_id["quiet"]["ranks"][0]["step"] is None
+    assert by_id["quiet"]["ranks"][0]["top_frame"] is None
+
+
+def test_agent_clock_skew_is_shifted_away(client: TestClient, clock: FakeClock) -> None:
+    agent_now = clock.now - 3600  # the agent's clock is an hour behind
+    p = progress(1, 1, [(agent_now - 5, 1)])
+    post(client, report(ranks=[rank(progress=p, stack=stack(agent_now - 1))], sent_at=agent_now))
+    [job] = diagnose_json(client)["jobs"]
+    assert job["ranks"][0]["seconds_since_progress"] == pytest.approx(5.0)
+    [view] = [r.view for r in monitor_of(client).results()]
+    assert view.ranks[0].stack is not None
+    assert view.ranks[0].stack.taken_at == pytest.approx(clock.now - 1)
+
+
+def test_most_recently_active_job_comes_first_and_job_filters(client: TestClient, clock: FakeClock) -> None:
+    for job_id in ("old", "new"):
+        post(client, report(node=f"node-{job_id}", ranks=[rank(job_id=job_id)], sent_at=clock.now))
+        clock.advance(1)
+    assert [j["job_id"] for j in diagnose_json(client)["jobs"]] == ["new", "old"]
+    post(client, report(node="node-old", ranks=[rank(job_id="old")], sent_at=clock.now))
+    assert [j["job_id"] for j in diagnose_json(client)["jobs"]] == ["old", "new"]
+    assert [j["job_id"] for j in diagnose_json(client, job="new")["jobs"]] == ["new"]
+    assert diagnose_json(client, job="nope")["jobs"] == []
+
+
+def test_text_report_reads_well(client: TestClient, clock: FakeClock, stub: StubDiagnosis) -> None:
+    post(client, report(ranks=[rank(rank=0), rank(rank=1, cpu_percent=0.0)], sent_at=clock.now))
+    response = client.get("/diagnose")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    assert "job-a" in text and "DEADLOCK" in text
+    assert "deadlock in job-a" in text
+    assert "culprit ranks: 1" in text
+    assert "rank 1 idle at 0% CPU for 30s" in text
+    assert "py-spy dump --pid 1001" in text
+    header = next(line for line in text.splitlines() if "RANK" in line)
+    assert header.split()[:4] == ["RANK", "NODE", "PID", "STATE"]
+    rows = [line.split() for line in text.splitlines() if line.strip().startswith(("0 ", "1 "))]
+    assert [row[:4] for row in rows] == [["0", "node-a", "1000", "in_collective"], ["1", "node-a", "1001", "in_collective"]]
+
+
+def test_text_report_without_jobs(client: TestClient) -> None:
+    assert "no jobs" in client.get("/diagnose").text
+    assert "no job 'x'" in client.get("/diagnose", params={"job": "x"}).text
+
+
+def test_bad_format_is_a_422(client: TestClient) -> None:
+    assert client.get("/diagnose", params={"format": "xml"}).status_code == 422
+
+
+def test_verdict_changes_are_recorded_once_each(client: TestClient, clock: FakeClock, stub: StubDiagnosis) -> None:
+    post(client, report(ranks=[rank(rank=0), rank(rank=1)], sent_at=clock.now))
+    monitor = monitor_of(client)
+    stub.verdict, stub.culprits = "healthy", ()
+    monitor.tick()
+    clock.advance(5)
+    monitor.tick()  # same verdict: nothing new
+    stub.verdict, stub.culprits = "deadlock", (1,)
+    clock.advance(5)
+    client.get("/diagnose")
+    history = client.get("/api/v1/jobs/job-a/history").json()
+    assert history["job_id"] == "job-a"
+    assert [(h["verdict"], h["culprit_ranks"]) for h in history["history"]] == [("healthy", []), ("deadlock", [1])]
+    assert history["history"][1]["at"] == clock.now
+    assert history["history"][1]["summary"] == "deadlock in job-a"
+
+
+def test_history_of_an_unknown_job_is_404(client: TestClient) -> None:
+    assert client.get("/api/v1/jobs/nope/history").status_code == 404
+
+
+def test_a_failing_diagnosis_does_not_break_the_report(
+    client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(job: JobView) -> Diagnosis:
+        raise ZeroDivisionError
+
+    monkeypatch.setattr("monitor.diagnosis.diagnose", broken)
+    post(client, report(sent_at=clock.now))
+    [job] = diagnose_json(client)["jobs"]
+    assert "diagnosis failed" in job["summary"]
+    assert job["ranks"][0]["state"] == "unknown"
+    assert "diagnosis failed for job job-a" in caplog.text
+
+
+def test_health(client: TestClient) -> None:
+    assert client.get("/healthz").status_code == 200

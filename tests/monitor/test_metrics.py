@@ -1,0 +1,79 @@
+"""GET /metrics: families built from live state at scrape time."""
+
+from __future__ import annotations
+
+import pytest
+from monitor_reports import progress, rank, report
+from monitor_testkit import FakeClock, TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from monitor.diagnosis import VERDICTS, Diagnosis, JobView
+
+
+def scrape(client: TestClient) -> dict[str, list[tuple[dict[str, str], float]]]:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(response.text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    matches = [v for lab, v in samples.get(name, []) if lab == labels]
+    assert len(matches) == 1, (name, labels, samples.get(name))
+    return matches[0]
+
+
+def test_metrics_follow_the_state(client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    def straggler(job: JobView) -> Diagnosis:
+        return Diagnosis("straggler", (1,), job.now, "rank 1 is slow")
+
+    monkeypatch.setattr("monitor.diagnosis.diagnose", straggler)
+    p = progress(3, 30, [(clock.now - 5, 30)])
+    ranks = [rank(rank=0, progress=p, cpu_seconds=100.0), rank(rank=1, cpu_percent=50.0, cpu_seconds=7.0)]
+    collectors = [{"name": "proc", "ok": True}, {"name": "stacks", "ok": False, "error": "py-spy missing"}]
+    client.post("/api/v1/reports", json=report(ranks=ranks, collectors=collectors, sent_at=clock.now))
+    client.post("/api/v1/reports", content=b"{", headers={"content-type": "application/json"})
+    clock.advance(20)
+    m = scrape(client)
+
+    for word in VERDICTS:
+        assert value(m, "hangwatch_job_verdict", job="job-a", verdict=word) == (1.0 if word == "straggler" else 0.0)
+    assert value(m, "hangwatch_job_stalled_seconds", job="job-a") == pytest.approx(25.0)
+    assert value(m, "hangwatch_rank_cpu_seconds_total", job="job-a", rank="0", node="node-a") == 100.0
+    assert value(m, "hangwatch_rank_cpu_ratio", job="job-a", rank="1", node="node-a") == 0.5
+    assert value(m, "hangwatch_rank_step", job="job-a", rank="0") == 30.0
+    assert m.get("hangwatch_rank_step", []) == [({"job": "job-a", "rank": "0"}, 30.0)]
+    assert value(m, "hangwatch_rank_alive", job="job-a", rank="1", node="node-a") == 1.0
+    assert value(m, "hangwatch_agent_last_report_age_seconds", node="node-a") == pytest.approx(20.0)
+    assert value(m, "hangwatch_agent_collector_up", node="node-a", collector="proc") == 1.0
+    assert value(m, "hangwatch_agent_collector_up", node="node-a", collector="stacks") == 0.0
+    assert value(m, "hangwatch_reports_total") == 1.0
+    assert value(m, "hangwatch_reports_rejected_total", reason="invalid_json") == 1.0
+    assert value(m, "hangwatch_reports_rejected_total", reason="too_large") == 0.0
+
+    for samples in m.values():
+        for labels, _ in samples:
+            assert "pid" not in labels
+            assert set(labels) <= {"job", "verdict", "rank", "node", "collector", "reason"}
+
+
+def test_ended_jobs_drop_out_after_the_retention(client: TestClient, clock: FakeClock) -> None:
+    done = rank(job_id="done", alive=False, exit={"at": clock.now, "code": 0, "source": "proc"})
+    client.post("/api/v1/reports", json=report(ranks=[done], sent_at=clock.now))
+    m = scrape(client)
+    assert value(m, "hangwatch_job_verdict", job="done", verdict="finished") == 1.0
+    clock.advance(601)  # job_retention_s defaults to 600
+    m = scrape(client)
+    assert "hangwatch_job_verdict" not in m
+    assert "hangwatch_agent_last_report_age_seconds" not in m
+    assert client.get("/diagnose", params={"format": "json"}).json() == {"jobs": []}
+
+
+def test_metrics_with_no_jobs(client: TestClient) -> None:
+    m = scrape(client)
+    assert value(m, "hangwatch_reports_total") == 0.0
+    assert "hangwatch_job_verdict" not in m

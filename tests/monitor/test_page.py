@@ -1,0 +1,31 @@
+"""GET /: the status page is self-contained (works offline) and polls the JSON report."""
+
+from __future__ import annotations
+
+import re
+
+from monitor_testkit import TestClient
+
+
+def test_page_is_html_with_local_resources_only(client: TestClient) -> None:
+    response = client.get("/")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    html = response.text
+    assert "<title>hangwatch</title>" in html
+    refs = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert "/static/app.js" in refs and "/static/style.css" in refs
+    assert not [r for r in refs if "//" in r]
+
+
+def test_script_and_style_are_served_and_poll_the_json_report(client: TestClient) -> None:
+    script = client.get("/static/app.js")
+    assert script.status_code == 200
+    assert "javascript" in script.headers["content-type"]
+    assert "/diagnose?format=json" in script.text
+    assert "2000" in script.text
+    assert "innerHTML" not in script.text.replace("never innerHTML", "")
+    assert not re.search(r"https?://", script.text)
+    style = client.get("/static/style.css")
+    assert style.status_code == 200
+    assert not re.search(r"https?://|@import", style.text)
