@@ -1,0 +1,201 @@
+"""Log line parsers (table tests) and the follower on real files."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from agent.discovery import RankIdentity, RankProcess
+from agent.exits import launcher_status
+from agent.logpatterns import (
+    LauncherBlockParser,
+    LauncherFailure,
+    Progress,
+    TracebackTracker,
+    compile_user_pattern,
+    match_progress,
+    split_prefixes,
+)
+from agent.logs import FIRST_READ_BYTES, FileTailer, LogFollower
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "agent"
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("step 00004/05000 (0.08%) | loss: 10.412 | lrm: 1.00 | dt: 512.3ms", Progress(4, 5000, "nanochat")),
+        ("step 00004/05000 | loss: 10.4", Progress(4, 5000, "nanochat")),
+        (" iteration      100/    1000 | consumed samples:        12800 | elapsed time per iteration (ms): 812.3",
+         Progress(100, 1000, "megatron")),
+        ("\x1b[31mstep: 10  \x1b[32mloss:  7.9321  \x1b[33mmemory: 12.3GiB", Progress(10, None, "torchtitan")),
+        ("step: 10  loss:  7.9321  memory: 12.3GiB", Progress(10, None, "torchtitan")),
+        (" 45%|████▌     | 45/100 [00:05<00:06,  8.50it/s]", Progress(45, 100, "tqdm")),
+        ("Epoch 0:  45%|████▌     | 45/100 [00:05<00:06,  8.50it/s, v_num=0, train_loss=1.23]",
+         Progress(45, 100, "tqdm")),
+        ("  0%|          | 0/500 [00:00<?, ?it/s]", Progress(0, 500, "tqdm")),
+        ("  2%|▏         | 10/500 [1:02:03<3:02:01,  1.1s/it]", Progress(10, 500, "tqdm")),
+        ("step 12", Progress(12, None, "generic")),
+        ("train step=12 loss=0.1", Progress(12, None, "generic")),
+        ("Step: 7, loss 3.2", Progress(7, None, "generic")),
+        ("global_step=99", Progress(99, None, "generic")),
+        ("loading checkpoint shards", None),
+        ("timestep 5 of the diffusion", None),
+        ("3 steps remaining", None),
+        ("{'loss': 1.23, 'learning_rate': 5e-05, 'epoch': 0.5}", None),
+    ],
+)
+def test_match_progress(line, expected):
+    assert match_progress(line) == expected
+
+
+def test_user_pattern_named_or_first_group():
+    named = compile_user_pattern(r"it=(?P<step>\d+)")
+    assert match_progress("foo it=17 bar", named) == Progress(17, None, "user")
+    first = compile_user_pattern(r"batch #(\d+)")
+    assert match_progress("batch #5 done", first) == Progress(5, None, "user")
+    # builtins still apply when the user's pattern does not match
+    assert match_progress("step 3", first) == Progress(3, None, "generic")
+    with pytest.raises(ValueError):
+        compile_user_pattern(r"step \d+")
+
+
+@pytest.mark.parametrize(
+    "line, rank, local_rank, text",
+    [
+        ("[rank1]: Traceback (most recent call last):", 1, None, "Traceback (most recent call last):"),
+        ("[default3]:step 5", None, 3, "step 5"),
+        ("[default0]:[rank4]:   File \"t.py\", line 1", 4, 0, "  File \"t.py\", line 1"),
+        ("plain line", None, None, "plain line"),
+        ("[rankX]: not a prefix", None, None, "[rankX]: not a prefix"),
+    ],
+)
+def test_split_prefixes(line, rank, local_rank, text):
+    p = split_prefixes(line)
+    assert (p.rank, p.local_rank, p.text) == (rank, local_rank, text)
+
+
+def test_traceback_last_line_including_chained():
+    lines = [
+        "hello",
+        "Traceback (most recent call last):",
+        '  File "t.py", line 3, in <module>',
+        "    f()",
+        "KeyError: 'x'",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "t.py", line 5, in <module>',
+        "    raise ValueError('bad batch')",
+        "ValueError: bad batch",
+        "RuntimeError: not after a traceback",
+    ]
+    tracker = TracebackTracker()
+    assert [e for e in map(tracker.feed, lines) if e] == ["KeyError: 'x'", "ValueError: bad batch"]
+
+
+def test_launcher_block_from_real_torchrun_logs():
+    def failures(name):
+        parser = LauncherBlockParser()
+        return [f for f in map(parser.feed, (FIXTURES / name).read_text().splitlines()) if f]
+
+    sigkill = failures("torchrun_rank1_sigkill.log")
+    assert LauncherFailure(pid=3108, exitcode=-9, rank=1, local_rank=1) in sigkill
+    assert LauncherFailure(pid=3107, exitcode=-15, rank=0, local_rank=0) in sigkill
+    assert LauncherFailure(pid=3108, exitcode=-9, rank=None, local_rank=1) in sigkill  # the E... line
+    exit3 = failures("torchrun_two_nodes_node1_exit3.log")
+    assert LauncherFailure(pid=3081, exitcode=3, rank=1, local_rank=0) in exit3
+    assert launcher_status(-9) == (None, 9) and launcher_status(3) == (3, None)
+
+
+def _rank(pid, rank, local_rank, job="j"):
+    return RankProcess(pid, 1, 1, RankIdentity(job, rank, 2, local_rank, "torchrun"), "python t.py")
+
+
+def test_follower_on_real_torchrun_log_attributes_by_prefix(tmp_path):
+    """A launcher log (--log): [defaultN] is the local rank, [rankN] the global rank."""
+    log = tmp_path / "train.log"
+    log.write_text("")
+    ranks = [_rank(101, 0, 0), _rank(102, 1, 1)]
+    follower = LogFollower(extra_paths=(str(log),))
+    follower.collect(ranks, now=1.0)
+    log.write_text((FIXTURES / "torchrun_rank0_valueerror.log").read_text())
+    follower.collect(ranks, now=2.0)
+    assert follower.errors_of(101) == ["ValueError: bad batch shape (3, 4)"]
+    assert follower.errors_of(102)[0].startswith("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo")
+    # the launcher's own unprefixed ChildFailedError traceback belongs to no rank
+    assert not any("ChildFailedError" in e for e in follower.errors_of(101) + follower.errors_of(102))
+    follower.close()
+
+
+def test_follower_progress_prefixed_and_shared(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("")
+    ranks = [_rank(101, 0, 0), _rank(102, 1, 1)]
+    follower = LogFollower(extra_paths=(str(log),))
+    follower.collect(ranks, now=1.0)
+    with open(log, "a") as f:
+        f.write("[default0]:step 1/10 | loss: 1.0\n[default1]:step 1/10 | loss: 1.0\n[default0]:step 2/10 | x\n")
+    follower.collect(ranks, now=2.0)
+    p0, p1 = follower.progress_of(101), follower.progress_of(102)
+    assert (p0["step"], p0["events"], p0["scope"], p0["total_steps"]) == (2, 2, "rank", 10)
+    assert (p1["step"], p1["events"]) == (1, 1)
+    assert p0["recent"] == [(2.0, 1), (2.0, 2)]
+    # unprefixed progress in a --log file is the job's
+    follower2 = LogFollower(extra_paths=(str(log),))
+    log.write_text("")
+    follower2.collect(ranks, now=1.0)
+    with open(log, "a") as f:
+        f.write("step 7\n")
+    follower2.collect(ranks, now=3.0)
+    assert follower2.progress_of(101)["scope"] == "job" == follower2.progress_of(102)["scope"]
+    assert follower2.progress_of(102)["step"] == 7
+    follower.close()
+    follower2.close()
+
+
+def test_tailer_first_sight_tail_partial_lines_truncation(tmp_path):
+    path = tmp_path / "big.log"
+    path.write_bytes(b"x" * (FIRST_READ_BYTES + 100) + b"\nstep 1\nstep 2\npart")
+    tailer = FileTailer(str(path), str(path))
+    assert tailer.read_lines() == ["step 1", "step 2"]  # the cut first line is skipped
+    with open(path, "ab") as f:
+        f.write(b"ial\n\r 3/9 [00:01<00:02, 1it/s]\r 4/9 [00:02<")
+    assert tailer.read_lines() == ["partial", " 3/9 [00:01<00:02, 1it/s]"]
+    path.write_bytes(b"step 1\n")  # truncated and rewritten
+    assert tailer.read_lines() == ["step 1"]
+    tailer.close()
+
+
+def test_bar_reset_still_counts_as_progress(tmp_path):
+    path = tmp_path / "bar.log"
+    path.write_text("")
+    follower = LogFollower(extra_paths=(str(path),))
+    ranks = [_rank(1, 0, 0)]
+    follower.collect(ranks, now=0.0)
+    with open(path, "a") as f:
+        f.write("\r 9/10 [00:01<00:00]\r 10/10 [00:01<00:00]\r 10/10 [00:01<00:00]\n")
+    follower.collect(ranks, now=1.0)
+    with open(path, "a") as f:
+        f.write("\r 1/10 [00:00<00:02]\n")
+    follower.collect(ranks, now=2.0)
+    p = follower.progress_of(1)
+    assert p["events"] == 3 and p["step"] == 1  # a re-drawn 10/10 is not an event
+    follower.close()
+
+
+def test_rotation_of_a_log_path(tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text("step 1\n")
+    follower = LogFollower(extra_paths=(str(path),))
+    ranks = [_rank(1, 0, 0)]
+    follower.collect(ranks, now=0.0)
+    os.rename(path, tmp_path / "train.log.1")
+    path.write_text("step 2\n")  # a new file: read from its start
+    follower.collect(ranks, now=1.0)
+    assert follower.progress_of(1)["step"] == 2
+    follower.close()

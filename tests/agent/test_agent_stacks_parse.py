@@ -1,0 +1,98 @@
+"""py-spy JSON parsing (real recorded dumps) and the dump policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.stacks import (
+    DumpPlan,
+    StackError,
+    looks_stuck,
+    next_dump,
+    parse_dump,
+    usual_step_interval,
+)
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "agent"
+
+
+def test_parse_real_dump_main_thread_first():
+    text = (FIXTURES / "pyspy_dump.json").read_text()
+    pid = json.loads(text)[0]["pid"]
+    threads = parse_dump(text, pid)
+    assert [t["name"] for t in threads] == ["MainThread", "sleeper"]
+    assert threads[0]["tid"] == pid
+    assert threads[0]["frames"] == [{"name": "<module>", "file": "/tmp/spin.py", "line": 14, "native": False}]
+    # innermost first, as py-spy prints them
+    assert [f["name"] for f in threads[1]["frames"]][:2] == ["worker", "Thread.run"]
+
+
+def test_parse_real_native_dump():
+    text = (FIXTURES / "pyspy_dump_native.json").read_text()
+    threads = parse_dump(text, json.loads(text)[0]["pid"])
+    main = threads[0]["frames"]
+    assert main[0] == {
+        "name": "clock_nanosleep", "file": "/usr/lib/x86_64-linux-gnu/libc.so.6", "line": None, "native": True,
+    }
+    assert {"name": "<module>", "file": "/tmp/spin.py", "line": 14, "native": False} in main
+
+
+def test_parse_caps_threads_and_frames():
+    raw = [
+        {"os_thread_id": i, "thread_name": f"t{i}", "frames": [{"name": f"f{j}", "filename": "x.py", "line": j} for j in range(100)]}
+        for i in range(1, 30)
+    ]
+    threads = parse_dump(json.dumps(raw), pid=7, max_threads=16, max_frames=64)
+    assert len(threads) == 16 and all(len(t["frames"]) == 64 for t in threads)
+
+
+def test_parse_rejects_non_list():
+    with pytest.raises(StackError):
+        parse_dump('{"error": 1}', pid=1)
+
+
+def test_usual_step_interval():
+    assert usual_step_interval([]) is None
+    assert usual_step_interval([(10.0, 1), (10.0, 2)]) is None
+    assert usual_step_interval([(10.0, 1), (12.0, 2), (14.0, 3)]) == 2.0
+
+
+@pytest.mark.parametrize(
+    "now, progress, low_cpu_since, stuck",
+    [
+        (100.0, {"step_at": 99.0, "recent": []}, None, False),
+        (100.0, {"step_at": 96.0, "recent": []}, None, True),  # 4 s > 3 s
+        # slow steps (10 s each): 20 s without progress is still normal
+        (100.0, {"step_at": 80.0, "recent": [(50.0, 1), (60.0, 2), (70.0, 3), (80.0, 4)]}, None, False),
+        (100.0, {"step_at": 60.0, "recent": [(30.0, 1), (40.0, 2), (50.0, 3), (60.0, 4)]}, None, True),
+        (100.0, None, 98.0, False),
+        (100.0, None, 96.5, True),
+        (100.0, None, None, False),
+    ],
+)
+def test_looks_stuck(now, progress, low_cpu_since, stuck):
+    assert looks_stuck(now, progress, low_cpu_since) is stuck
+
+
+def test_dump_schedule_background_then_stuck_episode():
+    plan = DumpPlan(discovered_at=0.0)
+    assert next_dump(1.0, plan, stuck=False) is None
+    assert next_dump(2.0, plan, stuck=False) == "python"  # first dump ~2 s after discovery
+    plan.last_dump_at = 2.0
+    assert next_dump(10.0, plan, stuck=False) is None
+    assert next_dump(22.0, plan, stuck=False) == "python"  # every 20 s
+    plan.last_dump_at = 22.0
+    # stuck: one native dump at once, then python every 3 s, native again after 30 s
+    assert next_dump(23.0, plan, stuck=True) == "native"
+    plan.last_dump_at = plan.last_native_at = 23.0
+    assert next_dump(24.0, plan, stuck=True) is None
+    assert next_dump(26.0, plan, stuck=True) == "python"
+    plan.last_dump_at = 26.0
+    assert next_dump(53.5, plan, stuck=True) == "native"
+    plan.last_dump_at = plan.last_native_at = 53.5
+    # episode ends, and a new one gets its own native dump at once
+    assert next_dump(54.0, plan, stuck=False) is None
+    assert next_dump(55.0, plan, stuck=True) == "native"
