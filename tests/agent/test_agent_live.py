@@ -1,0 +1,152 @@
+"""The real agent against real processes: discovery, CPU, logs, py-spy, exits, stops, sending."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from monitor.wire import Report
+from tests.agent.conftest import agent_argv, run_agent_once
+
+
+def _by_rank(report: dict, job: str) -> dict[int, dict]:
+    return {r["rank"]: r for r in report["ranks"] if r["job_id"] == job}
+
+
+def test_once_discovers_samples_follows_logs_and_dumps_stacks(ranks):
+    busy = ranks.start(0, "busy")
+    idle = ranks.start(1, "with-child")
+    child_pid = int(ranks.wait_for_line(1, "child ").split()[1])
+    ranks.extra_pids.append(child_pid)
+    ranks.wait_for_line(0, "step 2")
+    ranks.wait_for_line(1, "step 2")
+
+    report = run_agent_once("--interval", "0.5", "--job", ranks.job, "--node", "test-node")
+    Report.model_validate(report)  # the contract with the monitor
+
+    found = _by_rank(report, ranks.job)
+    assert sorted(found) == [0, 1]
+    assert found[0]["pid"] == busy.pid and found[1]["pid"] == idle.pid
+    assert child_pid not in {r["pid"] for r in report["ranks"]}  # the helper inheriting RANK
+    assert found[0]["launcher"] == "env" and found[1]["world_size"] == 2
+
+    assert found[0]["cpu_percent"] > 50, found[0]["cpu_percent"]
+    assert found[1]["cpu_percent"] < 10, found[1]["cpu_percent"]
+    assert found[0]["threads"]["total"] >= 1 and found[0]["rss_bytes"] > 1_000_000
+    assert found[0]["wchar"] > 0
+
+    for rank in (0, 1):
+        progress = found[rank]["progress"]
+        assert progress["scope"] == "rank" and progress["pattern"] == "generic"
+        assert progress["step"] >= 2 and progress["source"] == str(ranks.log_path(rank))
+
+    stack = found[1]["stack"]
+    assert found[1]["stack_error"] is None and stack["duration_s"] < 5
+    main = stack["threads"][0]
+    assert main["tid"] == idle.pid and main["name"] == "MainThread"
+    assert any(f["file"] == str(ranks.script) for f in main["frames"])
+    assert report["agent"]["py_spy"] == "ok"
+    assert all(c["ok"] for c in report["collectors"]), report["collectors"]
+
+
+def test_stopped_rank_reported_as_T_and_not_dumped(ranks):
+    proc = ranks.start(0, "sleep", world_size=1)
+    ranks.wait_for_line(0, "step 1")
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        report = run_agent_once("--interval", "0.3", "--job", ranks.job)
+        rank = _by_rank(report, ranks.job)[0]
+        assert rank["state"] == "T" and rank["alive"] is True
+        assert rank["stack"] is None and rank["stack_error"] is None
+        assert rank["cpu_percent"] == 0.0
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    time.sleep(0.2)
+    with open(f"/proc/{proc.pid}/stat") as f:
+        assert f.read().rsplit(")", 1)[1].split()[0] in "RS"  # the agent left it running
+
+
+def test_missing_py_spy_is_reported_not_fatal(ranks):
+    ranks.start(0, "sleep", world_size=1)
+    ranks.wait_for_line(0, "step 1")
+    report = run_agent_once("--interval", "0.2", "--job", ranks.job, "--py-spy", "/nonexistent/py-spy")
+    Report.model_validate(report)
+    assert "not found" in report["agent"]["py_spy"]
+    rank = _by_rank(report, ranks.job)[0]
+    assert rank["stack"] is None and "not found" in rank["stack_error"]
+    health = {c["name"]: c for c in report["collectors"]}
+    assert health["stacks"]["ok"] is False and health["procstat"]["ok"] is True
+
+
+def test_loop_reports_exits_with_code_signal_and_order(ranks, receiver, agent_process):
+    agent = agent_process(
+        "--monitor", receiver.url, "--interval", "0.2", "--job", ranks.job, "--no-stacks", "--node", "n1"
+    )
+    keeps = ranks.start(0, "sleep", world_size=3)
+    exits3 = ranks.start(1, "sleep", world_size=3, EXIT_AFTER=1.5, EXIT_CODE=3)
+    killed = ranks.start(2, "sleep", world_size=3)
+    receiver.wait_for(lambda r: len(_by_rank(r, ranks.job)) == 3)
+    os.kill(killed.pid, signal.SIGKILL)  # killed first: it must be the earliest exit
+    # Do not reap yet: the agent reads the zombie's status. (Popen only reaps on poll/wait.)
+    report = receiver.wait_for(
+        lambda r: all(not x["alive"] for k, x in _by_rank(r, ranks.job).items() if k != 0)
+    )
+    Report.model_validate(report)
+    found = _by_rank(report, ranks.job)
+    assert found[0]["alive"] is True and found[0]["exit"] is None
+    assert found[1]["exit"]["code"] == 3 and found[1]["exit"]["signal"] is None
+    assert found[2]["exit"]["signal"] == 9 and found[2]["exit"]["code"] is None
+    assert found[1]["exit"]["source"] == found[2]["exit"]["source"] == "proc"
+    assert found[2]["exit"]["at"] < found[1]["exit"]["at"]
+    assert found[1]["progress"]["step"] >= 5  # progress of a dead rank is still reported
+    assert agent.poll() is None
+
+    agent.send_signal(signal.SIGTERM)  # clean stop
+    out, err = agent.communicate(timeout=10)
+    assert agent.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def test_agent_keeps_running_when_monitor_unreachable(agent_process):
+    # A port nobody listens on: bind, read the number, close.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agent = agent_process("--monitor", f"http://127.0.0.1:{port}", "--interval", "0.1", "--no-stacks")
+    time.sleep(1.5)
+    assert agent.poll() is None
+    agent.send_signal(signal.SIGINT)
+    _, err = agent.communicate(timeout=10)
+    assert agent.returncode == 0
+    assert err.count("unreachable") == 1, err  # logged once, not every retry
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--monitor", "not-a-url"],
+        ["--monitor", "ftp://host/"],
+        ["--monitor", "http://127.0.0.1:9", "--interval", "0"],
+        ["--monitor", "http://127.0.0.1:9", "--interval", "-1"],
+        ["--monitor", "http://127.0.0.1:9", "--interval", "nan"],
+        ["--monitor", "http://127.0.0.1:9", "--step-regex", "("],
+        ["--monitor", "http://127.0.0.1:9", "--step-regex", "step \\d+"],
+        ["--monitor", "http://127.0.0.1:9", "--node", "bad name"],
+        ["--monitor", "http://127.0.0.1:99999"],
+        ["--bogus"],
+        [],
+    ],
+)
+def test_bad_options_exit_2_with_one_line(args):
+    done = subprocess.run(agent_argv(*args), capture_output=True, text=True, timeout=20)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hangwatch-agent: error:"), done.stderr
