@@ -1,0 +1,144 @@
+"""The SQLite store: a restarted monitor keeps its picture; old reports are pruned."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from monitor_reports import progress, rank, report
+from monitor_testkit import FakeClock, TestClient, monitor_of
+
+from monitor.app import create_app
+from monitor.diagnosis import Diagnosis, JobView
+from monitor.service import Monitor
+from monitor.settings import Settings
+from monitor.store import Store, VerdictChange
+from monitor.wire import Report
+
+
+def open_store(settings: Settings, clock: FakeClock) -> Store:
+    return Store(settings.db, settings.report_retention_s, settings.reports_per_node, clock=clock)
+
+
+def test_a_restarted_monitor_sees_the_job(settings: Settings, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("monitor.diagnosis.diagnose", lambda job: Diagnosis("deadlock", (1,), None, "stuck"))
+    p = progress(4, 40, [(clock.now - 1, 40)])
+    store = open_store(settings, clock)
+    try:
+        with TestClient(create_app(settings, store, clock=clock)) as client:
+            for i in range(3):
+                body = report(ranks=[rank(rank=0, progress=p, state="R" if i < 2 else "S"), rank(rank=1)],
+                              sent_at=clock.now)
+                assert client.post("/api/v1/reports", json=body).status_code == 202
+                clock.advance(1)
+            monitor_of(client).tick()
+            before = client.get("/diagnose", params={"format": "json"}).json()
+    finally:
+        store.close()
+
+    clock.advance(30)
+    store = open_store(settings, clock)
+    try:
+        with TestClient(create_app(settings, store, clock=clock)) as client:
+            after = client.get("/diagnose", params={"format": "json"}).json()
+            [job] = after["jobs"]
+            assert job["job_id"] == "job-a"
+            assert [r["rank"] for r in job["ranks"]] == [0, 1]
+            assert job["ranks"][0]["step"] == 40
+            assert job["ranks"][0]["seconds_since_progress"] == pytest.approx(
+                before["jobs"][0]["ranks"][0]["seconds_since_progress"] + 30
+            )
+            view = monitor_of(client).results()[0].view
+            assert view.ranks[0].state_since == clock.now - 30 - 1  # replayed with the original receive times
+            assert view.ranks[0].first_seen_at == clock.now - 33
+            # The verdict did not change across the restart, so it is not recorded twice.
+            monitor_of(client).tick()
+            history = client.get("/api/v1/jobs/job-a/history").json()["history"]
+            assert [h["verdict"] for h in history] == ["deadlock"]
+    finally:
+        store.close()
+
+
+def test_replay_skips_reports_older_than_the_retention(settings: Settings, clock: FakeClock) -> None:
+    store = open_store(settings, clock)
+    try:
+        with TestClient(create_app(settings, store, clock=clock)) as client:
+            client.post("/api/v1/reports", json=report(ranks=[rank(job_id="old")], sent_at=clock.now))
+    finally:
+        store.close()
+    clock.advance(settings.report_retention_s + 1)
+    store = open_store(settings, clock)
+    try:
+        assert monitor_of_app(settings, store, clock).results() == []
+    finally:
+        store.close()
+
+
+def monitor_of_app(settings: Settings, store: Store, clock: FakeClock) -> Monitor:
+    return create_app(settings, store, clock=clock).state.monitor
+
+
+def test_store_prunes_by_age_and_per_node_cap(tmp_path: Path, clock: FakeClock) -> None:
+    store = Store(tmp_path / "m.db", report_retention_s=100, reports_per_node=3, clock=clock)
+    try:
+        for i in range(6):
+            store.add_report("a", clock.now + i, f'{{"i": {i}}}')
+        store.add_report("b", clock.now - 500, "{}")
+        store.prune(clock.now + 6)
+        store.flush()
+        rows = list(store.recent_reports(since=0))
+        assert [(r.node, r.body) for r in rows] == [("a", '{"i": 3}'), ("a", '{"i": 4}'), ("a", '{"i": 5}')]
+    finally:
+        store.close()
+    conn = sqlite3.connect(tmp_path / "m.db")
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+
+
+def test_verdict_history_round_trip(tmp_path: Path) -> None:
+    store = Store(tmp_path / "m.db")
+    try:
+        store.add_verdict(VerdictChange("j", 1.0, "healthy", (), "ok"))
+        store.add_verdict(VerdictChange("j", 2.0, "deadlock", (0, 2), "stuck"))
+        store.add_verdict(VerdictChange("k", 3.0, "finished", (), "done"))
+        assert store.verdict_history("j") == [
+            VerdictChange("j", 1.0, "healthy", (), "ok"),
+            VerdictChange("j", 2.0, "deadlock", (0, 2), "stuck"),
+        ]
+        assert {k: v.verdict for k, v in store.latest_verdicts().items()} == {"j": "deadlock", "k": "finished"}
+    finally:
+        store.close()
+
+
+def test_a_stored_report_that_no_longer_validates_is_skipped(
+    settings: Settings, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = open_store(settings, clock)
+    try:
+        store.add_report("n", clock.now, '{"schema_version": 99}')
+        store.add_report("n", clock.now, json.dumps(report(sent_at=clock.now)))
+        monitor = monitor_of_app(settings, store, clock)
+        assert [r.view.job_id for r in monitor.results()] == ["job-a"]
+        assert "no longer validates" in caplog.text
+    finally:
+        store.close()
+
+
+def test_diagnosis_is_given_a_whole_job_view(settings: Settings, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[JobView] = []
+
+    def record(job: JobView) -> Diagnosis:
+        seen.append(job)
+        return Diagnosis("healthy", (), None, "fine")
+
+    monkeypatch.setattr("monitor.diagnosis.diagnose", record)
+    store = open_store(settings, clock)
+    try:
+        monitor = monitor_of_app(settings, store, clock)
+        monitor.ingest(Report.model_validate(report(ranks=[rank(world_size=8)], sent_at=clock.now)), "{}")
+        monitor.results()
+        assert seen[-1].world_size == 8 and seen[-1].now == clock.now
+    finally:
+        store.close()
