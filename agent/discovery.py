@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from agent.procstat import Stat, read_stat
 
-LAUNCHER_WORDS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+LAUNCHER_SCRIPTS = ("torchrun",)
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 ANCESTOR_LEVELS = 6
 
 # (rank variable, world size variable, launcher word), first present wins.
@@ -103,7 +104,10 @@ def is_python(exe: str, argv: list[str]) -> bool:
 
 
 def is_launcher(argv: list[str]) -> bool:
-    return any(word in arg for arg in argv for word in LAUNCHER_WORDS)
+    # Whole words only: a training script under a directory named "torchrun_tests" is a rank.
+    return any(
+        os.path.basename(arg) in LAUNCHER_SCRIPTS or arg in LAUNCHER_MODULES for arg in argv
+    )
 
 
 def drop_helpers(candidates: dict[int, RankProcess], parents: dict[int, int]) -> list[RankProcess]:

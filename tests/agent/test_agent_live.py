@@ -150,3 +150,39 @@ def test_bad_options_exit_2_with_one_line(args):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hangwatch-agent: error:"), done.stderr
+
+
+def test_real_torchrun_ranks_found_launcher_excluded(ranks, tmp_path):
+    """torchrun itself (also a python process) is skipped; its workers are the ranks."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not os.path.exists(torchrun):
+        pytest.skip("torchrun not installed")
+    log = open(tmp_path / "torchrun.log", "w")
+    launcher = subprocess.Popen(
+        [torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(ranks.port),
+         str(ranks.script), "sleep"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    log.close()
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and (tmp_path / "torchrun.log").read_text().count("step 3") < 2:
+            time.sleep(0.1)
+        report = run_agent_once("--interval", "0.3", "--job", ranks.job, "--no-stacks")
+        found = _by_rank(report, ranks.job)
+        assert sorted(found) == [0, 1], (report["ranks"], (tmp_path / "torchrun.log").read_text()[-2000:])
+        assert launcher.pid not in {r["pid"] for r in report["ranks"]}
+        assert {r["launcher"] for r in found.values()} == {"torchrun"}
+        assert {r["local_rank"] for r in found.values()} == {0, 1}
+        # both ranks write unprefixed lines to the one shared file: the job's progress
+        assert {r["progress"]["scope"] for r in found.values()} == {"job"}
+        rank_pids = [r["pid"] for r in found.values()]
+    finally:
+        # torchrun starts workers in their own sessions: kill them by PID, then torchrun.
+        for pid in locals().get("rank_pids", []):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        launcher.kill()
+        launcher.wait(timeout=20)

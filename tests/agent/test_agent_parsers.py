@@ -137,6 +137,7 @@ def test_rank_identity(env, expected):
         ("/usr/bin/python3", ["python", "-m", "torch.distributed.run", "t.py"], True, True),
         ("/usr/bin/python3", ["python", "-m", "torch.distributed.launch", "t.py"], True, True),
         ("/usr/bin/bash", ["bash", "run.sh"], False, False),
+        ("/usr/bin/python3", ["python", "/tmp/torchrun_test0/train.py"], True, False),
         ("", ["python3", "x.py"], True, False),  # exe unreadable: argv[0] decides
     ],
 )

@@ -1,0 +1,58 @@
+"""The sender against a real HTTP receiver on loopback: 2xx, 4xx (logged once), 5xx (retry)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from agent.sender import BACKOFF_MAX_S, Sender, next_backoff
+from tests.agent.conftest import Receiver
+
+
+def test_post_ok_sets_sent_at_at_sending_time():
+    receiver = Receiver()
+    sender = Sender(receiver.url + "/")
+    try:
+        before = time.time()
+        assert sender.post({"schema_version": 1, "node": "n", "sent_at": 0.0}) is True
+        assert receiver.reports[0]["sent_at"] >= before
+    finally:
+        sender.client.close()
+        receiver.close()
+
+
+def test_4xx_logged_once_and_5xx_is_a_failure(caplog):
+    receiver = Receiver(status=422)
+    sender = Sender(receiver.url)
+    try:
+        with caplog.at_level(logging.ERROR, logger="agent.sender"):
+            assert sender.post({"a": 1}) is True
+            assert sender.post({"a": 2}) is True
+        assert sum("rejected" in r.message for r in caplog.records) == 1
+        receiver.status = 503
+        assert sender.post({"a": 3}) is False and sender.failed == 1
+    finally:
+        sender.client.close()
+        receiver.close()
+
+
+def test_background_thread_sends_newest_only():
+    receiver = Receiver()
+    sender = Sender(receiver.url)
+    sender.start()
+    try:
+        for i in range(50):
+            sender.offer({"seq": i})
+        receiver.wait_for(lambda r: r["seq"] == 49, timeout=5)
+        assert len(receiver.reports) < 50  # superseded reports were dropped, not queued
+    finally:
+        sender.stop()
+        receiver.close()
+
+
+def test_backoff_doubles_up_to_cap():
+    b, seen = 0.0, []
+    for _ in range(10):
+        b = next_backoff(b)
+        seen.append(b)
+    assert seen[:3] == [0.5, 1.0, 2.0] and seen[-1] == BACKOFF_MAX_S
