@@ -18,7 +18,7 @@ def render_job(job: dict[str, Any], now: float) -> str:
     lines.append(f"== job {job['job_id']}: {job['verdict'].upper()}{since}")
     lines.append(f"   {job['summary']}")
     if job["culprit_ranks"]:
-        lines.append(f"   culprit ranks: {', '.join(str(r) for r in job['culprit_ranks'])}")
+        lines.append(f"   culprit ranks: {', '.join(str(r) for r in job['culprit_ranks'])} (marked * below)")
     nodes = ", ".join(job.get("nodes", []))
     lines.append(f"   world size {job['world_size']}, {len(job['ranks'])} ranks seen" + (f" on {nodes}" if nodes else ""))
     if job.get("stacks_unavailable_reason"):
@@ -30,16 +30,16 @@ def render_job(job: dict[str, Any], now: float) -> str:
         lines.append("   hints:")
         lines.extend(f"     > {h}" for h in job["hints"])
     lines.append("")
-    lines.extend("   " + row for row in _rank_table(job["ranks"]))
+    lines.extend("   " + row for row in _rank_table(job["ranks"], set(job["culprit_ranks"])))
     lines.append("")
     return "\n".join(lines)
 
 
-def _rank_table(ranks: list[dict[str, Any]]) -> list[str]:
+def _rank_table(ranks: list[dict[str, Any]], culprits: set[int]) -> list[str]:
     header = ("RANK", "NODE", "PID", "STATE", "CPU%", "STEP", "NO PROGRESS", "TOP FRAME")
     rows = [
         (
-            str(r["rank"]),
+            f"{r['rank']}*" if r["rank"] in culprits else str(r["rank"]),
             r["node"],
             _opt(r["pid"]),
             r["state"],

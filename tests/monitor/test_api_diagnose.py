@@ -130,13 +130,13 @@ def test_text_report_reads_well(client: TestClient, clock: FakeClock, stub: Stub
     text = response.text
     assert "job-a" in text and "DEADLOCK" in text
     assert "deadlock in job-a" in text
-    assert "culprit ranks: 1" in text
+    assert "culprit ranks: 1 (marked * below)" in text
     assert "rank 1 idle at 0% CPU for 30s" in text
     assert "py-spy dump --pid 1001" in text
     header = next(line for line in text.splitlines() if "RANK" in line)
     assert header.split()[:4] == ["RANK", "NODE", "PID", "STATE"]
-    rows = [line.split() for line in text.splitlines() if line.strip().startswith(("0 ", "1 "))]
-    assert [row[:4] for row in rows] == [["0", "node-a", "1000", "in_collective"], ["1", "node-a", "1001", "in_collective"]]
+    rows = [line.split() for line in text.splitlines() if line.strip().startswith(("0 ", "1* "))]
+    assert [row[:4] for row in rows] == [["0", "node-a", "1000", "in_collective"], ["1*", "node-a", "1001", "in_collective"]]
 
 
 def test_text_report_without_jobs(client: TestClient) -> None:

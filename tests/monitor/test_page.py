@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 
+import pytest
 from monitor_testkit import TestClient
+
+from monitor.routes.page import STATIC_DIR
 
 
 def test_page_is_html_with_local_resources_only(client: TestClient) -> None:
@@ -29,3 +34,9 @@ def test_script_and_style_are_served_and_poll_the_json_report(client: TestClient
     style = client.get("/static/style.css")
     assert style.status_code == 200
     assert not re.search(r"https?://|@import", style.text)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_script_parses() -> None:
+    result = subprocess.run(["node", "--check", str(STATIC_DIR / "app.js")], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
