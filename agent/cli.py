@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s hangwatch-agent %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per report
     agent = Agent(config)
     agent.start()
     try:

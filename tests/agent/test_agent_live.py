@@ -176,13 +176,24 @@ def test_real_torchrun_ranks_found_launcher_excluded(ranks, tmp_path):
         assert {r["local_rank"] for r in found.values()} == {0, 1}
         # both ranks write unprefixed lines to the one shared file: the job's progress
         assert {r["progress"]["scope"] for r in found.values()} == {"job"}
-        rank_pids = [r["pid"] for r in found.values()]
     finally:
-        # torchrun starts workers in their own sessions: kill them by PID, then torchrun.
-        for pid in locals().get("rank_pids", []):
+        # torchrun starts workers in their own sessions: kill its children by PID, then it.
+        for pid in _children_of(launcher.pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         launcher.kill()
         launcher.wait(timeout=20)
+
+
+def _children_of(parent: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                if name.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == parent:
+                    out.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
