@@ -13,24 +13,26 @@ def render_text(jobs: list[dict[str, Any]], now: float) -> str:
 
 
 def render_job(job: dict[str, Any], now: float) -> str:
-    lines = []
-    since = f"  since {_clock(job['since'])} ({_ago(now - job['since'])} ago)" if job["since"] is not None else ""
-    lines.append(f"== job {job['job_id']}: {job['verdict'].upper()}{since}")
-    lines.append(f"   {job['summary']}")
-    if job["culprit_ranks"]:
-        lines.append(f"   culprit ranks: {', '.join(str(r) for r in job['culprit_ranks'])} (marked * below)")
+    since = ""
+    if job["since"] is not None:
+        since = f"  since {_ago(now - job['since'])} ({_clock(job['since'])})"
+    lines = [f"JOB {job['job_id']}  {job['verdict'].upper()}{since}", f"  {job['summary']}"]
+    culprits = job["culprit_ranks"]
+    if culprits:
+        word = "rank" if len(culprits) == 1 else "ranks"
+        lines.append(f"  culprits: {word} {', '.join(str(r) for r in culprits)} (marked * below)")
     nodes = ", ".join(job.get("nodes", []))
-    lines.append(f"   world size {job['world_size']}, {len(job['ranks'])} ranks seen" + (f" on {nodes}" if nodes else ""))
+    lines.append(f"  world size {job['world_size']}, {len(job['ranks'])} ranks seen" + (f" on {nodes}" if nodes else ""))
     if job.get("stacks_unavailable_reason"):
-        lines.append(f"   stacks unavailable: {job['stacks_unavailable_reason']}")
+        lines.append(f"  stacks unavailable: {job['stacks_unavailable_reason']}")
     if job["evidence"]:
-        lines.append("   evidence:")
-        lines.extend(f"     - {e}" for e in job["evidence"])
+        lines.append("  evidence:")
+        lines.extend(f"    - {e}" for e in job["evidence"])
     if job["hints"]:
-        lines.append("   hints:")
-        lines.extend(f"     > {h}" for h in job["hints"])
+        lines.append("  hints:")
+        lines.extend(f"    > {h}" for h in job["hints"])
     lines.append("")
-    lines.extend("   " + row for row in _rank_table(job["ranks"], set(job["culprit_ranks"])))
+    lines.extend("  " + row for row in _rank_table(job["ranks"], set(culprits)))
     lines.append("")
     return "\n".join(lines)
 

@@ -16,7 +16,7 @@ import pydantic
 
 import monitor.diagnosis as diagnosis
 from monitor.diagnosis import Diagnosis, JobView
-from monitor.state import MonitorState
+from monitor.state import MonitorState, WaitSite
 from monitor.store import Store, VerdictChange
 from monitor.views import job_view
 from monitor.wire import Report
@@ -153,6 +153,12 @@ class Monitor:
             ]
 
 
-def _wait_site_hook() -> Callable[..., str | None] | None:
-    # Looked up at call time: the diagnosis module provides it once its rules land.
-    return getattr(diagnosis, "wait_site", None)
+def _wait_site_hook() -> WaitSite | None:
+    # Looked up at call time: the diagnosis package provides it as its rules land.
+    hook = getattr(diagnosis, "wait_site", None)
+    if hook is None:
+        try:
+            from monitor.diagnosis.stacks import wait_site as hook
+        except ImportError:
+            return None
+    return hook

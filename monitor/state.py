@@ -104,7 +104,8 @@ class NodeTrack:
     rank_keys: set[RankKey] = field(default_factory=set)
 
 
-WaitSite = Callable[[Stack], str | None]
+# ``wait_site(stack, cpu_percent)``: the collective call site a stack waits in, if any.
+WaitSite = Callable[[Stack, float | None], str | None]
 
 
 class MonitorState:
@@ -115,10 +116,7 @@ class MonitorState:
         self.version = 0
 
     def apply(self, report: Report, received_at: float, wait_site: WaitSite | None = None) -> set[str]:
-        """Take in one accepted report; return the ids of the jobs it touched.
-
-        ``wait_site(stack) -> str | None`` names the collective a stack waits in, if any.
-        """
+        """Take in one accepted report; return the ids of the jobs it touched."""
         offset = received_at - report.sent_at
         node = self.nodes.get(report.node)
         previous_keys = node.rank_keys if node else set()
@@ -215,7 +213,7 @@ class MonitorState:
 
         if rr.stack is not None:
             track.stack = to_stack(rr.stack, offset)
-            track.pending_wait_site = wait_site(track.stack) if wait_site else None
+            track.pending_wait_site = wait_site(track.stack, rr.cpu_percent) if wait_site else None
         if rr.progress is not None:
             self._apply_progress(job, track, node, rr.progress, received_at, offset)
 

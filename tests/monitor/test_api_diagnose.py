@@ -128,9 +128,9 @@ def test_text_report_reads_well(client: TestClient, clock: FakeClock, stub: Stub
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text
-    assert "job-a" in text and "DEADLOCK" in text
+    assert text.startswith("JOB job-a  DEADLOCK  since 30s (")
     assert "deadlock in job-a" in text
-    assert "culprit ranks: 1 (marked * below)" in text
+    assert "  culprits: rank 1 (marked * below)" in text
     assert "rank 1 idle at 0% CPU for 30s" in text
     assert "py-spy dump --pid 1001" in text
     header = next(line for line in text.splitlines() if "RANK" in line)
@@ -185,3 +185,14 @@ def test_a_failing_diagnosis_does_not_break_the_report(
 
 def test_health(client: TestClient) -> None:
     assert client.get("/healthz").status_code == 200
+
+
+def test_sync_points_are_learnt_through_the_diagnosis_hook(client: TestClient, clock: FakeClock) -> None:
+    # A rank seen waiting in all_reduce, then the job progresses: that all_reduce is a regular sync point.
+    first = rank(stack=stack(clock.now, active=False), cpu_percent=0.0, progress=progress(1, 1, [(clock.now - 1, 1)]))
+    post(client, report(ranks=[first], sent_at=clock.now))
+    clock.advance(1)
+    later = rank(cpu_percent=90.0, progress=progress(2, 2, [(clock.now - 1, 1), (clock.now, 2)]))
+    post(client, report(ranks=[later], sent_at=clock.now))
+    [result] = monitor_of(client).results()
+    assert any("all_reduce" in site for site in result.view.known_wait_sites)

@@ -180,7 +180,7 @@ def test_stacks_unavailable_only_when_every_node_says_so() -> None:
 def test_wait_sites_become_known_once_the_job_progresses_past_them() -> None:
     state = MonitorState()
 
-    def wait_site(s: Stack) -> str | None:
+    def wait_site(s: Stack, cpu_percent: float | None) -> str | None:
         return f"{s.frames[0].name}@{s.frames[2].where()}" if s.frames else None
 
     r = rank(stack=stack(T0), progress=progress(1, 1, [(T0 - 1, 1)]))
