@@ -137,7 +137,6 @@ def resume_if_left_stopped(proc_root: str, pid: int) -> None:
 STUCK_MIN_S = 3.0
 LOW_CPU_PERCENT = 10.0
 STUCK_DUMP_EVERY_S = 3.0
-NATIVE_DUMP_EVERY_S = 30.0
 BACKGROUND_DUMP_EVERY_S = 20.0
 FIRST_DUMP_AFTER_S = 2.0
 
@@ -183,15 +182,11 @@ def next_dump(now: float, plan: DumpPlan, stuck: bool) -> str | None:
         return "python" if now >= due else None
     if plan.stuck_since is None:
         plan.stuck_since = now
-    native_due = (
-        plan.last_native_at is None
-        or plan.last_native_at < plan.stuck_since
-        or now - plan.last_native_at >= NATIVE_DUMP_EVERY_S
-    )
-    if native_due:
         return "native"
+    # Stuck ranks always get native dumps: an async Work.wait or DDP's reducer shows
+    # only in native frames, and the monitor keeps just the newest stack.
     if plan.last_dump_at is None or now - plan.last_dump_at >= STUCK_DUMP_EVERY_S:
-        return "python"
+        return "native"
     return None
 
 

@@ -85,13 +85,11 @@ def test_dump_schedule_background_then_stuck_episode():
     assert next_dump(10.0, plan, stuck=False) is None
     assert next_dump(22.0, plan, stuck=False) == "python"  # every 20 s
     plan.last_dump_at = 22.0
-    # stuck: one native dump at once, then python every 3 s, native again after 30 s
+    # stuck: a native dump at once, then another every 3 s
     assert next_dump(23.0, plan, stuck=True) == "native"
     plan.last_dump_at = plan.last_native_at = 23.0
     assert next_dump(24.0, plan, stuck=True) is None
-    assert next_dump(26.0, plan, stuck=True) == "python"
-    plan.last_dump_at = 26.0
-    assert next_dump(53.5, plan, stuck=True) == "native"
+    assert next_dump(26.0, plan, stuck=True) == "native"
     plan.last_dump_at = plan.last_native_at = 53.5
     # episode ends, and a new one gets its own native dump at once
     assert next_dump(54.0, plan, stuck=False) is None
