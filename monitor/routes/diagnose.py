@@ -6,6 +6,7 @@ from typing import Literal
 
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from monitor.present import diagnose_dict
 from monitor.render_text import render_text
@@ -30,7 +31,8 @@ async def get_diagnose(
 
 @router.get("/api/v1/jobs/{job_id}/history")
 async def get_history(job_id: str, monitor: MonitorDep) -> JSONResponse:
-    changes = monitor.history(job_id)
+    # A database read (after queued writes land): keep it off the event loop.
+    changes = await run_in_threadpool(monitor.history, job_id)
     if not changes and not monitor.knows_job(job_id):
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
     return JSONResponse(
