@@ -19,6 +19,8 @@ IDLE_CPU_PERCENT = 10.0
 PROGRESS_HISTORY = 64
 LOG_ERRORS_KEPT = 50
 KNOWN_SITES_KEPT = 64
+# How long a forgotten job's dead ranks are ignored (agents stop listing them well before).
+FORGOTTEN_KEPT_S = 24 * 3600.0
 
 RankKey = tuple[str, int]
 
@@ -112,8 +114,9 @@ class MonitorState:
     def __init__(self) -> None:
         self.jobs: dict[str, JobTrack] = {}
         self.nodes: dict[str, NodeTrack] = {}
-        # Bumped on every change, so readers can tell whether anything moved.
-        self.version = 0
+        # Ended jobs already forgotten, and when: an agent may go on listing their dead
+        # ranks for a while, which must not bring the job back. A live rank does.
+        self.forgotten: dict[str, float] = {}
 
     def apply(self, report: Report, received_at: float, wait_site: WaitSite | None = None) -> set[str]:
         """Take in one accepted report; return the ids of the jobs it touched."""
@@ -131,6 +134,9 @@ class MonitorState:
         self.nodes[report.node] = node
         touched: set[str] = set()
         for rank_report in report.ranks:
+            if not rank_report.alive and rank_report.job_id in self.forgotten:
+                continue
+            self.forgotten.pop(rank_report.job_id, None)
             job = self.jobs.get(rank_report.job_id)
             if job is None:
                 job = self.jobs[rank_report.job_id] = JobTrack(rank_report.job_id)
@@ -145,7 +151,6 @@ class MonitorState:
                 touched.add(job_id)
         for job_id in touched:
             self._learn_wait_sites(self.jobs[job_id])
-        self.version += 1
         return touched
 
     def _apply_rank(
@@ -266,11 +271,13 @@ class MonitorState:
             if now - job.last_report_at > retention_s or (ended_at is not None and now - ended_at > retention_s):
                 del self.jobs[job_id]
                 dropped.append(job_id)
+                self.forgotten[job_id] = now
         for name, node in list(self.nodes.items()):
             if now - node.last_report_at > retention_s:
                 del self.nodes[name]
-        if dropped:
-            self.version += 1
+        for job_id, at in list(self.forgotten.items()):
+            if now - at > FORGOTTEN_KEPT_S:
+                del self.forgotten[job_id]
         return dropped
 
 

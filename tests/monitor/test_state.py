@@ -201,6 +201,11 @@ def test_prune_forgets_ended_and_silent_jobs() -> None:
     assert state.prune(T0 + 400, retention_s=300) == ["done"]
     assert set(state.nodes) == {"node-b"}
     assert state.prune(T0 + 800, retention_s=300) == ["live"]
+    # An agent still listing the dead ranks does not bring the job back; a live rank does.
+    apply(state, report(ranks=[done], sent_at=T0 + 801), T0 + 801)
+    assert "done" not in state.jobs
+    apply(state, report(ranks=[rank(job_id="done")], sent_at=T0 + 802), T0 + 802)
+    assert "done" in state.jobs
 
 
 def test_log_errors_merge_windows_and_increments() -> None:
