@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
-from monitor_testkit import TestClient
+from monitor_reports import rank, report
+from monitor_testkit import FakeClock, TestClient
 
 from monitor.routes.page import STATIC_DIR
 
@@ -40,3 +43,21 @@ def test_script_and_style_are_served_and_poll_the_json_report(client: TestClient
 def test_script_parses() -> None:
     result = subprocess.run(["node", "--check", str(STATIC_DIR / "app.js")], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_script_renders_jobs(client: TestClient, clock: FakeClock, tmp_path: Path) -> None:
+    ranks = [rank(rank=0), rank(rank=1)]
+    client.post("/api/v1/reports", json=report(ranks=ranks, sent_at=clock.now))
+    answer = tmp_path / "diagnose.json"
+    answer.write_text(client.get("/diagnose", params={"format": "json"}).text)
+    result = subprocess.run(
+        ["node", str(Path(__file__).with_name("page_smoke.js")), str(STATIC_DIR / "app.js"), str(answer)],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["status"].startswith("updated")
+    assert "job-a" in shown["overview"]
+    assert "job-a" in shown["jobs"] and "node-a" in shown["jobs"] and "1001" in shown["jobs"]
+    assert shown["timers"] == 1  # the next poll is scheduled
