@@ -1,0 +1,430 @@
+"""Start and stop real monitors, agents and training jobs on this machine.
+
+Shared by ``hangwatch demo``, the end-to-end tests (tests/e2e/conftest.py)
+and the benchmarks. Everything listens on loopback only. Every process
+started here is recorded in a :class:`Reaper`, which kills it (and, for
+torchrun, the workers it started in their own sessions) on ``close()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+import hangwatch.workloads
+
+TRAIN_SCRIPT = Path(hangwatch.workloads.__file__).resolve().parent / "train.py"
+LOOPBACK = "127.0.0.1"
+STALL_MARKER = re.compile(r"HANGWATCH-STALL t=(?P<t>[0-9.]+) mode=(?P<mode>\S+) rank=(?P<rank>\d+)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def tool(name: str) -> str:
+    """A console script of this environment (next to the running Python), else from PATH."""
+    here = Path(sys.executable).with_name(name)
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} not found next to {sys.executable} nor on PATH")
+    return found
+
+
+class Reaper:
+    """Remembers every process started (Popen objects and plain pids) and kills them all."""
+
+    def __init__(self) -> None:
+        self._popens: list[subprocess.Popen] = []
+        self._procs: dict[int, psutil.Process] = {}
+        self._launchers: list[int] = []
+
+    def popen(self, cmd: Sequence[str], *, launcher: bool = False, **kw) -> subprocess.Popen:
+        kw.setdefault("start_new_session", True)
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        p = subprocess.Popen(list(cmd), **kw)
+        self._popens.append(p)
+        self.adopt(p.pid)
+        if launcher:
+            self._launchers.append(p.pid)
+        return p
+
+    def adopt(self, pid: int) -> None:
+        """Record a process not started through ``popen`` (e.g. a torchrun worker)."""
+        if pid in self._procs:
+            return
+        try:
+            self._procs[pid] = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            pass
+
+    def adopt_children(self) -> None:
+        for pid in list(self._launchers):
+            try:
+                for child in psutil.Process(pid).children(recursive=True):
+                    self.adopt(child.pid)
+            except psutil.NoSuchProcess:
+                pass
+
+    def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
+        proc = self._procs.get(pid)
+        if proc is None:
+            raise ValueError(f"pid {pid} was not started by this reaper")
+        try:
+            if sig == signal.SIGKILL:
+                proc.send_signal(signal.SIGCONT)
+            proc.send_signal(sig)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+
+    def close(self) -> None:
+        self.adopt_children()
+        # Launchers first (so torchrun does not restart anything), then the rest.
+        order = sorted(self._procs.values(), key=lambda p: p.pid not in self._launchers)
+        for proc in order:
+            try:
+                if proc.is_running():
+                    proc.send_signal(signal.SIGCONT)
+                    proc.send_signal(signal.SIGKILL)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+                pass
+        for p in self._popens:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        psutil.wait_procs([p for p in self._procs.values() if p.pid not in {q.pid for q in self._popens}],
+                          timeout=5)
+        self._popens.clear()
+        self._procs.clear()
+        self._launchers.clear()
+
+    def __enter__(self) -> Reaper:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def stop_gently(p: subprocess.Popen, timeout: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL if it does not end (for the monitor and agent)."""
+    if p.poll() is None:
+        try:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=timeout)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            pass
+
+
+# ---------------------------------------------------------------- monitor and agent
+
+
+@dataclass
+class Service:
+    proc: subprocess.Popen
+    log: Path
+    url: str = ""
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def start_monitor(reaper: Reaper, workdir: Path, *, port: int | None = None, timeout: float = 30.0) -> Service:
+    port = port or free_port()
+    log = workdir / "monitor.log"
+    with open(log, "wb") as out:
+        proc = reaper.popen([tool("hangwatch-monitor"), "--host", LOOPBACK, "--port", str(port),
+                             "--db", str(workdir / "monitor.db")], stdout=out, stderr=subprocess.STDOUT)
+    svc = Service(proc, log, f"http://{LOOPBACK}:{port}")
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"monitor exited with {proc.returncode}:\n{svc.log_tail()}")
+        try:
+            if httpx.get(svc.url + "/healthz", timeout=1.0).status_code == 200:
+                return svc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"monitor not healthy after {timeout}s:\n{svc.log_tail()}")
+
+
+def start_agent(reaper: Reaper, workdir: Path, monitor_url: str, *, interval: float = 1.0,
+                extra: Sequence[str] = ()) -> Service:
+    log = workdir / "agent.log"
+    with open(log, "wb") as out:
+        proc = reaper.popen([tool("hangwatch-agent"), "--monitor", monitor_url, "--interval", str(interval),
+                             *extra], stdout=out, stderr=subprocess.STDOUT)
+    time.sleep(0.3)
+    if proc.poll() is not None:
+        raise RuntimeError(f"agent exited with {proc.returncode}:\n{Service(proc, log).log_tail()}")
+    return Service(proc, log)
+
+
+# ---------------------------------------------------------------- training jobs
+
+
+@dataclass
+class Job:
+    job_id: str
+    kind: str  # "torchrun" or "plain"
+    logs: list[Path]
+    launcher: subprocess.Popen | None = None
+    ranks: dict[int, subprocess.Popen] = field(default_factory=dict)  # plain launch
+    started_at: float = field(default_factory=time.time)
+    reaper: Reaper | None = None
+    nproc: int = 2
+    _pids: dict[int, int] = field(default_factory=dict)
+
+    def text(self) -> str:
+        out = []
+        for log in self.logs:
+            try:
+                out.append(log.read_text(errors="replace"))
+            except OSError:
+                pass
+        return "\n".join(out)
+
+    def log_tail(self, n: int = 25) -> str:
+        parts = []
+        for log in self.logs:
+            try:
+                lines = log.read_text(errors="replace").splitlines()[-n:]
+            except OSError:
+                lines = []
+            parts.append(f"--- {log.name}\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    def rank_pids(self, timeout: float = 60.0) -> dict[int, int]:
+        """rank -> pid; for torchrun, the workers found under the launcher (and adopted by the reaper)."""
+        if self.kind == "plain":
+            return {r: p.pid for r, p in self.ranks.items()}
+        end = time.monotonic() + timeout
+        want = self.nproc
+        while True:
+            self._pids.update(torchrun_workers(self.launcher.pid))
+            for pid in self._pids.values():
+                if self.reaper:
+                    self.reaper.adopt(pid)
+            if len(self._pids) >= want or time.monotonic() > end:
+                return dict(self._pids)
+            if self.launcher.poll() is not None:
+                return dict(self._pids)
+            time.sleep(0.1)
+
+    def wait_for(self, pattern: str | re.Pattern[str], timeout: float = 60.0) -> re.Match[str]:
+        rx = re.compile(pattern) if isinstance(pattern, str) else pattern
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            m = rx.search(self.text())
+            if m:
+                return m
+            if self.finished():
+                m = rx.search(self.text())
+                if m:
+                    return m
+                raise AssertionError(f"job ended before {rx.pattern!r} appeared:\n{self.log_tail()}")
+            time.sleep(0.1)
+        raise AssertionError(f"{rx.pattern!r} not seen within {timeout}s:\n{self.log_tail()}")
+
+    def wait_for_step(self, step: int, timeout: float = 60.0) -> None:
+        self.wait_for(rf"step {step}/", timeout)
+
+    def stall_time(self) -> float | None:
+        m = STALL_MARKER.search(self.text())
+        return float(m.group("t")) if m else None
+
+    def finished(self) -> bool:
+        if self.launcher is not None:
+            return self.launcher.poll() is not None
+        return all(p.poll() is not None for p in self.ranks.values())
+
+
+def torchrun_workers(launcher_pid: int) -> dict[int, int]:
+    """rank -> pid of the direct children of a torchrun that carry RANK."""
+    out: dict[int, int] = {}
+    try:
+        children = psutil.Process(launcher_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return out
+    for child in children:
+        try:
+            if child.ppid() != launcher_pid:
+                continue
+            env = child.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if "RANK" in env:
+            out[int(env["RANK"])] = child.pid
+    return out
+
+
+def _workload_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+              "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK"):
+        env.pop(k, None)
+    env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    env.update(extra or {})
+    return env
+
+
+def _nice() -> None:
+    # Keep the agent and monitor responsive on small machines when ranks compute flat out.
+    try:
+        os.nice(5)
+    except OSError:
+        pass
+
+
+def launch_torchrun(reaper: Reaper, workdir: Path, train_args: Sequence[str], *, nproc: int = 2,
+                    port: int | None = None, name: str = "job") -> Job:
+    """``torchrun --nproc-per-node=N --master-port P train.py ...``; job id ``127.0.0.1:P``.
+
+    torchrun without ``--standalone`` sets MASTER_ADDR=127.0.0.1 and TORCHELASTIC_RUN_ID=none,
+    so the job id is predictable (``--standalone`` would give a random run id).
+    """
+    port = port or free_port()
+    log = workdir / f"{name}-torchrun.log"
+    cmd = [tool("torchrun"), f"--nproc-per-node={nproc}", f"--master-addr={LOOPBACK}", f"--master-port={port}",
+           str(TRAIN_SCRIPT), *train_args]
+    with open(log, "wb") as out:
+        p = reaper.popen(cmd, launcher=True, stdout=out, stderr=subprocess.STDOUT, env=_workload_env(),
+                         preexec_fn=_nice)
+    job = Job(job_id=f"{LOOPBACK}:{port}", kind="torchrun", logs=[log], launcher=p, reaper=reaper)
+    job.nproc = nproc
+    return job
+
+
+def launch_plain(reaper: Reaper, workdir: Path, train_args: Sequence[str], *, world_size: int = 2,
+                 nranks: int | None = None, port: int | None = None, name: str = "job") -> Job:
+    """N ranks started directly, the launcher setting RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.
+
+    Each rank's stdout+stderr goes to its own file. Exited ranks are not reaped until the
+    reaper closes (so the agent can read their exit status from the zombie).
+    """
+    port = port or free_port()
+    nranks = world_size if nranks is None else nranks
+    job = Job(job_id=f"{LOOPBACK}:{port}", kind="plain", logs=[], reaper=reaper)
+    job.nproc = nranks
+    for r in range(nranks):
+        log = workdir / f"{name}-rank{r}.log"
+        env = _workload_env({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world_size),
+                             "LOCAL_WORLD_SIZE": str(world_size),
+                             "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)})
+        with open(log, "wb") as out:
+            job.ranks[r] = reaper.popen([sys.executable, str(TRAIN_SCRIPT), *train_args], stdout=out,
+                                        stderr=subprocess.STDOUT, env=env, preexec_fn=_nice)
+        job.logs.append(log)
+    return job
+
+
+# ---------------------------------------------------------------- asking the monitor
+
+
+class VerdictTimeout(AssertionError):
+    pass
+
+
+@dataclass
+class Observation:
+    at: float
+    verdict: str | None
+    culprits: tuple[int, ...]
+
+
+class MonitorClient:
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(timeout=5.0)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def diagnose(self) -> dict:
+        r = self._http.get(self.url + "/diagnose", params={"format": "json"})
+        r.raise_for_status()
+        return r.json()
+
+    def diagnose_text(self, job_id: str | None = None) -> str:
+        params = {"job": job_id} if job_id else {}
+        r = self._http.get(self.url + "/diagnose", params=params)
+        r.raise_for_status()
+        return r.text
+
+    def job(self, job_id: str) -> dict | None:
+        r = self._http.get(self.url + "/diagnose", params={"format": "json", "job": job_id})
+        r.raise_for_status()
+        for job in r.json().get("jobs", []):
+            if job.get("job_id") == job_id:
+                return job
+        return None
+
+    def history(self, job_id: str) -> list[dict] | None:
+        r = self._http.get(self.url + f"/api/v1/jobs/{job_id}/history")
+        if r.status_code != 200:
+            return None
+        return r.json().get("history", [])
+
+    def wait_for_verdict(self, job_id: str, verdict: str, timeout: float = 40.0, *,
+                         culprits: Sequence[int] | None = None,
+                         observations: list[Observation] | None = None,
+                         on_poll: Callable[[dict | None], None] | None = None,
+                         context: Callable[[], str] | None = None, poll: float = 0.25) -> dict:
+        """Poll ``/diagnose?format=json`` until the job has ``verdict`` (and these culprits).
+
+        Returns the job dict; raises VerdictTimeout showing the last answer otherwise.
+        ``observations`` (if given) receives every answer seen, with its time.
+        """
+        want = sorted(culprits) if culprits is not None else None
+        end = time.monotonic() + timeout
+        last: dict | None = None
+        error = ""
+        while True:
+            try:
+                job = self.job(job_id)
+                error = ""
+            except httpx.HTTPError as e:
+                job, error = None, f"{type(e).__name__}: {e}"
+            now = time.time()
+            if job is not None:
+                last = job
+            if observations is not None:
+                observations.append(Observation(now, job and job.get("verdict"),
+                                                tuple(job.get("culprit_ranks", ())) if job else ()))
+            if on_poll:
+                on_poll(job)
+            if job and job.get("verdict") == verdict and (
+                    want is None or sorted(job.get("culprit_ranks", [])) == want):
+                return job
+            if time.monotonic() >= end:
+                shown = json.dumps(last, indent=1) if last else "(the monitor never listed this job)"
+                msg = (f"job {job_id}: no verdict {verdict!r}"
+                       f"{f' with culprits {want}' if want is not None else ''} within {timeout}s; "
+                       f"last answer:\n{shown}")
+                if error:
+                    msg += f"\nlast error: {error}"
+                if context:
+                    msg += "\n" + context()
+                raise VerdictTimeout(msg)
+            time.sleep(poll)

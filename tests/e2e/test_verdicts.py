@@ -1,0 +1,138 @@
+"""Every verdict on a real 2-rank gloo job, diagnosed by the real agent and a real monitor.
+
+Each test starts the workload (hangwatch/workloads/train.py) so that it goes wrong in one way
+at step STALL_STEP (or from outside: SIGKILL / SIGSTOP), then polls ``/diagnose?format=json``
+until the expected verdict and culprit ranks show up.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from hangwatch.harness import Observation
+from tests.e2e.conftest import STALL_STEP, VERDICT_TIMEOUT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+FAIL_AT = ("--fail-at-step", str(STALL_STEP))
+
+
+def culprits(job: dict) -> list[int]:
+    return sorted(job["culprit_ranks"])
+
+
+def test_rank_exits_early_under_torchrun(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--fail", "exit", *FAIL_AT)
+    got = wait_for_verdict(job, "rank_exited", culprits=[1])
+    assert got["verdict"] == "rank_exited"
+    assert culprits(got) == [1]
+
+
+def test_rank_exits_early_under_plain_launch(plain_job, wait_for_verdict):
+    job = plain_job("--fail", "exit", *FAIL_AT)
+    got = wait_for_verdict(job, "rank_exited", culprits=[1])
+    assert culprits(got) == [1]
+
+
+def test_rank_leaves_loop_and_lingers(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--fail", "linger", *FAIL_AT)
+    got = wait_for_verdict(job, "deadlock", culprits=[1])
+    assert culprits(got) == [1]
+
+
+def test_rank0_only_extra_collective(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--fail", "extra-collective", "--fail-rank", "0", *FAIL_AT)
+    got = wait_for_verdict(job, "deadlock", culprits=[0])
+    assert culprits(got) == [0]
+
+
+def test_ddp_rank_lingers(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--ddp", "--fail", "linger", *FAIL_AT)
+    got = wait_for_verdict(job, "deadlock", culprits=[1])
+    assert culprits(got) == [1]
+
+
+def test_async_allreduce_rank_lingers(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--async-allreduce", "--fail", "linger", *FAIL_AT)
+    got = wait_for_verdict(job, "deadlock", culprits=[1])
+    assert culprits(got) == [1]
+
+
+def test_sigkill_rank1(torchrun_job, wait_for_verdict, reaper):
+    job = torchrun_job("--steps", "100000")
+    pids = job.rank_pids()
+    job.wait_for_step(STALL_STEP)
+    reaper.kill(pids[1], signal.SIGKILL)
+    got = wait_for_verdict(job, "rank_exited", culprits=[1])
+    assert culprits(got) == [1]
+
+
+def test_sigstop_rank1(torchrun_job, wait_for_verdict, reaper):
+    job = torchrun_job("--steps", "100000")
+    pids = job.rank_pids()
+    job.wait_for_step(STALL_STEP)
+    reaper.kill(pids[1], signal.SIGSTOP)
+    try:
+        got = wait_for_verdict(job, "rank_stopped", culprits=[1])
+        assert culprits(got) == [1]
+    finally:
+        reaper.kill(pids[1], signal.SIGCONT)
+        reaper.kill(pids[1], signal.SIGKILL)
+
+
+def test_straggler_rank1(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--fail", "straggle", "--busy-seconds", "60", *FAIL_AT)
+    got = wait_for_verdict(job, "straggler", culprits=[1])
+    assert culprits(got) == [1]
+
+
+def test_all_ranks_busy_is_slow_compute(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--fail", "busy-all", "--busy-seconds", "60", *FAIL_AT)
+    got = wait_for_verdict(job, "slow_compute")
+    assert got["verdict"] == "slow_compute"
+
+
+def test_world_size_never_reached(plain_job, wait_for_verdict):
+    job = plain_job("--steps", "100", world_size=3, nranks=2)
+    got = wait_for_verdict(job, "rendezvous_hang")
+    assert got["verdict"] == "rendezvous_hang"
+    # Say what the ranks wait for.
+    text = " ".join([got.get("summary", "")] + list(got.get("evidence", [])) + list(got.get("hints", [])))
+    assert "3" in text, text
+
+
+def test_clean_finish(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--steps", "80")
+    got = wait_for_verdict(job, "finished", culprits=[])
+    assert culprits(got) == []
+    assert job.launcher.wait(timeout=30) == 0
+
+
+def test_no_alarm_before_the_stall(torchrun_job, wait_for_verdict, client):
+    """While the job is healthy every answer is ``healthy``; the deadlock shows after the stall."""
+    stall_step = 200  # ~12 s of healthy steps at ~0.06 s/step
+    job = torchrun_job("--fail", "linger", "--fail-at-step", str(stall_step))
+    seen: list[Observation] = []
+    job.wait_for_step(20, timeout=VERDICT_TIMEOUT)
+    got = wait_for_verdict(job, "healthy", observations=seen)
+    assert got["verdict"] == "healthy"
+    # Keep watching until the stall starts.
+    while job.stall_time() is None:
+        assert not job.finished(), job.log_tail()
+        job_now = client.job(job.job_id)
+        seen.append(Observation(time.time(), job_now and job_now["verdict"],
+                                tuple(job_now["culprit_ranks"]) if job_now else ()))
+        time.sleep(0.25)
+    stall = job.stall_time()
+    before = [o for o in seen if o.at < stall and o.verdict is not None]
+    wrong = [o for o in before if o.verdict != "healthy"]
+    assert before, "the monitor never answered for the job before the stall"
+    assert not wrong, f"alarm before the stall (t={stall:.1f}): {wrong}"
+    # The monitor's own verdict history must not hold an alarm before the stall either.
+    history = client.history(job.job_id) or []
+    early = [h for h in history if h["at"] < stall - 1.0 and h["verdict"] not in ("healthy",)]
+    assert not early, f"verdict history has an alarm before the stall: {early}"
+    wait_for_verdict(job, "deadlock", culprits=[1])
