@@ -1,0 +1,330 @@
+"""The ``hangwatch`` command: a live demo, and /diagnose for a person at a terminal.
+
+    hangwatch demo deadlock|straggler|exit|slow|stopped|killed|collective|ddp|async|rendezvous|finish
+    hangwatch diagnose [--monitor URL] [--json] [--job ID]
+    hangwatch status [--monitor URL] [--job ID]
+
+``diagnose`` and ``status`` exit 0 when every job is healthy or finished, 1 when a job has
+any other verdict, 2 when the monitor cannot be reached (or on bad options).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+DEFAULT_MONITOR = "http://127.0.0.1:8787"
+OK_VERDICTS = ("healthy", "finished")
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        raise UsageError(message)
+
+
+def _url(text: str) -> str:
+    u = urlparse(text)
+    if u.scheme not in ("http", "https") or not u.netloc:
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {text!r}")
+    return text.rstrip("/")
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return v
+
+
+# ---------------------------------------------------------------- demo cases
+
+
+@dataclass(frozen=True)
+class DemoCase:
+    what: str
+    train_args: tuple[str, ...]
+    expect: str
+    culprits: tuple[int, ...] | None = None
+    launcher: str = "torchrun"  # or "plain"
+    world_size: int = 2
+    nranks: int = 2
+    signal: int | None = None  # sent to rank 1 from outside
+
+
+def demo_cases(stall_step: int) -> dict[str, DemoCase]:
+    at = ("--fail-at-step", str(stall_step))
+    return {
+        "deadlock": DemoCase("rank 1 runs out of data, leaves the loop and lingers; rank 0 waits in all_reduce",
+                             ("--fail", "linger", *at), "deadlock", (1,)),
+        "collective": DemoCase("rank 0 alone enters a broadcast in save_checkpoint; rank 1 waits in all_reduce",
+                               ("--fail", "extra-collective", "--fail-rank", "0", *at), "deadlock", (0,)),
+        "ddp": DemoCase("DistributedDataParallel; rank 1 leaves the loop and lingers (rank 0 waits in backward)",
+                        ("--ddp", "--fail", "linger", *at), "deadlock", (1,)),
+        "async": DemoCase("async all_reduce + work.wait(); rank 1 leaves the loop and lingers",
+                          ("--async-allreduce", "--fail", "linger", *at), "deadlock", (1,)),
+        "straggler": DemoCase("rank 1 computes for 60 s before its next all_reduce",
+                              ("--fail", "straggle", "--busy-seconds", "60", *at), "straggler", (1,)),
+        "slow": DemoCase("every rank computes for 60 s between steps (no collective)",
+                         ("--fail", "busy-all", "--busy-seconds", "60", *at), "slow_compute"),
+        "exit": DemoCase("rank 1 runs out of data and exits 0; rank 0 then fails in all_reduce",
+                         ("--fail", "exit", *at), "rank_exited", (1,)),
+        "error": DemoCase("rank 1 raises an exception",
+                          ("--fail", "exit-error", *at), "rank_exited", (1,)),
+        "killed": DemoCase("rank 1 is killed with SIGKILL", ("--steps", "100000"), "rank_exited", (1,),
+                           signal=signal.SIGKILL),
+        "stopped": DemoCase("rank 1 is stopped with SIGSTOP", ("--steps", "100000"), "rank_stopped", (1,),
+                            signal=signal.SIGSTOP),
+        "rendezvous": DemoCase("WORLD_SIZE=3 but only 2 ranks start: init_process_group waits forever",
+                               ("--steps", "100",), "rendezvous_hang", launcher="plain", world_size=3),
+        "finish": DemoCase("a clean 150-step run", ("--steps", "150",), "finished", ()),
+    }
+
+
+CASE_NAMES = tuple(demo_cases(40))
+
+
+def _say(t0: float, msg: str) -> None:
+    print(f"[+{time.monotonic() - t0:5.1f}s] {msg}", flush=True)
+
+
+def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, workdir: str | None) -> int:
+    from hangwatch.harness import (  # imported here: `hangwatch diagnose` needs none of this
+        MonitorClient, Reaper, launch_plain, launch_torchrun, start_agent, start_monitor, stop_gently,
+    )
+
+    case = demo_cases(stall_step)[case_name]
+    tmp = tempfile.TemporaryDirectory(prefix="hangwatch-demo-") if workdir is None else None
+    wd = Path(tmp.name if tmp else workdir)
+    wd.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    reaper = Reaper()
+    client = None
+    found = False
+    try:
+        monitor = start_monitor(reaper, wd)
+        _say(t0, f"monitor on {monitor.url} (db {wd / 'monitor.db'})")
+        agent = start_agent(reaper, wd, monitor.url, interval=1.0)
+        _say(t0, f"agent pid {agent.proc.pid}, sampling every 1 s")
+        if case.launcher == "plain":
+            job = launch_plain(reaper, wd, list(case.train_args), world_size=case.world_size, nranks=case.nranks)
+            _say(t0, f"started {case.nranks} ranks directly with WORLD_SIZE={case.world_size}: job {job.job_id}")
+        else:
+            job = launch_torchrun(reaper, wd, list(case.train_args), nproc=case.nranks)
+            _say(t0, f"started torchrun --nproc-per-node={case.nranks}: job {job.job_id}")
+        _say(t0, f"what goes wrong: {case.what}")
+        _say(t0, f"job output: {', '.join(str(p) for p in job.logs)}")
+        expected = f"{case.expect}" + (f" (culprits {list(case.culprits)})" if case.culprits else "")
+        _say(t0, f"expected verdict: {expected}")
+        client = MonitorClient(monitor.url)
+        pids = job.rank_pids(timeout=60)
+        signalled = case.signal is None
+        stall_announced = False
+        last_key = None
+        deadline = time.monotonic() + timeout
+        found_at = None
+        while True:
+            now = time.monotonic()
+            if not signalled and f"step {stall_step}/" in job.text():
+                os.kill(pids[1], case.signal)  # a rank the demo started itself
+                reaper.adopt(pids[1])
+                _say(t0, f"sent {signal.Signals(case.signal).name} to rank 1 (pid {pids[1]})")
+                signalled = True
+            if not stall_announced and job.stall_time() is not None:
+                _say(t0, f"the workload reports the failure has started (step {stall_step})")
+                stall_announced = True
+            try:
+                j = client.job(job.job_id)
+            except Exception as e:  # noqa: BLE001 - keep the demo running through a hiccup
+                _say(t0, f"monitor did not answer: {e}")
+                j = None
+            if j is not None:
+                key = (j["verdict"], tuple(j.get("culprit_ranks", [])))
+                if key != last_key:
+                    last_key = key
+                    _say(t0, f"verdict now: {j['verdict']}"
+                             + (f" culprits {j['culprit_ranks']}" if j.get("culprit_ranks") else ""))
+                    print(_indent(client.diagnose_text(job.job_id)), flush=True)
+                ok = j["verdict"] == case.expect and (
+                    case.culprits is None or tuple(sorted(j.get("culprit_ranks", []))) == case.culprits)
+                if ok and found_at is None:
+                    found_at = now
+                    found = True
+                    _say(t0, "the monitor shows the expected verdict")
+            if found_at is not None and now - found_at >= linger:
+                break
+            if now > deadline:
+                _say(t0, f"gave up after {timeout:.0f}s without the expected verdict {expected}")
+                break
+            time.sleep(0.5)
+        if client is not None:
+            _say(t0, "final /diagnose:")
+            print(_indent(client.diagnose_text(job.job_id)), flush=True)
+    except KeyboardInterrupt:
+        _say(t0, "interrupted")
+        return 130
+    except Exception as e:  # noqa: BLE001
+        print(f"hangwatch demo: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if client is not None:
+            client.close()
+        for p in list(reaper._popens):  # give the monitor and agent a clean stop first
+            if "hangwatch-" in " ".join(map(str, p.args)):
+                stop_gently(p, timeout=3)
+        reaper.close()
+        if tmp is not None:
+            tmp.cleanup()
+        _say(t0, "cleaned up: every process the demo started is gone")
+    return 0 if found else 1
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.rstrip("\n").splitlines())
+
+
+# ---------------------------------------------------------------- diagnose / status
+
+
+def _fetch(url: str, params: dict) -> "httpx.Response":  # noqa: F821
+    import httpx
+
+    return httpx.get(url, params=params, timeout=10.0)
+
+
+def _jobs(monitor: str, job: str | None) -> list[dict]:
+    params = {"format": "json"}
+    if job:
+        params["job"] = job
+    r = _fetch(monitor + "/diagnose", params)
+    r.raise_for_status()
+    return r.json().get("jobs", [])
+
+
+def _exit_code(jobs: list[dict]) -> int:
+    return 1 if any(j.get("verdict") not in OK_VERDICTS for j in jobs) else 0
+
+
+def cmd_diagnose(args) -> int:
+    import httpx
+
+    try:
+        jobs = _jobs(args.monitor, args.job)
+        if args.job and not jobs:
+            print(f"hangwatch: no job {args.job!r} at {args.monitor}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps({"jobs": jobs}, indent=2))
+        else:
+            params = {"job": args.job} if args.job else {}
+            r = _fetch(args.monitor + "/diagnose", params)
+            r.raise_for_status()
+            sys.stdout.write(r.text if r.text.endswith("\n") else r.text + "\n")
+    except httpx.HTTPError as e:
+        print(f"hangwatch: monitor {args.monitor} unreachable: {e or type(e).__name__}", file=sys.stderr)
+        return 2
+    return _exit_code(jobs)
+
+
+def _ago(since: float | None) -> str:
+    if since is None:
+        return "-"
+    return f"{max(0.0, time.time() - since):.0f}s"
+
+
+def cmd_status(args) -> int:
+    import httpx
+
+    try:
+        jobs = _jobs(args.monitor, args.job)
+    except httpx.HTTPError as e:
+        print(f"hangwatch: monitor {args.monitor} unreachable: {e or type(e).__name__}", file=sys.stderr)
+        return 2
+    if not jobs:
+        print("no jobs" if not args.job else f"no job {args.job!r}")
+        return 2 if args.job else 0
+    for j in jobs:
+        ranks = j.get("ranks", [])
+        steps = [r.get("step") for r in ranks if r.get("step") is not None]
+        culprits = ",".join(str(c) for c in j.get("culprit_ranks", [])) or "-"
+        states = ",".join(f"{r['rank']}:{r.get('state')}" for r in sorted(ranks, key=lambda r: r["rank"]))
+        print(f"{j['job_id']}  {j['verdict'].upper():<15} culprits={culprits:<6} since={_ago(j.get('since')):<5} "
+              f"step={max(steps) if steps else '-'}  ranks={states}  {j.get('summary', '')}")
+    return _exit_code(jobs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="hangwatch", description="hangwatch: live hang detection for distributed PyTorch training")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    monitor_default = os.environ.get("HANGWATCH_MONITOR", DEFAULT_MONITOR)
+
+    d = sub.add_parser("demo", help="a real 2-rank gloo job that goes wrong, diagnosed live")
+    d.add_argument("case", choices=CASE_NAMES, metavar="CASE", help=" | ".join(CASE_NAMES))
+    d.add_argument("--timeout", type=_positive, default=90.0,
+                   help="give up after this many seconds without the expected verdict (default 90)")
+    d.add_argument("--linger", type=float, default=3.0,
+                   help="seconds to keep watching after the expected verdict (default 3)")
+    d.add_argument("--stall-step", type=int, default=40, help="the step at which things go wrong (default 40)")
+    d.add_argument("--workdir", default=None, help="keep the job logs and the monitor db here")
+
+    g = sub.add_parser("diagnose", help="print the monitor's /diagnose")
+    g.add_argument("--monitor", type=_url, default=monitor_default,
+                   help=f"monitor URL (default $HANGWATCH_MONITOR or {DEFAULT_MONITOR})")
+    g.add_argument("--json", action="store_true", help="JSON instead of text")
+    g.add_argument("--job", default=None, help="only this job id")
+
+    s = sub.add_parser("status", help="one line per job")
+    s.add_argument("--monitor", type=_url, default=monitor_default,
+                   help=f"monitor URL (default $HANGWATCH_MONITOR or {DEFAULT_MONITOR})")
+    s.add_argument("--job", default=None, help="only this job id")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # e.g. `hangwatch diagnose --json | head`
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        except OSError:
+            pass
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        print(f"hangwatch: error: {e}", file=sys.stderr)
+        return 2
+    if args.command is None:
+        print("hangwatch: error: a command is required: demo, diagnose or status (see hangwatch --help)",
+              file=sys.stderr)
+        return 2
+    if args.command == "demo":
+        if args.stall_step < 2:
+            print("hangwatch: error: --stall-step must be at least 2", file=sys.stderr)
+            return 2
+        return run_demo(args.case, timeout=args.timeout, linger=max(0.0, args.linger),
+                        stall_step=args.stall_step, workdir=args.workdir)
+    if args.command == "diagnose":
+        return cmd_diagnose(args)
+    return cmd_status(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
