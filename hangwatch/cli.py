@@ -17,7 +17,6 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -51,51 +50,11 @@ def _positive(text: str) -> float:
     return v
 
 
-# ---------------------------------------------------------------- demo cases
+from hangwatch.cases import CASE_NAMES, demo_cases  # noqa: E402
+from hangwatch.harness import watch_case  # noqa: E402
 
 
-@dataclass(frozen=True)
-class DemoCase:
-    what: str
-    train_args: tuple[str, ...]
-    expect: str
-    culprits: tuple[int, ...] | None = None
-    launcher: str = "torchrun"  # or "plain"
-    world_size: int = 2
-    nranks: int = 2
-    signal: int | None = None  # sent to rank 1 from outside
 
-
-def demo_cases(stall_step: int) -> dict[str, DemoCase]:
-    at = ("--fail-at-step", str(stall_step))
-    return {
-        "deadlock": DemoCase("rank 1 runs out of data, leaves the loop and lingers; rank 0 waits in all_reduce",
-                             ("--fail", "linger", *at), "deadlock", (1,)),
-        "collective": DemoCase("rank 0 alone enters a broadcast in save_checkpoint; rank 1 waits in all_reduce",
-                               ("--fail", "extra-collective", "--fail-rank", "0", *at), "deadlock", (0,)),
-        "ddp": DemoCase("DistributedDataParallel; rank 1 leaves the loop and lingers (rank 0 waits in backward)",
-                        ("--ddp", "--fail", "linger", *at), "deadlock", (1,)),
-        "async": DemoCase("async all_reduce + work.wait(); rank 1 leaves the loop and lingers",
-                          ("--async-allreduce", "--fail", "linger", *at), "deadlock", (1,)),
-        "straggler": DemoCase("rank 1 computes for 60 s before its next all_reduce",
-                              ("--fail", "straggle", "--busy-seconds", "60", *at), "straggler", (1,)),
-        "slow": DemoCase("every rank computes for 60 s between steps (no collective)",
-                         ("--fail", "busy-all", "--busy-seconds", "60", *at), "slow_compute"),
-        "exit": DemoCase("rank 1 runs out of data and exits 0; rank 0 then fails in all_reduce",
-                         ("--fail", "exit", *at), "rank_exited", (1,)),
-        "error": DemoCase("rank 1 raises an exception",
-                          ("--fail", "exit-error", *at), "rank_exited", (1,)),
-        "killed": DemoCase("rank 1 is killed with SIGKILL", ("--steps", "100000"), "rank_exited", (1,),
-                           signal=signal.SIGKILL),
-        "stopped": DemoCase("rank 1 is stopped with SIGSTOP", ("--steps", "100000"), "rank_stopped", (1,),
-                            signal=signal.SIGSTOP),
-        "rendezvous": DemoCase("WORLD_SIZE=3 but only 2 ranks start: init_process_group waits forever",
-                               ("--steps", "100",), "rendezvous_hang", launcher="plain", world_size=3),
-        "finish": DemoCase("a clean 150-step run", ("--steps", "150",), "finished", ()),
-    }
-
-
-CASE_NAMES = tuple(demo_cases(40))
 
 
 def _say(t0: float, msg: str) -> None:
@@ -103,9 +62,8 @@ def _say(t0: float, msg: str) -> None:
 
 
 def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, workdir: str | None) -> int:
-    from hangwatch.harness import (  # imported here: `hangwatch diagnose` needs none of this
-        MonitorClient, Reaper, launch_plain, launch_torchrun, start_agent, start_monitor, stop_gently,
-    )
+    from hangwatch.cases import launch_case  # imported here: `hangwatch diagnose` needs none of this
+    from hangwatch.harness import MonitorClient, Reaper, start_agent, start_monitor, stop_gently
 
     case = demo_cases(stall_step)[case_name]
     tmp = tempfile.TemporaryDirectory(prefix="hangwatch-demo-") if workdir is None else None
@@ -114,78 +72,59 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
     t0 = time.monotonic()
     reaper = Reaper()
     client = None
+    services = []
     found = False
     try:
         monitor = start_monitor(reaper, wd)
+        services.append(monitor)
         _say(t0, f"monitor on {monitor.url} (db {wd / 'monitor.db'})")
         agent = start_agent(reaper, wd, monitor.url, interval=1.0)
+        services.append(agent)
         _say(t0, f"agent pid {agent.proc.pid}, sampling every 1 s")
+        job = launch_case(case, reaper, wd)
         if case.launcher == "plain":
-            job = launch_plain(reaper, wd, list(case.train_args), world_size=case.world_size, nranks=case.nranks)
             _say(t0, f"started {case.nranks} ranks directly with WORLD_SIZE={case.world_size}: job {job.job_id}")
         else:
-            job = launch_torchrun(reaper, wd, list(case.train_args), nproc=case.nranks)
             _say(t0, f"started torchrun --nproc-per-node={case.nranks}: job {job.job_id}")
         _say(t0, f"what goes wrong: {case.what}")
         _say(t0, f"job output: {', '.join(str(p) for p in job.logs)}")
-        expected = f"{case.expect}" + (f" (culprits {list(case.culprits)})" if case.culprits else "")
+        expected = case.expect + (f" (culprits {list(case.culprits)})" if case.culprits else "")
         _say(t0, f"expected verdict: {expected}")
         client = MonitorClient(monitor.url)
-        pids = job.rank_pids(timeout=60)
-        signalled = case.signal is None
-        stall_announced = False
-        last_key = None
-        deadline = time.monotonic() + timeout
-        found_at = None
-        while True:
-            now = time.monotonic()
-            if not signalled and f"step {stall_step}/" in job.text():
-                os.kill(pids[1], case.signal)  # a rank the demo started itself
-                reaper.adopt(pids[1])
-                _say(t0, f"sent {signal.Signals(case.signal).name} to rank 1 (pid {pids[1]})")
-                signalled = True
-            if not stall_announced and job.stall_time() is not None:
-                _say(t0, f"the workload reports the failure has started (step {stall_step})")
-                stall_announced = True
-            try:
-                j = client.job(job.job_id)
-            except Exception as e:  # noqa: BLE001 - keep the demo running through a hiccup
-                _say(t0, f"monitor did not answer: {e}")
-                j = None
-            if j is not None:
-                key = (j["verdict"], tuple(j.get("culprit_ranks", [])))
-                if key != last_key:
-                    last_key = key
-                    _say(t0, f"verdict now: {j['verdict']}"
-                             + (f" culprits {j['culprit_ranks']}" if j.get("culprit_ranks") else ""))
-                    print(_indent(client.diagnose_text(job.job_id)), flush=True)
-                ok = j["verdict"] == case.expect and (
-                    case.culprits is None or tuple(sorted(j.get("culprit_ranks", []))) == case.culprits)
-                if ok and found_at is None:
-                    found_at = now
-                    found = True
-                    _say(t0, "the monitor shows the expected verdict")
-            if found_at is not None and now - found_at >= linger:
-                break
-            if now > deadline:
+
+        def on_event(kind: str, payload) -> None:
+            if kind == "signal":
+                _say(t0, f"sent {signal.Signals(case.signal).name} to rank 1 (pid {payload})")
+            elif kind == "stall":
+                what = "the job has ended" if case.expect == "finished" else "the workload reports the failure started"
+                _say(t0, what)
+            elif kind == "change":
+                culprits = payload.get("culprit_ranks") or []
+                _say(t0, f"verdict now: {payload['verdict']}" + (f" culprits {culprits}" if culprits else ""))
+                print(_indent(client.diagnose_text(job.job_id)), flush=True)
+            elif kind == "detected":
+                _say(t0, "the monitor shows the expected verdict")
+            elif kind == "timeout":
                 _say(t0, f"gave up after {timeout:.0f}s without the expected verdict {expected}")
-                break
-            time.sleep(0.5)
-        if client is not None:
-            _say(t0, "final /diagnose:")
-            print(_indent(client.diagnose_text(job.job_id)), flush=True)
+
+        run = watch_case(case, job, client, stall_step=stall_step, timeout=timeout, linger=linger,
+                         poll=0.5, on_event=on_event)
+        found = run.detected is not None
+        if run.detection_seconds is not None:
+            _say(t0, f"detected {run.detection_seconds:.1f}s after the failure began")
+        _say(t0, "final /diagnose:")
+        print(_indent(client.diagnose_text(job.job_id)), flush=True)
     except KeyboardInterrupt:
         _say(t0, "interrupted")
         return 130
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - one line for a person, not a traceback
         print(f"hangwatch demo: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     finally:
         if client is not None:
             client.close()
-        for p in list(reaper._popens):  # give the monitor and agent a clean stop first
-            if "hangwatch-" in " ".join(map(str, p.args)):
-                stop_gently(p, timeout=3)
+        for svc in services:  # a clean stop for the monitor and agent, then kill whatever is left
+            stop_gently(svc.proc, timeout=3)
         reaper.close()
         if tmp is not None:
             tmp.cleanup()

@@ -428,3 +428,92 @@ class MonitorClient:
                     msg += "\n" + context()
                 raise VerdictTimeout(msg)
             time.sleep(poll)
+
+
+# ---------------------------------------------------------------- one case, watched
+
+
+@dataclass
+class CaseRun:
+    job: Job
+    # When the failure began (epoch): the workload's HANGWATCH-STALL line, the signal sent,
+    # the launch (rendezvous: the ranks never get past init), or the job's end (clean finish).
+    stall_at: float | None = None
+    detected_at: float | None = None
+    detected: dict | None = None
+    observations: list[Observation] = field(default_factory=list)
+
+    @property
+    def detection_seconds(self) -> float | None:
+        if self.stall_at is None or self.detected_at is None:
+            return None
+        return self.detected_at - self.stall_at
+
+    def alarms_before_stall(self) -> list[Observation]:
+        """Answers other than healthy that the monitor gave before the failure began."""
+        if self.stall_at is None:
+            return [o for o in self.observations if o.verdict not in (None, "healthy")]
+        return [o for o in self.observations if o.at < self.stall_at and o.verdict not in (None, "healthy")]
+
+
+def watch_case(case, job: Job, client: MonitorClient, *, stall_step: int, timeout: float,
+               linger: float = 0.0, poll: float = 0.25,
+               on_event: Callable[[str, object], None] | None = None) -> CaseRun:
+    """Drive a case (send its signal at ``stall_step``) and watch /diagnose until the verdict.
+
+    ``on_event(kind, payload)`` is told "signal" (pid), "stall" (epoch), "change" (job dict,
+    whenever verdict or culprits change), "detected" (job dict) and "timeout".
+    """
+    emit = on_event or (lambda kind, payload: None)
+    run = CaseRun(job)
+    pids = job.rank_pids(timeout=60)
+    signalled = case.signal is None
+    if case.expect == "rendezvous_hang":
+        run.stall_at = job.started_at
+    last_key = None
+    deadline = time.monotonic() + timeout
+    found_mono = None
+    while True:
+        if not signalled and f"step {stall_step}/" in job.text():
+            if job.reaper is not None:
+                job.reaper.adopt(pids[1])
+                job.reaper.kill(pids[1], case.signal)
+            else:
+                os.kill(pids[1], case.signal)
+            run.stall_at = time.time()
+            signalled = True
+            emit("signal", pids[1])
+        if run.stall_at is None:
+            if case.expect == "finished":
+                if job.finished():
+                    run.stall_at = time.time()
+                    emit("stall", run.stall_at)
+            else:
+                t = job.stall_time()
+                if t is not None:
+                    run.stall_at = t
+                    emit("stall", t)
+        try:
+            j = client.job(job.job_id)
+        except httpx.HTTPError:
+            j = None
+        now = time.time()
+        run.observations.append(Observation(now, j and j.get("verdict"),
+                                            tuple(j.get("culprit_ranks", ())) if j else ()))
+        if j is not None:
+            key = (j.get("verdict"), tuple(j.get("culprit_ranks", ())))
+            if key != last_key:
+                last_key = key
+                emit("change", j)
+            ok = j.get("verdict") == case.expect and (
+                case.culprits is None or tuple(sorted(j.get("culprit_ranks", []))) == tuple(case.culprits))
+            if ok and found_mono is None:
+                found_mono = time.monotonic()
+                run.detected_at, run.detected = now, j
+                emit("detected", j)
+        if found_mono is not None and time.monotonic() - found_mono >= linger:
+            return run
+        if time.monotonic() > deadline:
+            emit("timeout", timeout)
+            return run
+        time.sleep(poll)
