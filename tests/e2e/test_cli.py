@@ -1,0 +1,92 @@
+"""The ``hangwatch`` command: bad options, diagnose/status exit codes, and the live demo."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from hangwatch.harness import free_port, tool
+
+HANGWATCH = [sys.executable, "-m", "hangwatch.cli"]
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*HANGWATCH, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_console_script_is_installed():
+    assert tool("hangwatch")
+
+
+@pytest.mark.parametrize("argv", [
+    [],
+    ["frobnicate"],
+    ["demo"],
+    ["demo", "no-such-case"],
+    ["demo", "deadlock", "--timeout", "-1"],
+    ["diagnose", "--monitor", "not-a-url"],
+    ["diagnose", "--bogus"],
+    ["status", "--monitor"],
+])
+def test_bad_options_one_line_exit_2(argv):
+    res = run(*argv)
+    assert res.returncode == 2, res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hangwatch"), res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("cmd", ["diagnose", "status"])
+def test_unreachable_monitor_exit_2(cmd):
+    res = run(cmd, "--monitor", f"http://127.0.0.1:{free_port()}")
+    assert res.returncode == 2
+    assert "unreachable" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(150)
+def test_diagnose_and_status_exit_codes(torchrun_job, wait_for_verdict, monitor):
+    job = torchrun_job("--fail", "linger", "--fail-at-step", "30")
+    job.wait_for_step(10, timeout=45)
+    wait_for_verdict(job, "healthy")
+    res = run("diagnose", "--monitor", monitor.url, "--job", job.job_id)
+    assert res.returncode == 0, res
+    assert job.job_id in res.stdout and "HEALTHY" in res.stdout.upper()
+
+    wait_for_verdict(job, "deadlock", culprits=[1])
+    res = run("diagnose", "--monitor", monitor.url, "--job", job.job_id)
+    assert res.returncode == 1, res
+    assert "DEADLOCK" in res.stdout.upper()
+    res = run("diagnose", "--monitor", monitor.url, "--job", job.job_id, "--json")
+    assert res.returncode == 1
+    data = json.loads(res.stdout)
+    assert [j["verdict"] for j in data["jobs"]] == ["deadlock"]
+    assert data["jobs"][0]["culprit_ranks"] == [1]
+    res = run("status", "--monitor", monitor.url, "--job", job.job_id)
+    assert res.returncode == 1
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 1 and job.job_id in lines[0] and "DEADLOCK" in lines[0]
+    res = run("diagnose", "--monitor", monitor.url, "--job", "no-such-job:1")
+    assert res.returncode == 2 and "no job" in res.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(150)
+def test_demo_killed_shows_verdict_and_cleans_up():
+    res = run("demo", "killed", "--linger", "0", "--timeout", "60", timeout=140)
+    out = res.stdout
+    assert res.returncode == 0, out + res.stderr
+    assert "verdict now: rank_exited culprits [1]" in out
+    assert "final /diagnose:" in out
+    agent_pid = int(re.search(r"agent pid (\d+)", out).group(1))
+    rank_pid = int(re.search(r"sent SIGKILL to rank 1 \(pid (\d+)\)", out).group(1))
+    port = int(re.search(r"monitor on http://127\.0\.0\.1:(\d+)", out).group(1))
+    assert not psutil.pid_exists(agent_pid) or psutil.Process(agent_pid).status() == psutil.STATUS_ZOMBIE
+    assert not psutil.pid_exists(rank_pid) or psutil.Process(rank_pid).status() == psutil.STATUS_ZOMBIE
+    listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    assert port not in listening
