@@ -19,8 +19,10 @@ PEER_LOST = re.compile(
     r"DistBackendError|Socket Timeout",
     re.IGNORECASE,
 )
-# How close two endings must be to count as "at the same time".
-SAME_MOMENT_S = 0.5
+# How close two endings must be to count as "at the same time". Exit times come from
+# pidfd wake-ups (millisecond-exact), and peers of a dead gloo rank end 0.1-0.7 s
+# later, sometimes before their "Connection reset" line has been read from the log.
+SAME_MOMENT_S = 0.05
 
 
 def is_consequence(rank: RankView, first_end: float) -> bool:
