@@ -72,6 +72,12 @@ class _Context:
         )
 
 
+def _wait_verb(ranks: Iterable[int]) -> str:
+    """"rank 1 waits" / "ranks 0, 2 wait"."""
+    ranks = list(ranks)
+    return f"{_ranks_text(ranks)} {'waits' if len(ranks) == 1 else 'wait'}"
+
+
 def _ranks_text(ranks: Iterable[int]) -> str:
     ranks = sorted(ranks)
     word = "rank" if len(ranks) == 1 else "ranks"
@@ -93,7 +99,9 @@ def _progress_evidence(ctx: _Context) -> list[str]:
     if silent is None:
         return ["no progress line seen yet"]
     usual = ctx.cadence.median_interval_s
-    pace = f" (usual step interval {usual:.2f}s)" if usual is not None else ""
+    # Progress lines are timed when the agent reads them (once per interval), so this
+    # is the usual gap between sightings of progress, not the step time itself.
+    pace = f" (progress usually seen every {usual:.2f}s)" if usual is not None else ""
     return [f"no progress for {silent:.1f}s{pace}"]
 
 
@@ -240,8 +248,8 @@ def _stall(ctx: _Context, since: float | None) -> Diagnosis:
         doing = "; ".join(f"rank {a.rank.rank}: {a.top_frame or 'busy'}" for a in busy)
         return ctx.diagnosis(
             "straggler", culprits, since,
-            f"{_ranks_text(culprits)} still computing while {_ranks_text(a.rank.rank for a in waiting)} "
-            f"wait in {waiting[0].wait.kind if waiting[0].wait else 'a collective'}",
+            f"{_ranks_text(culprits)} still computing while {_wait_verb(a.rank.rank for a in waiting)} "
+            f"in {waiting[0].wait.kind if waiting[0].wait else 'a collective'}",
             evidence + [f"busy: {doing}"],
             [
                 f"Find out what keeps {_ranks_text(culprits)} busy (its top frame above): uneven work per "
@@ -285,7 +293,7 @@ def _deadlock(
     missing = ctx.missing_ranks()
     if not culprits:
         culprits = missing
-    group_lines = [f"{_ranks_text(g.ranks)} wait in {g.site}" for g in sorted(groups, key=lambda g: g.ranks)]
+    group_lines = [f"{_wait_verb(g.ranks)} in {g.site}" for g in sorted(groups, key=lambda g: g.ranks)]
     main_kind = main.site.split("@", 1)[0]
     parts = []
     if idle:
@@ -294,12 +302,12 @@ def _deadlock(
             f"(at {'; '.join(a.top_frame or '?' for a in idle)})"
         )
     if odd_groups:
-        parts.append("; ".join(f"{_ranks_text(g.ranks)} wait in a different collective, {g.site}" for g in odd_groups))
+        parts.append("; ".join(f"{_wait_verb(g.ranks)} in a different collective, {g.site}" for g in odd_groups))
     if not parts and missing:
         parts.append(f"{_ranks_text(missing)} not seen by any agent")
     if not parts:
         parts.append("every rank waits at the same place: no rank is missing from it")
-    summary = f"{_ranks_text(main.ranks)} wait in {main_kind} ({main.site}); " + "; ".join(parts)
+    summary = f"{_wait_verb(main.ranks)} in {main_kind} ({main.site}); " + "; ".join(parts)
     hints = [
         "Every rank must run the same collectives in the same order: look for rank-conditional code "
         "(rank-0-only checkpointing or logging that calls a collective) and uneven data per rank.",
@@ -360,7 +368,7 @@ def _healthy(ctx: _Context) -> Diagnosis:
         summary = "running; no step completed yet"
     else:
         pace = ctx.cadence.median_interval_s
-        summary = f"steps advancing (last {silent:.1f}s ago" + (f", usual every {pace:.2f}s)" if pace else ")")
+        summary = f"steps advancing (last {silent:.1f}s ago" + (f", usually seen every {pace:.2f}s)" if pace else ")")
     states = {a.rank.rank: "running" for a in ctx.live() if a.kind in ("computing", "unknown", "idle")}
     return ctx.diagnosis("healthy", (), None, summary, _progress_evidence(ctx), states=states)
 
