@@ -18,7 +18,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from hangwatch.cases import CASE_NAMES, demo_cases, launch_case

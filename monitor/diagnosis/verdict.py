@@ -15,7 +15,7 @@ from monitor.diagnosis.activity import Activity, classify, is_stopped
 from monitor.diagnosis.cadence import Cadence, job_cadence
 from monitor.diagnosis.exits import describe_exit, first_causes
 from monitor.diagnosis.model import Diagnosis, JobView, RankDiagnosis, WaitGroup
-from monitor.diagnosis.stacks import REGULAR_COLLECTIVES, WaitPoint
+from monitor.diagnosis.stacks import REGULAR_COLLECTIVES
 
 # Rendezvous normally takes a second or two; longer than this is a hang.
 RENDEZVOUS_GRACE_S = 10.0

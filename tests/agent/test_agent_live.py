@@ -87,8 +87,8 @@ def test_loop_reports_exits_with_code_signal_and_order(ranks, receiver, agent_pr
     agent = agent_process(
         "--monitor", receiver.url, "--interval", "0.2", "--job", ranks.job, "--no-stacks", "--node", "n1"
     )
-    keeps = ranks.start(0, "sleep", world_size=3)
-    exits3 = ranks.start(1, "sleep", world_size=3, EXIT_AFTER=1.5, EXIT_CODE=3)
+    ranks.start(0, "sleep", world_size=3)
+    ranks.start(1, "sleep", world_size=3, EXIT_AFTER=1.5, EXIT_CODE=3)
     killed = ranks.start(2, "sleep", world_size=3)
     receiver.wait_for(lambda r: len(_by_rank(r, ranks.job)) == 3)
     os.kill(killed.pid, signal.SIGKILL)  # killed first: it must be the earliest exit

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 from monitor_reports import rank, report
 from monitor_testkit import FakeClock, TestClient
 
@@ -39,13 +37,11 @@ def test_script_and_style_are_served_and_poll_the_json_report(client: TestClient
     assert not re.search(r"https?://|@import", style.text)
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_script_parses() -> None:
     result = subprocess.run(["node", "--check", str(STATIC_DIR / "app.js")], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_script_renders_jobs(client: TestClient, clock: FakeClock, tmp_path: Path) -> None:
     ranks = [rank(rank=0), rank(rank=1)]
     client.post("/api/v1/reports", json=report(ranks=ranks, sent_at=clock.now))
