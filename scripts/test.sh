@@ -3,6 +3,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh || exit 1
+.venv/bin/ruff check --quiet agent monitor hangwatch tests benchmarks || exit 1
 .venv/bin/python -m pytest "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
