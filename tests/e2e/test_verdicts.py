@@ -24,11 +24,19 @@ def culprits(job: dict) -> list[int]:
     return sorted(job["culprit_ranks"])
 
 
+def evidence(job: dict) -> str:
+    return "\n".join(job["evidence"])
+
+
 def test_rank_exits_early_under_torchrun(torchrun_job, wait_for_verdict):
     job = torchrun_job("--fail", "exit", *FAIL_AT)
     got = wait_for_verdict(job, "rank_exited", culprits=[1])
     assert got["verdict"] == "rank_exited"
     assert culprits(got) == [1]
+    # torchrun's own summary blames rank 0; the evidence shows rank 1's clean exit and the
+    # peer error on rank 0 that followed it.
+    assert "rank 1" in evidence(got) and "exited with code 0" in evidence(got)
+    assert "Connection closed by peer" in evidence(got) or "Connection reset by peer" in evidence(got)
 
 
 def test_rank_exits_early_under_plain_launch(plain_job, wait_for_verdict):
@@ -41,6 +49,8 @@ def test_rank_leaves_loop_and_lingers(torchrun_job, wait_for_verdict):
     job = torchrun_job("--fail", "linger", *FAIL_AT)
     got = wait_for_verdict(job, "deadlock", culprits=[1])
     assert culprits(got) == [1]
+    waiting = next(r for r in got["ranks"] if r["rank"] == 0)
+    assert waiting["state"] == "in_collective" and waiting["top_frame"].startswith("all_reduce")
 
 
 def test_rank0_only_extra_collective(torchrun_job, wait_for_verdict):
@@ -68,6 +78,7 @@ def test_sigkill_rank1(torchrun_job, wait_for_verdict, reaper):
     reaper.kill(pids[1], signal.SIGKILL)
     got = wait_for_verdict(job, "rank_exited", culprits=[1])
     assert culprits(got) == [1]
+    assert "killed by SIGKILL" in evidence(got)
 
 
 def test_sigstop_rank1(torchrun_job, wait_for_verdict, reaper):
@@ -87,6 +98,8 @@ def test_straggler_rank1(torchrun_job, wait_for_verdict):
     job = torchrun_job("--fail", "straggle", "--busy-seconds", "60", *FAIL_AT)
     got = wait_for_verdict(job, "straggler", culprits=[1])
     assert culprits(got) == [1]
+    straggler = next(r for r in got["ranks"] if r["rank"] == 1)
+    assert straggler["state"] == "computing" and "busy_compute" in (straggler["top_frame"] or "")
 
 
 def test_all_ranks_busy_is_slow_compute(torchrun_job, wait_for_verdict):
