@@ -91,6 +91,32 @@ class ProgressReport(_Strict):
     recent: Annotated[list[tuple[float, int]], Field(max_length=256)] = []
 
 
+class SocketReport(_Strict):
+    """One TCP socket of a process (from /proc/PID/net/tcp{,6} and /proc/PID/fd)."""
+
+    local: ShortStr  # "10.0.0.1:29500" ("[::1]:29500" for IPv6)
+    remote: ShortStr
+    # SYN_SENT, ESTABLISHED, LISTEN, ... (the kernel's TCP states by name).
+    state: Annotated[str, Field(max_length=16)]
+    tx_queue: int | None = None
+    rx_queue: int | None = None
+
+
+class ErrorFileReport(_Strict):
+    """What a rank's TORCHELASTIC_ERROR_FILE (written by ``@record``) says."""
+
+    path: Annotated[str, Field(max_length=1024)]
+    message: Annotated[str, Field(max_length=8192)] = ""
+    timestamp: float | None = None
+
+
+class GpuReport(_Strict):
+    index: int
+    utilization_percent: float | None = None
+    memory_used_bytes: int | None = None
+    name: ShortStr = ""
+
+
 class RankReport(_Strict):
     job_id: Annotated[str, Field(min_length=1, max_length=256)]
     rank: Annotated[int, Field(ge=0, lt=1_000_000)]
@@ -117,6 +143,51 @@ class RankReport(_Strict):
     log_errors: Annotated[list[LineStr], Field(max_length=50)] = []
     stack: StackReport | None = None
     stack_error: LineStr | None = None
+    # Launch settings that explain hangs (GLOO_SOCKET_IFNAME, GLOO_PORT_RANGE,
+    # NCCL_SOCKET_IFNAME, MASTER_ADDR, MASTER_PORT, ...), from /proc/PID/environ.
+    env: Annotated[dict[ShortStr, Annotated[str, Field(max_length=1024)]], Field(max_length=32)] = {}
+    sockets: Annotated[list[SocketReport], Field(max_length=256)] = []
+    error_file: ErrorFileReport | None = None
+    # The compute dtype the log announces (e.g. "torch.bfloat16"), and the line that says it.
+    compute_dtype: ShortStr | None = None
+    compute_dtype_line: LineStr | None = None
+    gpus: Annotated[list[GpuReport], Field(max_length=16)] = []
+
+
+class LauncherReport(_Strict):
+    """A launcher process (torchrun's elastic agent) on this node, with or without workers."""
+
+    pid: Annotated[int, Field(ge=1)]
+    job_id: Annotated[str, Field(max_length=256)] | None = None
+    cmdline: Annotated[str, Field(max_length=4096)] = ""
+    alive: bool = True
+    exit: ExitReport | None = None
+    state: Annotated[str, Field(max_length=2)] | None = None
+    started_at: float | None = None
+    nnodes: ShortStr | None = None  # "2" or "1:4"
+    nproc_per_node: ShortStr | None = None
+    node_rank: int | None = None
+    master_addr: ShortStr | None = None
+    master_port: int | None = None
+    worker_pids: Annotated[list[int], Field(max_length=1024)] = []
+    stack: StackReport | None = None
+    sockets: Annotated[list[SocketReport], Field(max_length=256)] = []
+    log_errors: Annotated[list[LineStr], Field(max_length=50)] = []
+
+
+class OrphanReport(_Strict):
+    """A leftover training or launcher process whose parent is gone (PPID 1)."""
+
+    pid: Annotated[int, Field(ge=1)]
+    cmdline: Annotated[str, Field(max_length=4096)] = ""
+    started_at: float | None = None
+    listening_ports: Annotated[list[int], Field(max_length=64)] = []
+
+
+class InterfaceReport(_Strict):
+    name: ShortStr
+    up: bool = True
+    addresses: Annotated[list[ShortStr], Field(max_length=32)] = []
 
 
 class CollectorHealth(_Strict):
@@ -132,6 +203,7 @@ class HostReport(_Strict):
     # Only the flags that matter to the diagnosis (amx_bf16, avx512_bf16, ...).
     cpu_flags: Annotated[list[ShortStr], Field(max_length=64)] = []
     cpu_model: ShortStr = ""
+    interfaces: Annotated[list[InterfaceReport], Field(max_length=64)] = []
 
 
 class AgentInfo(_Strict):
@@ -150,3 +222,5 @@ class Report(_Strict):
     host: HostReport = HostReport()
     collectors: Annotated[list[CollectorHealth], Field(max_length=64)] = []
     ranks: Annotated[list[RankReport], Field(max_length=4096)] = []
+    launchers: Annotated[list[LauncherReport], Field(max_length=256)] = []
+    orphans: Annotated[list[OrphanReport], Field(max_length=256)] = []
