@@ -71,6 +71,24 @@ class ExitView:
 
 
 @dataclass(frozen=True)
+class Socket:
+    local: str  # "10.0.0.1:41234"
+    remote: str  # "10.0.0.2:29500"
+    state: str  # SYN_SENT, ESTABLISHED, LISTEN, ...
+    # Since when (monitor clock) this connection has been in this state, as far as seen.
+    since: float | None = None
+
+    @property
+    def remote_host(self) -> str:
+        return self.remote.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def remote_port(self) -> int | None:
+        tail = self.remote.rsplit(":", 1)[-1]
+        return int(tail) if tail.isdigit() else None
+
+
+@dataclass(frozen=True)
 class RankView:
     rank: int
     node: str
@@ -92,12 +110,62 @@ class RankView:
     stack: Stack | None = None
     stack_error: str | None = None
     log_errors: tuple[str, ...] = ()
+    # Selected launch settings from the rank's environment (GLOO_SOCKET_IFNAME, MASTER_ADDR, ...).
+    env: tuple[tuple[str, str], ...] = ()
+    sockets: tuple[Socket, ...] = ()
+    # The message in the rank's TORCHELASTIC_ERROR_FILE, when it wrote one.
+    error_file_message: str | None = None
+    compute_dtype: str | None = None
+    compute_dtype_line: str | None = None
+    # Mean utilisation of the rank's GPUs (0-100), when the node has NVML.
+    gpu_utilization_percent: float | None = None
+
+    def env_value(self, name: str) -> str | None:
+        return dict(self.env).get(name)
+
+
+@dataclass(frozen=True)
+class Interface:
+    name: str
+    addresses: tuple[str, ...] = ()  # bare addresses, no prefix length
+    up: bool = True
 
 
 @dataclass(frozen=True)
 class HostFacts:
     cpu_flags: frozenset[str] = frozenset()
     cpu_model: str = ""
+    interfaces: tuple[Interface, ...] = ()
+
+
+@dataclass(frozen=True)
+class LauncherView:
+    """A launcher (torchrun's elastic agent) of this job on one node."""
+
+    node: str
+    pid: int
+    alive: bool
+    first_seen_at: float
+    node_rank: int | None = None
+    nnodes: str | None = None
+    nproc_per_node: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    worker_count: int = 0
+    stack: Stack | None = None
+    sockets: tuple[Socket, ...] = ()
+    log_errors: tuple[str, ...] = ()
+    exit: ExitView | None = None
+
+
+@dataclass(frozen=True)
+class OrphanView:
+    """A leftover process on a node whose parent is gone (PPID 1)."""
+
+    node: str
+    pid: int
+    cmdline: str
+    listening_ports: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,6 +184,12 @@ class JobView:
     hosts: dict[str, HostFacts] = field(default_factory=dict)
     # Whether stacks can be taken at all on the nodes of this job (py-spy present and permitted).
     stacks_unavailable_reason: str | None = None
+    launchers: tuple[LauncherView, ...] = ()
+    # Leftover processes on the job's nodes (stale runs holding ports).
+    orphans: tuple[OrphanView, ...] = ()
+    # Nodes with a live agent, whatever job they run: a node that reports but has no
+    # rank of this job is a node where the job never started.
+    nodes_reporting: frozenset[str] = frozenset()
 
 
 RankState = Literal[
