@@ -119,6 +119,9 @@ class RankView:
     compute_dtype_line: str | None = None
     # Mean utilisation of the rank's GPUs (0-100), when the node has NVML.
     gpu_utilization_percent: float | None = None
+    # Share (0-1) of this rank's recent stack samples that were waiting in a collective:
+    # how communication-bound the job is. None until enough samples.
+    collective_wait_share: float | None = None
 
     def env_value(self, name: str) -> str | None:
         return dict(self.env).get(name)
