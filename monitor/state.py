@@ -12,7 +12,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from monitor.diagnosis import ExitView, Frame, Stack
-from monitor.wire import AgentInfo, CollectorHealth, HostReport, ProgressReport, RankReport, Report, StackReport
+from monitor.wire import (
+    AgentInfo,
+    CollectorHealth,
+    ExitReport,
+    HostReport,
+    LauncherReport,
+    OrphanReport,
+    ProgressReport,
+    RankReport,
+    Report,
+    SocketReport,
+    StackReport,
+)
 
 # Below this CPU percent a rank counts as idle (waiting, not computing).
 IDLE_CPU_PERCENT = 10.0
@@ -21,8 +33,15 @@ LOG_ERRORS_KEPT = 50
 KNOWN_SITES_KEPT = 64
 # How long a forgotten job's dead ranks are ignored (agents stop listing them well before).
 FORGOTTEN_KEPT_S = 24 * 3600.0
+# Stack samples kept per rank for the collective wait share, and over how long.
+WAIT_SAMPLES_KEPT = 1024
+WAIT_SHARE_WINDOW_S = 600.0
+WAIT_SHARE_MIN_SAMPLES = 5
 
 RankKey = tuple[str, int]
+# A launcher on one node: (job_id, pid).
+LauncherKey = tuple[str, int]
+SocketKey = tuple[str, str, str]  # (local, remote, state)
 
 
 @dataclass
@@ -60,13 +79,50 @@ class RankTrack:
     # Wait site of ``stack`` not yet known to be a regular sync point of the job.
     pending_wait_site: str | None = None
     log_errors: list[str] = field(default_factory=list)
+    # When (monitor clock) each socket currently reported was first seen in its state.
+    sockets_since: dict[SocketKey, float] = field(default_factory=dict)
+    # One (taken_at on the monitor's clock, waiting in a collective) per distinct stack.
+    wait_samples: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=WAIT_SAMPLES_KEPT))
+    # taken_at of the last stack sampled, on the agent's clock (the agent re-sends its latest stack).
+    last_stack_mark: float | None = None
+    # Facts the agent may send once (or only once found): the last one reported is kept.
+    env: dict[str, str] = field(default_factory=dict)
+    error_file_message: str | None = None
+    compute_dtype: str | None = None
+    compute_dtype_line: str | None = None
+
+    def wait_share(self, now: float) -> float | None:
+        """Share of the recent stack samples that waited in a collective; None below the minimum count."""
+        recent = [waiting for at, waiting in self.wait_samples if at >= now - WAIT_SHARE_WINDOW_S]
+        if len(recent) < WAIT_SHARE_MIN_SAMPLES:
+            return None
+        return sum(recent) / len(recent)
+
+
+@dataclass
+class LauncherTrack:
+    job_id: str
+    node: str
+    pid: int
+    first_seen_at: float
+    observed_at: float
+    latest: LauncherReport
+    alive: bool = True
+    exit: ExitView | None = None
+    vanished: bool = False
+    stack: Stack | None = None
+    sockets_since: dict[SocketKey, float] = field(default_factory=dict)
+    log_errors: list[str] = field(default_factory=list)
 
 
 @dataclass
 class JobTrack:
     job_id: str
     ranks: dict[int, RankTrack] = field(default_factory=dict)
-    world_size: int = 1
+    # Launchers of this job, by (node, pid).
+    launchers: dict[tuple[str, int], LauncherTrack] = field(default_factory=dict)
+    # The world size the ranks report (the latest one); None until a rank reported.
+    reported_world_size: int | None = None
     last_report_at: float = 0.0
     progress_times: deque[float] = field(default_factory=lambda: deque(maxlen=PROGRESS_HISTORY))
     # One cursor per (node, log source): ranks sharing one log all report the same
@@ -77,8 +133,23 @@ class JobTrack:
     known_wait_sites: set[str] = field(default_factory=set)
 
     @property
+    def world_size(self) -> int:
+        """What the ranks say; else nnodes x nproc_per_node from a launcher; else 1."""
+        if self.reported_world_size is not None:
+            return self.reported_world_size
+        derived = [launcher_world_size(t.latest) for t in self.launchers.values()]
+        return max((w for w in derived if w is not None), default=1)
+
+    @property
     def first_seen_at(self) -> float:
-        return min((r.first_seen_at for r in self.ranks.values()), default=self.last_report_at)
+        seen = [r.first_seen_at for r in self.ranks.values()]
+        seen += [t.first_seen_at for t in self.launchers.values()]
+        return min(seen, default=self.last_report_at)
+
+    @property
+    def nodes(self) -> set[str]:
+        """The nodes the job runs on: its ranks' and its launchers' nodes."""
+        return {t.node for t in self.ranks.values()} | {t.node for t in self.launchers.values()}
 
     @property
     def last_progress_at(self) -> float | None:
@@ -89,10 +160,11 @@ class JobTrack:
 
     @property
     def ended_at(self) -> float | None:
-        """When the last rank ended, if every rank has; None while one is alive."""
-        if not self.ranks or any(r.alive for r in self.ranks.values()):
+        """When the last rank (or launcher) ended, if every one has; None while one is alive."""
+        tracks: list[RankTrack | LauncherTrack] = [*self.ranks.values(), *self.launchers.values()]
+        if not tracks or any(t.alive for t in tracks):
             return None
-        return max((r.exit.at if r.exit else r.observed_at) for r in self.ranks.values())
+        return max((t.exit.at if t.exit else t.observed_at) for t in tracks)
 
 
 @dataclass
@@ -104,6 +176,8 @@ class NodeTrack:
     host: HostReport
     collectors: tuple[CollectorHealth, ...]
     rank_keys: set[RankKey] = field(default_factory=set)
+    launcher_keys: set[LauncherKey] = field(default_factory=set)
+    orphans: tuple[OrphanReport, ...] = ()
 
 
 # ``wait_site(stack, cpu_percent)``: the collective call site a stack waits in, if any.
@@ -123,6 +197,7 @@ class MonitorState:
         offset = received_at - report.sent_at
         node = self.nodes.get(report.node)
         previous_keys = node.rank_keys if node else set()
+        previous_launchers = node.launcher_keys if node else set()
         node = NodeTrack(
             node=report.node,
             last_report_at=received_at,
@@ -130,6 +205,7 @@ class MonitorState:
             agent=report.agent,
             host=report.host,
             collectors=tuple(report.collectors),
+            orphans=tuple(report.orphans),
         )
         self.nodes[report.node] = node
         touched: set[str] = set()
@@ -149,6 +225,23 @@ class MonitorState:
             if job and track and track.node == report.node and track.alive:
                 _mark_vanished(track)
                 touched.add(job_id)
+        for launcher_report in report.launchers:
+            job_id = launcher_report.job_id or self._job_of_workers(report.node, launcher_report.worker_pids)
+            if not job_id or (not launcher_report.alive and job_id in self.forgotten):
+                continue
+            self.forgotten.pop(job_id, None)
+            job = self.jobs.get(job_id)
+            if job is None:
+                job = self.jobs[job_id] = JobTrack(job_id)
+            self._apply_launcher(job, report.node, launcher_report, received_at, offset)
+            node.launcher_keys.add((job_id, launcher_report.pid))
+            touched.add(job_id)
+        for job_id, pid in previous_launchers - node.launcher_keys:
+            job = self.jobs.get(job_id)
+            launcher = job.launchers.get((report.node, pid)) if job else None
+            if job and launcher and launcher.alive:
+                _mark_vanished(launcher)
+                touched.add(job_id)
         for job_id in touched:
             self._learn_wait_sites(self.jobs[job_id])
         return touched
@@ -163,7 +256,7 @@ class MonitorState:
         wait_site: WaitSite | None,
     ) -> None:
         job.last_report_at = max(job.last_report_at, received_at)
-        job.world_size = rr.world_size
+        job.reported_world_size = rr.world_size
         track = job.ranks.get(rr.rank)
         if track is None or track.pid != rr.pid:
             # A new process for this rank (first sight, or restarted by its launcher):
@@ -205,22 +298,55 @@ class MonitorState:
 
         track.log_errors = _merge_lines(track.log_errors, rr.log_errors, LOG_ERRORS_KEPT)
         track.alive = rr.alive
-        if rr.alive:
-            track.exit = None
-        else:
-            error = track.log_errors[-1] if track.log_errors else None
-            if rr.exit is not None:
-                track.exit = ExitView(at=rr.exit.at + offset, code=rr.exit.code, signal=rr.exit.signal, error=error)
-            elif track.exit is None:
-                track.exit = ExitView(at=received_at, error=error)
-            else:
-                track.exit = ExitView(at=track.exit.at, code=track.exit.code, signal=track.exit.signal, error=error)
+        track.exit = None if rr.alive else _exit_view(track.exit, rr.exit, track.log_errors, received_at, offset)
 
         if rr.stack is not None:
             track.stack = to_stack(rr.stack, offset)
             track.pending_wait_site = wait_site(track.stack, rr.cpu_percent) if wait_site else None
+            if track.last_stack_mark is None or rr.stack.taken_at > track.last_stack_mark:
+                track.last_stack_mark = rr.stack.taken_at
+                site = (wait_site or _default_wait_site)(track.stack, rr.cpu_percent)
+                track.wait_samples.append((track.stack.taken_at, site is not None))
+        track.sockets_since = _sockets_since(track.sockets_since, rr.sockets, received_at)
+        if rr.env:
+            track.env = dict(rr.env)
+        if rr.error_file is not None and rr.error_file.message:
+            track.error_file_message = rr.error_file.message
+        if rr.compute_dtype is not None:
+            track.compute_dtype = rr.compute_dtype
+        if rr.compute_dtype_line is not None:
+            track.compute_dtype_line = rr.compute_dtype_line
         if rr.progress is not None:
             self._apply_progress(job, track, node, rr.progress, received_at, offset)
+
+    def _job_of_workers(self, node: str, worker_pids: list[int]) -> str | None:
+        """The job whose ranks on ``node`` are this launcher's workers (a launcher that names no job)."""
+        pids = set(worker_pids)
+        if not pids:
+            return None
+        for job in self.jobs.values():
+            if any(t.node == node and t.pid in pids for t in job.ranks.values()):
+                return job.job_id
+        return None
+
+    def _apply_launcher(
+        self, job: JobTrack, node: str, lr: LauncherReport, received_at: float, offset: float
+    ) -> None:
+        job.last_report_at = max(job.last_report_at, received_at)
+        track = job.launchers.get((node, lr.pid))
+        if track is None:
+            track = job.launchers[(node, lr.pid)] = LauncherTrack(
+                job_id=job.job_id, node=node, pid=lr.pid, first_seen_at=received_at, observed_at=received_at, latest=lr
+            )
+        track.latest = lr
+        track.observed_at = received_at
+        track.vanished = False
+        track.log_errors = _merge_lines(track.log_errors, lr.log_errors, LOG_ERRORS_KEPT)
+        track.alive = lr.alive
+        track.exit = None if lr.alive else _exit_view(track.exit, lr.exit, track.log_errors, received_at, offset)
+        if lr.stack is not None:
+            track.stack = to_stack(lr.stack, offset)
+        track.sockets_since = _sockets_since(track.sockets_since, lr.sockets, received_at)
 
     def _apply_progress(
         self, job: JobTrack, track: RankTrack, node: str, p: ProgressReport, received_at: float, offset: float
@@ -292,7 +418,44 @@ def to_stack(report: StackReport, offset: float) -> Stack:
     )
 
 
-def _mark_vanished(track: RankTrack) -> None:
+def launcher_world_size(lr: LauncherReport) -> int | None:
+    """nnodes x nproc_per_node when both are integers ("1:4" counts as 4); else None."""
+    nnodes, nproc = _max_int(lr.nnodes), _max_int(lr.nproc_per_node)
+    return nnodes * nproc if nnodes and nproc else None
+
+
+def _max_int(text: str | None) -> int | None:
+    if not text:
+        return None
+    parts = text.strip().split(":")
+    if not all(p.strip().isdigit() for p in parts):
+        return None
+    return max(int(p) for p in parts)
+
+
+def _default_wait_site(stack: Stack, cpu_percent: float | None) -> str | None:
+    from monitor.diagnosis.stacks import wait_site
+
+    return wait_site(stack, cpu_percent)
+
+
+def _sockets_since(previous: dict[SocketKey, float], sockets: list[SocketReport], received_at: float) -> dict[SocketKey, float]:
+    """Keep the first-seen time of every socket still reported in the same state; new ones start now."""
+    return {key: previous.get(key, received_at) for key in ((s.local, s.remote, s.state) for s in sockets)}
+
+
+def _exit_view(
+    current: ExitView | None, reported: ExitReport | None, log_errors: list[str], received_at: float, offset: float
+) -> ExitView:
+    error = log_errors[-1] if log_errors else None
+    if reported is not None:
+        return ExitView(at=reported.at + offset, code=reported.code, signal=reported.signal, error=error)
+    if current is None:
+        return ExitView(at=received_at, error=error)
+    return ExitView(at=current.at, code=current.code, signal=current.signal, error=error)
+
+
+def _mark_vanished(track: RankTrack | LauncherTrack) -> None:
     track.alive = False
     track.vanished = True
     error = track.log_errors[-1] if track.log_errors else None

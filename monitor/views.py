@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from monitor.diagnosis import HostFacts, JobView, RankView
-from monitor.state import JobTrack, NodeTrack, RankTrack
+from monitor.diagnosis import HostFacts, Interface, JobView, LauncherView, OrphanView, RankView, Socket
+from monitor.state import JobTrack, LauncherTrack, NodeTrack, RankTrack, SocketKey
+from monitor.wire import HostReport
+
+# A node counts as reporting while its agent's last report is at most this old
+# (or three of its intervals, for an agent that reports less often).
+NODE_FRESH_S = 10.0
 
 
-def rank_view(track: RankTrack) -> RankView:
+def rank_view(track: RankTrack, now: float | None = None) -> RankView:
     rr = track.latest
+    gpu = [g.utilization_percent for g in rr.gpus if g.utilization_percent is not None]
     return RankView(
         rank=track.rank,
         node=track.node,
@@ -28,12 +34,60 @@ def rank_view(track: RankTrack) -> RankView:
         stack=track.stack,
         stack_error=rr.stack_error,
         log_errors=tuple(track.log_errors),
+        env=tuple(sorted(track.env.items())),
+        sockets=sockets_view(track.sockets_since),
+        error_file_message=track.error_file_message,
+        compute_dtype=track.compute_dtype,
+        compute_dtype_line=track.compute_dtype_line,
+        gpu_utilization_percent=sum(gpu) / len(gpu) if gpu else None,
+        collective_wait_share=track.wait_share(track.observed_at if now is None else now),
     )
 
 
+def launcher_view(track: LauncherTrack) -> LauncherView:
+    lr = track.latest
+    return LauncherView(
+        node=track.node,
+        pid=track.pid,
+        alive=track.alive,
+        first_seen_at=track.first_seen_at,
+        node_rank=lr.node_rank,
+        nnodes=lr.nnodes,
+        nproc_per_node=lr.nproc_per_node,
+        master_addr=lr.master_addr,
+        master_port=lr.master_port,
+        worker_count=len(lr.worker_pids),
+        stack=track.stack,
+        sockets=sockets_view(track.sockets_since),
+        log_errors=tuple(track.log_errors),
+        exit=track.exit,
+    )
+
+
+def sockets_view(since: Mapping[SocketKey, float]) -> tuple[Socket, ...]:
+    return tuple(Socket(local, remote, state, at) for (local, remote, state), at in since.items())
+
+
+def host_facts(host: HostReport) -> HostFacts:
+    interfaces = tuple(
+        Interface(i.name, tuple(a.split("/", 1)[0] for a in i.addresses), i.up) for i in host.interfaces
+    )
+    return HostFacts(frozenset(host.cpu_flags), host.cpu_model, interfaces)
+
+
+def nodes_reporting(nodes: Mapping[str, NodeTrack], now: float) -> frozenset[str]:
+    fresh = set()
+    for n in nodes.values():
+        limit = max(NODE_FRESH_S, 3 * (n.agent.interval_s or 0.0))
+        if now - n.last_report_at <= limit:
+            fresh.add(n.node)
+    return frozenset(fresh)
+
+
 def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float) -> JobView:
-    ranks = tuple(rank_view(job.ranks[r]) for r in sorted(job.ranks))
-    job_nodes = [nodes[n] for n in sorted({t.node for t in job.ranks.values()}) if n in nodes]
+    ranks = tuple(rank_view(job.ranks[r], now) for r in sorted(job.ranks))
+    launchers = tuple(launcher_view(job.launchers[k]) for k in sorted(job.launchers))
+    job_nodes = [nodes[n] for n in sorted(job.nodes) if n in nodes]
     return JobView(
         job_id=job.job_id,
         world_size=job.world_size,
@@ -43,8 +97,13 @@ def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float) -> JobVi
         job_progress_times=tuple(job.progress_times),
         job_step=job.job_step,
         known_wait_sites=frozenset(job.known_wait_sites),
-        hosts={n.node: HostFacts(frozenset(n.host.cpu_flags), n.host.cpu_model) for n in job_nodes},
+        hosts={n.node: host_facts(n.host) for n in job_nodes},
         stacks_unavailable_reason=stacks_unavailable_reason(job_nodes),
+        launchers=launchers,
+        orphans=tuple(
+            OrphanView(n.node, o.pid, o.cmdline, tuple(o.listening_ports)) for n in job_nodes for o in n.orphans
+        ),
+        nodes_reporting=nodes_reporting(nodes, now),
     )
 
 

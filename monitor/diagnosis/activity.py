@@ -26,6 +26,7 @@ ACTIVITIES = (
     "sending",
     "rendezvous",
     "computing",
+    "writing",
     "idle",
     "unknown",
 )
@@ -41,6 +42,10 @@ class Activity:
     @property
     def waiting(self) -> bool:
         return self.kind in ("in_collective", "sending")
+
+    @property
+    def busy(self) -> bool:
+        return self.kind in ("computing", "writing")
 
 
 def is_stopped(rank: RankView) -> bool:
@@ -69,6 +74,9 @@ def classify(rank: RankView, fresh_after: float | None) -> Activity:
         return Activity(rank, "sending" if moving else "in_collective", point, top_text)
     if rank.cpu_percent is not None and rank.cpu_percent >= BUSY_CPU_PERCENT:
         return Activity(rank, "computing", top_frame=top_text)
+    # Busy without CPU: writing a checkpoint or waiting on the disk.
+    if (rank.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S or rank.proc_state == "D":
+        return Activity(rank, "writing", top_frame=top_text)
     if stack is not None:
         return Activity(rank, "idle", top_frame=top_text)
     return Activity(rank, "unknown", top_frame=top_text)

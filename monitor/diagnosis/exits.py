@@ -31,6 +31,8 @@ def is_consequence(rank: RankView, first_end: float) -> bool:
         return False
     if exit_.error and PEER_LOST.search(exit_.error):
         return True
+    if rank.error_file_message and PEER_LOST.search(rank.error_file_message):
+        return True
     # SIGTERM/SIGINT after another rank ended: the launcher tearing the group down.
     return exit_.signal in (signals.SIGTERM, signals.SIGINT) and exit_.at > first_end + 0.05
 
@@ -65,6 +67,16 @@ def describe_exit(rank: RankView) -> str:
     else:
         how = "ended (exit status unknown)"
     text = f"{where} {how}"
-    if exit_.error:
-        text += f": {exit_.error}"
+    detail = error_detail(rank)
+    if detail:
+        text += f": {detail}"
     return text
+
+
+def error_detail(rank: RankView) -> str | None:
+    """The rank's own error: its error file (``@record``) says more than a log line."""
+    if rank.error_file_message:
+        lines = [ln.strip() for ln in rank.error_file_message.strip().splitlines() if ln.strip()]
+        if lines:
+            return f"{lines[0]} (from its error file)"
+    return rank.exit.error if rank.exit else None

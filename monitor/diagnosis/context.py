@@ -1,0 +1,103 @@
+"""What every rule shares: the job, its cadence, each rank's activity, and wording helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from monitor.diagnosis.activity import Activity
+from monitor.diagnosis.cadence import Cadence
+from monitor.diagnosis.model import Diagnosis, JobView, RankDiagnosis, WaitGroup
+
+
+@dataclass
+class Context:
+    job: JobView
+    cadence: Cadence
+    activities: dict[int, Activity] = field(default_factory=dict)
+
+    @property
+    def now(self) -> float:
+        return self.job.now
+
+    def live(self) -> list[Activity]:
+        return [a for a in self.activities.values() if a.rank.alive]
+
+    def missing_ranks(self) -> list[int]:
+        return sorted(set(range(self.job.world_size)) - set(self.activities))
+
+    def node_of_address(self, address: str) -> str | None:
+        """The reporting node that owns ``address`` on one of its interfaces."""
+        for node, facts in self.job.hosts.items():
+            if any(address in i.addresses for i in facts.interfaces):
+                return node
+        return None
+
+    def diagnosis(
+        self,
+        verdict: str,
+        culprits: Iterable[int],
+        since: float | None,
+        summary: str,
+        evidence: Iterable[str] = (),
+        hints: Iterable[str] = (),
+        groups: Iterable[WaitGroup] = (),
+        states: dict[int, str] | None = None,
+    ) -> Diagnosis:
+        states = states or {}
+        ranks = tuple(
+            RankDiagnosis(
+                rank=a.rank.rank,
+                state=states.get(a.rank.rank, a.kind),
+                top_frame=a.top_frame,
+                wait_site=a.wait.site if a.wait else None,
+            )
+            for a in sorted(self.activities.values(), key=lambda a: a.rank.rank)
+        )
+        return Diagnosis(
+            verdict=verdict,
+            culprit_ranks=tuple(sorted(set(culprits))),
+            since=since,
+            summary=summary,
+            evidence=tuple(evidence),
+            hints=tuple(hints),
+            ranks=ranks,
+            groups=tuple(groups),
+        )
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    ranks = sorted(ranks)
+    word = "rank" if len(ranks) == 1 else "ranks"
+    return f"{word} {', '.join(str(r) for r in ranks)}"
+
+
+def wait_verb(ranks: Iterable[int]) -> str:
+    """"rank 1 waits" / "ranks 0, 2 wait"."""
+    ranks = list(ranks)
+    return f"{ranks_text(ranks)} {'waits' if len(ranks) == 1 else 'wait'}"
+
+
+def cpu_text(a: Activity) -> str:
+    return "CPU unknown" if a.rank.cpu_percent is None else f"{a.rank.cpu_percent:.0f}% CPU"
+
+
+def where(a: Activity) -> str:
+    if a.wait is not None:
+        return a.wait.detail
+    return a.top_frame or "no stack yet"
+
+
+def describe(a: Activity) -> str:
+    return f"rank {a.rank.rank} on {a.rank.node}: {a.kind}, {where(a)}, {cpu_text(a)}"
+
+
+def progress_evidence(ctx: Context) -> list[str]:
+    silent = ctx.cadence.silent_for(ctx.now)
+    if silent is None:
+        return ["no progress line seen yet"]
+    usual = ctx.cadence.median_interval_s
+    # Progress lines are timed when the agent reads them (once per interval), so this
+    # is the usual gap between sightings of progress, not the step time itself.
+    pace = f" (progress usually seen every {usual:.2f}s)" if usual is not None else ""
+    return [f"no progress for {silent:.1f}s{pace}"]
