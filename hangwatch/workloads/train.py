@@ -18,7 +18,23 @@ Failure modes (``--fail MODE``), starting at step ``--fail-at-step`` on rank
                        (``save_checkpoint`` -> ``dist.broadcast`` or ``dist.barrier``)
 * ``straggle``         the rank computes for ``--busy-seconds`` before its next all_reduce
 * ``busy-all``         every rank computes for ``--busy-seconds`` (no collective)
+* ``checkpoint``       the rank (rank 0 by convention: ``--fail-rank 0``) writes a checkpoint
+                       file for ``--busy-seconds`` while the others wait at ``dist.barrier()``
+                       (``if rank == 0: save(); dist.barrier()``): healthy, not a hang
+* ``eval``             every ``--eval-every`` steps (default: ``--fail-at-step``) every rank runs
+                       an evaluation pass of ``--busy-seconds``, printing ``eval ...`` lines
+* ``get-future``       every rank calls ``dist.reduce_scatter_tensor(..., async_op=True)
+                       .get_future()`` (as nanochat's DistMuonAdamW does): gloo raises
+                       ``RuntimeError: Work::getFuture not implemented`` (all_reduce's Work
+                       does implement it on torch 2.13, reduce_scatter's does not)
 * ``none``             clean finish
+
+Other knobs: ``--first-step-seconds S`` (every rank computes S seconds in step 1, like a
+``torch.compile`` warm-up), ``--step-seconds S`` (every step computes S seconds: a job with a
+slow cadence), ``--dtype bfloat16`` (prints ``COMPUTE_DTYPE: torch.bfloat16`` at start, as
+nanochat does, and computes in bf16, also in busy phases). ``main`` is wrapped in
+torchelastic's ``@record``: under torchrun a crash writes its traceback to
+``TORCHELASTIC_ERROR_FILE``.
 
 When a failure starts, the affected rank prints ``HANGWATCH-STALL t=<epoch> ...``
 so that benchmarks can time the detection.
@@ -37,8 +53,11 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
+from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
 
-MODES = ("none", "exit", "exit-error", "linger", "extra-collective", "straggle", "busy-all")
+MODES = ("none", "exit", "exit-error", "linger", "extra-collective", "straggle", "busy-all", "checkpoint", "eval",
+         "get-future")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def parse_args(argv=None):
@@ -60,6 +79,11 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--log-all-ranks", action="store_true")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--eval-every", type=int, default=0, help="eval mode: steps between passes (0: --fail-at-step)")
+    p.add_argument("--first-step-seconds", type=float, default=0.0, help="extra compute in step 1 (warm-up)")
+    p.add_argument("--step-seconds", type=float, default=0.0, help="compute time of every step")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    p.add_argument("--checkpoint-dir", default=None, help="checkpoint mode: where to write (default: $TMPDIR)")
     return p.parse_args(argv)
 
 
@@ -116,10 +140,62 @@ def save_checkpoint(model: nn.Module, rank: int, op: str) -> None:
 
 def busy_compute(seconds: float) -> None:
     """Heavy local work (no collective): evaluation, a slow data transform, ..."""
-    a = torch.randn(256, 256)
+    a = torch.randn(256, 256, dtype=DTYPE)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         a = torch.tanh(a @ a)
+
+
+def write_checkpoint(model: nn.Module, rank: int, seconds: float, directory: str | None) -> None:
+    """A long checkpoint save: serialise the weights and write them out again and again."""
+    import tempfile
+
+    path = os.path.join(directory or tempfile.gettempdir(), f"hangwatch-ckpt-{os.getpid()}.pt")
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    padding = torch.randn(256 * 1024)  # 1 MB per write, like a bigger model's shards
+    end = time.monotonic() + seconds
+    written = 0
+    try:
+        with open(path, "wb") as f:
+            while time.monotonic() < end:
+                torch.save({"model": state, "padding": padding}, f)
+                f.flush()
+                os.fsync(f.fileno())
+                written += 1
+                time.sleep(0.02)
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    print(f"rank {rank}: checkpoint saved ({written} writes to {path})", flush=True)
+
+
+def evaluate(model: nn.Module, rank: int, step: int, seconds: float, batch: int) -> float:
+    """An evaluation pass: forward only, no collective until the end (then the mean val loss)."""
+    gen = torch.Generator().manual_seed(99)
+    end = time.monotonic() + seconds
+    n, total = 0, 0.0
+    with torch.no_grad():
+        while time.monotonic() < end:
+            x = torch.randn(batch * 64, 32, generator=gen).to(DTYPE)
+            total += float(nn.functional.mse_loss(model(x), x[:, :1] * 0.5))
+            busy_compute(0.2)
+            n += 1
+            if n % 10 == 0:
+                print(f"[rank{rank}]: eval step {step} batch {n} | val loss {total / n:.4f}", flush=True)
+    val = torch.tensor([total / max(n, 1)])
+    dist.all_reduce(val)
+    return float(val) / dist.get_world_size()
+
+
+def get_future_sync(model: nn.Module, world_size: int) -> None:
+    """nanochat's DistMuonAdamW pattern: reduce_scatter(async_op=True).get_future() (NCCL only)."""
+    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+    flat = nn.functional.pad(flat, (0, (-flat.numel()) % world_size))
+    out = torch.empty(flat.numel() // world_size, dtype=flat.dtype)
+    fut = dist.reduce_scatter_tensor(out, flat, async_op=True).get_future()
+    fut.wait()
 
 
 def linger_forever() -> None:
@@ -128,20 +204,25 @@ def linger_forever() -> None:
 
 
 ARGS = None
+DTYPE = torch.float32
 
 
+@record
 def main(argv=None) -> int:
-    global ARGS
+    global ARGS, DTYPE
     args = ARGS = parse_args(argv)
+    DTYPE = DTYPES[args.dtype]
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"COMPUTE_DTYPE: {DTYPE} (--dtype {args.dtype})", flush=True)
 
     dist.init_process_group(backend="gloo")
     rank = dist.get_rank()
     world_size = dist.get_world_size()
     log(rank, args, f"init done: rank {rank}/{world_size} pid {os.getpid()} fail={args.fail}")
 
-    model = MLP(args.hidden)
+    model = MLP(args.hidden).to(DTYPE)
     train_model = model
     if args.ddp:
         from torch.nn.parallel import DistributedDataParallel
@@ -149,7 +230,9 @@ def main(argv=None) -> int:
         train_model = DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(1234 + rank)
-    fails_here = args.fail != "none" and (args.fail == "busy-all" or rank == args.fail_rank)
+    fails_here = args.fail != "none" and (args.fail in ("busy-all", "eval", "get-future")
+                                          or rank == args.fail_rank)
+    eval_every = args.eval_every or args.fail_at_step
 
     for step in range(1, args.steps + 1):
         t0 = time.monotonic()
@@ -171,12 +254,35 @@ def main(argv=None) -> int:
             if args.fail in ("straggle", "busy-all"):
                 mark_stall(rank, args.fail, step)
                 busy_compute(args.busy_seconds)
+        if args.fail == "checkpoint" and step == args.fail_at_step:
+            # The usual code: rank 0 saves, everybody meets at a barrier afterwards.
+            if rank == args.fail_rank:
+                mark_stall(rank, args.fail, step)
+                print(f"rank {rank}: saving checkpoint at step {step}", flush=True)
+                write_checkpoint(model, rank, args.busy_seconds, args.checkpoint_dir)
+            dist.barrier()
+        if args.fail == "eval" and step % eval_every == 0:
+            mark_stall(rank, args.fail, step)
+            val = evaluate(model, rank, step, args.busy_seconds, args.batch)
+            log(rank, args, f"eval step {step} | val loss {val:.4f}")
+        if step == 1 and args.first_step_seconds > 0:
+            mark_stall(rank, "first-step", step)
+            busy_compute(args.first_step_seconds)
+        if args.step_seconds > 0:
+            if step == 1:
+                mark_stall(rank, "step-seconds", step)
+            busy_compute(args.step_seconds)
 
         x, y = load_batch(gen, args.batch)
+        x, y = x.to(DTYPE), y.to(DTYPE)
         opt.zero_grad(set_to_none=True)
         loss = nn.functional.mse_loss(train_model(x), y)
         loss.backward()
-        if not args.ddp and world_size > 1:
+        if fails_here and args.fail == "get-future" and step >= args.fail_at_step:
+            if step == args.fail_at_step:
+                mark_stall(rank, args.fail, step)
+            get_future_sync(model, world_size)
+        elif not args.ddp and world_size > 1:
             sync_grads(model, world_size, args.async_allreduce)
         opt.step()
         log(rank, args, f"step {step}/{args.steps} | loss {loss.item():.4f} | dt {time.monotonic() - t0:.3f}s")
