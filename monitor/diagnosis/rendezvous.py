@@ -169,8 +169,8 @@ def rendezvous(ctx: Context) -> Diagnosis | None:
 
 def launcher_waiting(ctx: Context) -> Diagnosis | None:
     """torchrun up on some nodes, no workers yet: the nodes' rendezvous is not complete."""
-    if ctx.live():
-        return None
+    if ctx.activities:
+        return None  # workers ran: this is not the first rendezvous
     launchers = [lv for lv in ctx.job.launchers if lv.alive]
     stuck = [lv for lv in launchers if lv.worker_count == 0 and ctx.now - lv.first_seen_at >= RENDEZVOUS_GRACE_S]
     if not stuck or len(stuck) != len(launchers):

@@ -24,6 +24,22 @@ def collective(kind: str, line: int, caller: str = "train_step") -> tuple[Frame,
             py(caller, TRAIN, line), py("main", TRAIN, 120), py("<module>", TRAIN, 130))
 
 
+def saving_checkpoint() -> tuple[Frame, ...]:
+    return (py("_save", "/venv/lib/python3.11/site-packages/torch/serialization.py", 880),
+            py("save", "/venv/lib/python3.11/site-packages/torch/serialization.py", 650),
+            py("save_checkpoint", TRAIN, 140), py("main", TRAIN, 110))
+
+
+def evaluating() -> tuple[Frame, ...]:
+    return (py("forward", TRAIN, 30), py("evaluate", TRAIN, 150), py("main", TRAIN, 112))
+
+
+def launcher_rendezvous() -> tuple[Frame, ...]:
+    elastic = "/venv/lib/python3.11/site-packages/torch/distributed/elastic/rendezvous/static_tcp_rendezvous.py"
+    return (py("next_rendezvous", elastic, 60), py("_rendezvous", "/venv/lib/python3.11/site-packages/torch/"
+            "distributed/elastic/agent/server/api.py", 500), py("main", "/venv/bin/torchrun", 8))
+
+
 def sleeping(line: int = 99) -> tuple[Frame, ...]:
     return (py("main", TRAIN, line), py("<module>", TRAIN, 130))
 
@@ -70,14 +86,17 @@ def rank(
     idle_since: float | None = None,
     bytes_per_s: float = 0.0,
     first_seen: float = NOW - 60,
+    node: str = "node-a",
+    **extra,
 ) -> RankView:
     return RankView(
-        rank=r, node="node-a", pid=1000 + r, alive=alive, observed_at=NOW, first_seen_at=first_seen,
+        rank=r, node=node, pid=1000 + r, alive=alive, observed_at=NOW, first_seen_at=first_seen,
         exit=exit, proc_state=None if not alive else state,
         state_since=state_since if state_since is not None else NOW - 30,
         cpu_percent=cpu if alive else None, idle_since=idle_since, write_bytes_per_s=bytes_per_s,
         progress_times=progress,
         stack=stack(frames, stack_at, active) if frames is not None else None,
+        **extra,
     )
 
 

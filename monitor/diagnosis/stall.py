@@ -1,0 +1,214 @@
+"""Rules for a job whose live ranks stopped progressing: where they are decides the verdict."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from monitor.diagnosis.activity import Activity
+from monitor.diagnosis.context import Context, describe, progress_evidence, ranks_text, wait_verb
+from monitor.diagnosis.model import Diagnosis, WaitGroup
+from monitor.diagnosis.phases import PHASE_GRACE_S, phase_of
+from monitor.diagnosis.stacks import REGULAR_COLLECTIVES
+
+BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+# One rank's progress stopping this much before the others' marks it as first to stop.
+FIRST_TO_STOP_MARGIN_S = 1.0
+COMM_BOUND_SHARE = 0.5
+
+
+def _group_waits(waiting: list[Activity]) -> list[WaitGroup]:
+    by_site: dict[str, list[int]] = defaultdict(list)
+    for a in waiting:
+        if a.wait is not None:
+            by_site[a.wait.site].append(a.rank.rank)
+    return [WaitGroup(site, tuple(sorted(ranks))) for site, ranks in by_site.items()]
+
+
+def _main_group(groups: list[WaitGroup], known_sites: frozenset[str]) -> WaitGroup:
+    """The place most ranks wait; ties go to the job's regular sync point."""
+
+    def key(g: WaitGroup) -> tuple[int, bool, bool, str]:
+        kind = g.site.split("@", 1)[0]
+        return (len(g.ranks), g.site in known_sites, kind in REGULAR_COLLECTIVES, g.site)
+
+    return max(groups, key=key)
+
+
+def _doing(a: Activity) -> str:
+    phase = phase_of(a.rank.stack)
+    what = {"checkpoint": "writing a checkpoint", "evaluation": "evaluating", "compilation": "compiling"}.get(
+        phase or "", "writing (I/O)" if a.kind == "writing" else "computing"
+    )
+    rate = a.rank.write_bytes_per_s
+    written = f", writing {rate / 1e6:.1f} MB/s" if rate and rate >= 1e5 else ""
+    return f"rank {a.rank.rank} {what} in {a.top_frame or 'an unknown frame'}{written}"
+
+
+def _bf16_findings(ctx: Context, busy: list[Activity]) -> tuple[list[str], list[str]]:
+    evidence: list[str] = []
+    hints: list[str] = []
+    dtype_lines = {a.rank.compute_dtype_line or a.rank.compute_dtype for a in busy
+                   if a.rank.compute_dtype and "bfloat16" in a.rank.compute_dtype}
+    kernels = {f.name[:80] for a in busy if a.rank.stack for f in a.rank.stack.frames
+               if f.native and ("BFloat16" in f.name or "bf16" in f.name.lower())}
+    if not dtype_lines and not kernels:
+        return evidence, hints
+    evidence += [f"the log announces bfloat16 compute: {line}" for line in sorted(d for d in dtype_lines if d)]
+    if kernels:
+        evidence.append(f"bf16 kernels in native frames: {', '.join(sorted(kernels)[:3])}")
+    slow_nodes = []
+    for node in sorted({a.rank.node for a in busy}):
+        facts = ctx.job.hosts.get(node)
+        if facts is None:
+            continue
+        flags = sorted(facts.cpu_flags & BF16_FLAGS)
+        model = f" ({facts.cpu_model})" if facts.cpu_model else ""
+        if flags:
+            evidence.append(f"{node}{model} has {', '.join(flags)}: bf16 should run at full speed there")
+        else:
+            evidence.append(f"{node}{model} has neither amx_bf16 nor avx512_bf16: bf16 is emulated, many times slower")
+            slow_nodes.append(node)
+    if slow_nodes:
+        hints.append(
+            f"Train in float32 on {', '.join(slow_nodes)}: its CPU has no native bf16. If the dtype was "
+            "auto-detected from a GPU that this CPU run does not use (torch.cuda.is_available()), set it "
+            "explicitly (e.g. NANOCHAT_DTYPE=float32)."
+        )
+    return evidence, hints
+
+
+def _first_to_stop(ctx: Context, ranks: list[int]) -> list[int]:
+    last = {a.rank.rank: a.rank.progress_times[-1] for a in ctx.live()
+            if a.rank.rank in ranks and a.rank.progress_times}
+    if len(last) < 2:
+        return []
+    earliest = min(last.values())
+    if sorted(last.values())[1] - earliest < FIRST_TO_STOP_MARGIN_S:
+        return []
+    return [r for r, t in last.items() if t == earliest]
+
+
+def _deadlock(ctx: Context, since: float | None, waiting: list[Activity], idle: list[Activity],
+              evidence: list[str]) -> Diagnosis:
+    groups = _group_waits(waiting)
+    main = _main_group(groups, ctx.job.known_wait_sites)
+    odd_groups = [g for g in groups if g is not main]
+    culprits = [r for g in odd_groups for r in g.ranks] + [a.rank.rank for a in idle]
+    missing = ctx.missing_ranks()
+    main_kind = main.site.split("@", 1)[0]
+    parts = []
+    if idle:
+        parts.append(f"{ranks_text(a.rank.rank for a in idle)} never reached it "
+                     f"(at {'; '.join(a.top_frame or '?' for a in idle)})")
+    if odd_groups:
+        parts.append("; ".join(f"{wait_verb(g.ranks)} in a different collective, {g.site}" for g in odd_groups))
+    if not culprits:
+        if missing:
+            culprits = missing
+            parts.append(f"{ranks_text(missing)} not seen by any agent")
+        else:
+            first = _first_to_stop(ctx, list(main.ranks))
+            parts.append("every rank waits at the same place (all stacks identical)")
+            if first:
+                culprits = first
+                parts.append(f"{ranks_text(first)} stopped progressing first")
+    summary = f"{wait_verb(main.ranks)} in {main_kind} ({main.site}); " + "; ".join(parts)
+    hints = [
+        "Every rank must run the same collectives in the same order: look for rank-conditional code "
+        "(rank-0-only checkpointing or logging that calls a collective) and uneven data per rank.",
+    ]
+    if idle:
+        hints.append(f"{ranks_text(a.rank.rank for a in idle)} left the training loop while alive: give every "
+                     "rank the same number of batches, or agree on stopping with an all_reduce of a 'done' flag.")
+    if odd_groups:
+        hints.append("Open the odd call site(s) above: that collective runs on some ranks only.")
+    if not odd_groups and not idle:
+        hints.append("With every rank in the same collective, suspect the network (a peer unreachable) or "
+                     "collectives whose tensor sizes differ between ranks.")
+    cpu = [a.rank.cpu_percent for a in waiting if a.rank.cpu_percent is not None]
+    if cpu:
+        evidence.append(f"CPU of waiting ranks: max {max(cpu):.0f}%; bytes written: none moving")
+    group_lines = [f"{wait_verb(g.ranks)} in {g.site}" for g in sorted(groups, key=lambda g: g.ranks)]
+    return ctx.diagnosis("deadlock", culprits, since, summary, evidence + group_lines, hints, groups)
+
+
+def _in_phase(ctx: Context, busy: list[Activity]) -> str | None:
+    """The phase busy ranks are in, while it is within its grace."""
+    silent = ctx.cadence.silent_for(ctx.now)
+    if silent is None or silent > max(PHASE_GRACE_S, ctx.cadence.stall_after_s):
+        return None
+    phases = {phase_of(a.rank.stack) for a in busy}
+    phases.discard(None)
+    return sorted(phases)[0] if phases else None  # type: ignore[return-value]
+
+
+def stall(ctx: Context, since: float | None) -> Diagnosis:
+    live = ctx.live()
+    waiting = [a for a in live if a.waiting]
+    busy = [a for a in live if a.busy]
+    idle = [a for a in live if a.kind == "idle"]
+    unknown = [a for a in live if a.kind == "unknown"]
+    evidence = progress_evidence(ctx) + [describe(a) for a in live]
+
+    phase = _in_phase(ctx, busy) if busy and not idle else None
+    if phase is not None:
+        doing = "; ".join(_doing(a) for a in busy)
+        return ctx.diagnosis(
+            "healthy", (), None,
+            f"no step for {ctx.cadence.silent_for(ctx.now):.0f}s, but the job is in a {phase} phase: {doing}",
+            evidence,
+            [f"A first {phase} phase may take up to {PHASE_GRACE_S:.0f}s before it counts as a stall; "
+             "later ones are timed against the longest seen."],
+        )
+    if waiting and busy:
+        culprits = [a.rank.rank for a in busy]
+        return ctx.diagnosis(
+            "straggler", culprits, since,
+            f"{ranks_text(culprits)} still busy while {wait_verb(a.rank.rank for a in waiting)} in "
+            f"{waiting[0].wait.kind if waiting[0].wait else 'a collective'}",
+            evidence + [f"busy: {_doing(a)}" for a in busy],
+            [
+                f"Find out what keeps {ranks_text(culprits)} busy (above): uneven work per rank, slow data "
+                "loading, checkpoint writing, swapping, or a slower or overloaded node.",
+                "If this is expected (a rank-0 checkpoint or evaluation), it ends by itself; otherwise "
+                "`py-spy dump --native --pid PID` on the busy rank shows where it spends its time.",
+            ],
+        )
+    if busy and not waiting and not idle:
+        bf16_evidence, bf16_hints = _bf16_findings(ctx, busy)
+        return ctx.diagnosis(
+            "slow_compute", (), since,
+            "every rank is busy, none waits on another, but steps do not complete in the usual time",
+            evidence + bf16_evidence,
+            bf16_hints + [
+                "The ranks are busy, not stuck: compare the step time with earlier runs; check thread "
+                "oversubscription (OMP_NUM_THREADS × ranks per node ≤ cores).",
+            ],
+        )
+    if waiting and any(a.kind == "sending" for a in waiting):
+        return ctx.diagnosis(
+            "stalled", (), since,
+            "no progress, but ranks in collectives are still sending data: slow communication, not a deadlock",
+            evidence,
+            ["Check the links between nodes (bandwidth, packet loss); set GLOO_SOCKET_IFNAME to the fast NIC."],
+        )
+    if waiting and not unknown:
+        return _deadlock(ctx, since, waiting, idle, evidence)
+    if unknown and ctx.job.stacks_unavailable_reason:
+        evidence.append(f"no stacks: {ctx.job.stacks_unavailable_reason}")
+    return ctx.diagnosis(
+        "stalled", (), since, "no progress, and the ranks' positions do not match a known hang (yet)",
+        evidence,
+        ["Run `py-spy dump --pid PID` on each rank; stacks are needed to tell a deadlock from a stall."],
+    )
+
+
+def comm_share_text(ctx: Context) -> str | None:
+    shares = [a.rank.collective_wait_share for a in ctx.live() if a.rank.collective_wait_share is not None]
+    if not shares:
+        return None
+    share = sum(shares) / len(shares)
+    text = f"ranks wait in collectives in {share:.0%} of stack samples"
+    if share >= COMM_BOUND_SHARE:
+        text += " (communication-bound: the links between ranks set the pace)"
+    return text

@@ -1,0 +1,185 @@
+"""The field's failure catalogue (issue 3), table-style: verdict, culprits, and the words a person needs."""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.diagnosis import (
+    ExitView,
+    Frame,
+    HostFacts,
+    Interface,
+    JobView,
+    LauncherView,
+    OrphanView,
+    Socket,
+    diagnose,
+)
+from tests.diagnosis.builders import (
+    NOW,
+    collective,
+    computing,
+    evaluating,
+    init_pg,
+    job,
+    launcher_rendezvous,
+    native,
+    py,
+    rank,
+    saving_checkpoint,
+    stack,
+    steps,
+)
+
+STALLED = steps(NOW - 12, 0.1)
+NODES = {
+    "node-a": HostFacts(interfaces=(Interface("lo", ("127.0.0.1",)), Interface("eth0", ("10.231.0.1",)))),
+    "node-b": HostFacts(interfaces=(Interface("lo", ("127.0.0.1",)), Interface("eth0", ("10.231.0.2",)),
+                                    Interface("docker0", ("172.17.0.1",)))),
+}
+NO_BF16 = HostFacts(cpu_flags=frozenset({"avx2", "avx512f"}), cpu_model="Intel i5-12450H")
+WITH_AMX = HostFacts(cpu_flags=frozenset({"avx512f", "amx_bf16", "avx512_bf16"}), cpu_model="Xeon 8480")
+BF16_LINE = "COMPUTE_DTYPE: torch.bfloat16 (auto-detected: CUDA SM 89)"
+
+
+def firewall_job() -> JobView:
+    blocked = Socket("10.231.0.1:40001", "10.231.0.2:45678", "SYN_SENT", since=NOW - 20)
+    store = Socket("10.231.0.2:50000", "10.231.0.1:29500", "ESTABLISHED", since=NOW - 25)
+    return job(
+        rank(0, frames=init_pg(), first_seen=NOW - 25, sockets=(blocked,)),
+        rank(1, frames=init_pg(), first_seen=NOW - 25, node="node-b", sockets=(store,)),
+        hosts=NODES,
+    )
+
+
+def wrong_ifname_job() -> JobView:
+    to_docker = Socket("10.231.0.1:40001", "172.17.0.1:45678", "SYN_SENT", since=NOW - 20)
+    return job(
+        rank(0, frames=init_pg(), first_seen=NOW - 25, sockets=(to_docker,),
+             env=(("GLOO_SOCKET_IFNAME", "eth0"),)),
+        rank(1, frames=init_pg(), first_seen=NOW - 25, node="node-b", env=(("GLOO_SOCKET_IFNAME", "docker0"),)),
+        hosts=NODES,
+    )
+
+
+def missing_node_job() -> JobView:
+    waiting = LauncherView(node="node-a", pid=77, alive=True, first_seen_at=NOW - 30, node_rank=0, nnodes="2",
+                           nproc_per_node="1", master_addr="10.231.0.1", master_port=29500,
+                           stack=stack(launcher_rendezvous(), active=False))
+    return JobView(job_id="10.231.0.1:29500", world_size=2, now=NOW, first_seen_at=NOW - 30, ranks=(),
+                   launchers=(waiting,), hosts=NODES, nodes_reporting=frozenset({"node-a", "node-b"}))
+
+
+def port_in_use_job() -> JobView:
+    failed = LauncherView(node="node-a", pid=78, alive=False, first_seen_at=NOW - 3, master_port=29500,
+                          exit=ExitView(NOW - 2, 1),
+                          log_errors=("torch.distributed.DistNetworkError: The server socket has failed to "
+                                      "listen on any local network address. port: 29500, useIpv6: false, "
+                                      "code: -98, name: EADDRINUSE, message: address already in use",))
+    stale = OrphanView(node="node-a", pid=4242, cmdline="python -m scripts.base_train --depth 8",
+                       listening_ports=(29500,))
+    return JobView(job_id="127.0.0.1:29500", world_size=2, now=NOW, first_seen_at=NOW - 3, ranks=(),
+                   launchers=(failed,), orphans=(stale,))
+
+
+def text(result) -> str:
+    return "\n".join([result.summary, *result.evidence, *result.hints])
+
+
+CATALOGUE: list[tuple[str, JobView, str, tuple[int, ...], tuple[str, ...]]] = [
+    ("mismatched collectives: the odd call site is named with file:line",
+     job(rank(0, frames=collective("broadcast", 114, "save_checkpoint")), rank(1, frames=collective("all_reduce", 103)),
+         rank(2, frames=collective("all_reduce", 103)), progress=STALLED),
+     "deadlock", (0,), ("broadcast@train.py:114", "ranks 1, 2 wait in all_reduce")),
+    ("identical stacks: the rank that stopped progressing first is named",
+     job(rank(0, frames=collective("all_reduce", 103), progress=steps(NOW - 12, 0.1)),
+         rank(1, frames=collective("all_reduce", 103), progress=steps(NOW - 20, 0.1)), progress=STALLED),
+     "deadlock", (1,), ("all stacks identical", "stopped progressing first")),
+    ("bf16 on a CPU without native bf16: slow compute, and float32 is the fix",
+     job(rank(0, cpu=100, frames=computing(), active=True, compute_dtype="torch.bfloat16", compute_dtype_line=BF16_LINE),
+         rank(1, cpu=100, frames=computing() + (native("at::native::cpublas::gemm<c10::BFloat16>"),), active=True),
+         progress=STALLED, hosts={"node-a": NO_BF16}),
+     "slow_compute", (), ("bfloat16", "neither amx_bf16 nor avx512_bf16", "float32")),
+    ("bf16 on a CPU with AMX: said to be fine there",
+     job(rank(0, cpu=100, frames=computing(), active=True, compute_dtype="torch.bfloat16", compute_dtype_line=BF16_LINE),
+         rank(1, cpu=100, frames=computing(), active=True), progress=STALLED, hosts={"node-a": WITH_AMX}),
+     "slow_compute", (), ("amx_bf16", "full speed")),
+    ("straggler writing a checkpoint: says what it is doing",
+     job(rank(0, cpu=30, frames=saving_checkpoint(), active=True, bytes_per_s=40e6),
+         rank(1, frames=collective("barrier", 120)), progress=steps(NOW - 200, 0.1)),
+     "straggler", (0,), ("writing a checkpoint", "MB/s")),
+    ("worker firewall: SYN-SENT from the master to the worker's gloo port",
+     firewall_job(), "rendezvous_hang", (1,), ("10.231.0.2:45678", "SYN-SENT", "node-b", "GLOO_PORT_RANGE")),
+    ("gloo on a docker interface: peers try its address",
+     wrong_ifname_job(), "rendezvous_hang", (1,), ("GLOO_SOCKET_IFNAME=docker0", "172.17.0.1", "GLOO_SOCKET_IFNAME")),
+    ("a node that never joined: torchrun waits with no workers",
+     missing_node_job(), "rendezvous_hang", (1,), ("1 of 2 nodes", "node rank(s) 1", "node-b", "next_rendezvous")),
+    ("master port held by a stale process",
+     port_in_use_job(), "rendezvous_hang", (), ("EADDRINUSE", "pid 4242", "PPID 1", "--master-port")),
+    ("ChildFailedError without detail: the error file tells the real error",
+     job(rank(0, alive=False, exit=ExitView(NOW - 4.6, None, 15, None)),
+         rank(1, alive=False, exit=ExitView(NOW - 5, 1, None, None),
+              error_file_message="RuntimeError: simulated failure on rank 1 at step 15\n  File train.py, line 90"),
+         progress=STALLED),
+     "rank_exited", (1,), ("simulated failure on rank 1", "error file")),
+    ("gloo's Work::getFuture crash gets its fix",
+     job(rank(0, alive=False, exit=ExitView(NOW - 5, 1, None, "RuntimeError: Work::getFuture not implemented")),
+         rank(1, alive=False, exit=ExitView(NOW - 4.9, None, 15, None)), progress=STALLED),
+     "rank_exited", (0,), ("get_future", "work.wait()")),
+]
+
+
+@pytest.mark.parametrize(("situation", "job_view", "verdict", "culprits", "words"), CATALOGUE,
+                         ids=[c[0] for c in CATALOGUE])
+def test_catalogue(situation, job_view, verdict, culprits, words) -> None:
+    result = diagnose(job_view)
+    assert (result.verdict, result.culprit_ranks) == (verdict, culprits), text(result)
+    for word in words:
+        assert word in text(result), f"{word!r} missing from:\n{text(result)}"
+
+
+NO_ALARM: list[tuple[str, JobView]] = [
+    ("rank 0 saves a checkpoint for 20 s while the others wait at a barrier",
+     job(rank(0, cpu=30, frames=saving_checkpoint(), active=True, bytes_per_s=40e6),
+         rank(1, frames=collective("barrier", 120)), rank(2, frames=collective("barrier", 120)), progress=STALLED)),
+    ("an evaluation pass on every rank",
+     job(rank(0, cpu=100, frames=evaluating(), active=True), rank(1, cpu=100, frames=evaluating(), active=True),
+         progress=steps(NOW - 30, 0.1))),
+    ("70-second steps, 100 s into a step that follows a 90 s one",
+     job(rank(0, cpu=100, frames=computing(), active=True), rank(1, frames=collective("all_reduce", 103)),
+         progress=(NOW - 400, NOW - 330, NOW - 260, NOW - 190, NOW - 100))),
+    ("a slow link: bytes move, steps slow but regular, ranks mostly in all_reduce",
+     job(rank(0, frames=collective("all_reduce", 103), bytes_per_s=4e5, collective_wait_share=0.8),
+         rank(1, frames=collective("all_reduce", 103), bytes_per_s=4e5, collective_wait_share=0.75),
+         progress=steps(NOW - 2, 3.0))),
+    ("first step under torch.compile: nothing logged yet, everyone busy for a minute",
+     job(rank(0, cpu=100, frames=(py("compile_fx", "/venv/lib/python3.11/site-packages/torch/_inductor/compile_fx.py", 1),),
+              active=True),
+         rank(1, cpu=100, frames=computing(), active=True))),
+]
+
+
+@pytest.mark.parametrize(("situation", "job_view"), NO_ALARM, ids=[c[0] for c in NO_ALARM])
+def test_no_false_alarm(situation, job_view) -> None:
+    result = diagnose(job_view)
+    assert result.verdict in ("healthy", "straggler"), text(result)
+    assert result.verdict not in ("deadlock", "stalled")
+
+
+def test_checkpoint_phase_is_healthy_within_its_grace() -> None:
+    result = diagnose(NO_ALARM[0][1])
+    assert result.verdict == "healthy" and "checkpoint" in result.summary
+
+
+def test_communication_bound_job_reports_its_wait_share() -> None:
+    result = diagnose(NO_ALARM[3][1])
+    assert result.verdict == "healthy"
+    assert "78%" in result.summary and "communication-bound" in result.summary
+
+
+def test_nccl_rank_spinning_in_cuda_sync_counts_as_waiting() -> None:
+    nccl_wait = (native("cudaStreamSynchronize"), native("c10d::ProcessGroupNCCL::WorkNCCL::synchronize"),
+                 Frame("train_step", "/work/job/train.py", 77))
+    result = diagnose(job(rank(0, cpu=100, frames=nccl_wait, active=True),
+                          rank(1, cpu=3, frames=(py("main", line=130),)), progress=STALLED))
+    assert (result.verdict, result.culprit_ranks) == ("deadlock", (1,)), text(result)
