@@ -49,6 +49,11 @@ class MonitorCollector(Collector):
         since_progress = GaugeMetricFamily(
             "hangwatch_rank_seconds_since_progress", "Seconds since the rank (or its job) last progressed", labels=["job", "rank"]
         )
+        wait_ratio = GaugeMetricFamily(
+            "hangwatch_rank_collective_wait_ratio",
+            "Share of the rank's recent stack samples waiting in a collective (0-1)",
+            labels=["job", "rank"],
+        )
         for result in results:
             view, d = result.view, result.diagnosis
             job = view.job_id
@@ -72,6 +77,8 @@ class MonitorCollector(Collector):
                 rank_last = r.progress_times[-1] if r.progress_times else job_last
                 if rank_last is not None:
                     since_progress.add_metric([job, rank], max(0.0, now - rank_last))
+                if r.collective_wait_share is not None:
+                    wait_ratio.add_metric([job, rank], r.collective_wait_share)
 
         age = GaugeMetricFamily(
             "hangwatch_agent_last_report_age_seconds", "Seconds since the node's agent last reported", labels=["node"]
@@ -90,7 +97,7 @@ class MonitorCollector(Collector):
         for reason, count in sorted(self.monitor.rejected.items()):
             rejected.add_metric([reason], float(count))
 
-        yield from (verdict, stalled, culprits, world, cpu_total, cpu_ratio, step, up, since_progress)
+        yield from (verdict, stalled, culprits, world, cpu_total, cpu_ratio, step, up, since_progress, wait_ratio)
         yield from (age, collector_up, reports, rejected)
 
 

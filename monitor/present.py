@@ -5,10 +5,14 @@ The text report and the web page render from this same data.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from monitor.diagnosis import RankDiagnosis, RankView
+from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
 from monitor.service import JobResult
+
+# Innermost main-thread Python frames compared when grouping ranks by stack.
+STACK_GROUP_DEPTH = 8
 
 
 def job_dict(result: JobResult) -> dict[str, Any]:
@@ -32,8 +36,91 @@ def job_dict(result: JobResult) -> dict[str, Any]:
         "nodes": sorted(view.hosts),
         "stacks_unavailable_reason": view.stacks_unavailable_reason,
         "groups": [{"site": g.site, "ranks": list(g.ranks)} for g in d.groups],
+        "stack_groups": stack_groups(view.ranks),
+        "launchers": [launcher_dict(launcher) for launcher in view.launchers],
+        "orphans": [orphan_dict(o) for o in view.orphans],
         "now": view.now,
     }
+
+
+def stack_frames(stack: Stack | None, depth: int = STACK_GROUP_DEPTH) -> tuple[str, ...]:
+    """The innermost ``depth`` Python frames of a main-thread stack, as ``name (file:line)``."""
+    if stack is None:
+        return ()
+    return tuple(f.where() for f in stack.frames if not f.native)[:depth]
+
+
+def stack_groups(ranks: Sequence[RankView], depth: int = STACK_GROUP_DEPTH) -> list[dict[str, Any]]:
+    """Live ranks grouped by identical main-thread Python stacks (STAT's equivalence classes).
+
+    Ranks without a stack (or with no Python frame in it) and ended ranks are left out.
+    Biggest group first, so the odd ones out come last; ties by lowest rank.
+    """
+    by_frames: dict[tuple[str, ...], list[int]] = {}
+    for r in ranks:
+        frames = stack_frames(r.stack, depth) if r.alive else ()
+        if frames:
+            by_frames.setdefault(frames, []).append(r.rank)
+    groups = sorted(by_frames.items(), key=lambda item: (-len(item[1]), min(item[1])))
+    return [{"ranks": sorted(members), "frames": list(frames)} for frames, members in groups]
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """``0-3,5,7-8``: consecutive ranks as ranges."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        if j == i:
+            parts.append(str(ordered[i]))
+        elif j == i + 1:
+            parts.append(f"{ordered[i]},{ordered[j]}")
+        else:
+            parts.append(f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _top_frame(stack: Stack | None) -> str | None:
+    if stack is None or not stack.frames:
+        return None
+    python: list[Frame] = [f for f in stack.frames if not f.native]
+    return (python or list(stack.frames))[0].where()
+
+
+def launcher_dict(launcher: LauncherView) -> dict[str, Any]:
+    return {
+        "node": launcher.node,
+        "pid": launcher.pid,
+        "alive": launcher.alive,
+        "node_rank": launcher.node_rank,
+        "nnodes": launcher.nnodes,
+        "nproc_per_node": launcher.nproc_per_node,
+        "master_addr": launcher.master_addr,
+        "master_port": launcher.master_port,
+        "worker_count": launcher.worker_count,
+        "top_frame": _top_frame(launcher.stack),
+        "first_seen_at": launcher.first_seen_at,
+        "exit": _exit_dict(launcher.exit),
+    }
+
+
+def orphan_dict(orphan: OrphanView) -> dict[str, Any]:
+    return {
+        "node": orphan.node,
+        "pid": orphan.pid,
+        "cmdline": orphan.cmdline,
+        "listening_ports": list(orphan.listening_ports),
+    }
+
+
+def _exit_dict(exit: Any) -> dict[str, Any] | None:
+    if exit is None:
+        return None
+    return {"at": exit.at, "code": exit.code, "signal": exit.signal, "error": exit.error}
 
 
 def rank_dict(r: RankView, rd: RankDiagnosis | None, job_last_progress: float | None, now: float) -> dict[str, Any]:
@@ -50,13 +137,12 @@ def rank_dict(r: RankView, rd: RankDiagnosis | None, job_last_progress: float | 
         "wait_site": rd.wait_site if rd else None,
         "alive": r.alive,
         "proc_state": r.proc_state,
-        "exit": (
-            {"at": r.exit.at, "code": r.exit.code, "signal": r.exit.signal, "error": r.exit.error}
-            if r.exit
-            else None
-        ),
+        "exit": _exit_dict(r.exit),
         "seconds_since_report": max(0.0, now - r.observed_at),
         "stack_error": r.stack_error,
+        "collective_wait_share": r.collective_wait_share,
+        "compute_dtype": r.compute_dtype,
+        "gpu_utilization_percent": r.gpu_utilization_percent,
     }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from monitor.present import ranks_text
+
 
 def render_text(jobs: list[dict[str, Any]], now: float) -> str:
     if not jobs:
@@ -31,14 +33,47 @@ def render_job(job: dict[str, Any], now: float) -> str:
     if job["hints"]:
         lines.append("  hints:")
         lines.extend(f"    > {h}" for h in job["hints"])
+    if job.get("groups"):
+        lines.append("  waiting at:")
+        lines.extend(f"    {_ranks_word(g['ranks'])}: {g['site']}" for g in job["groups"])
+    if job.get("stack_groups"):
+        lines.append("  stacks (innermost first):")
+        lines.extend(f"    {_ranks_word(g['ranks'])}: {' ← '.join(g['frames'])}" for g in job["stack_groups"])
+    if job.get("launchers"):
+        lines.append("  launchers:")
+        lines.extend(f"    {_launcher_line(launcher)}" for launcher in job["launchers"])
+    if job.get("orphans"):
+        lines.append("  leftover processes (parent gone):")
+        lines.extend(f"    {_orphan_line(o)}" for o in job["orphans"])
     lines.append("")
     lines.extend("  " + row for row in _rank_table(job["ranks"], set(culprits)))
     lines.append("")
     return "\n".join(lines)
 
 
+def _ranks_word(ranks: list[int]) -> str:
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranks_text(ranks)}"
+
+
+def _launcher_line(launcher: dict[str, Any]) -> str:
+    parts = [f"{launcher['node']} pid {launcher['pid']}"]
+    if launcher.get("node_rank") is not None or launcher.get("nnodes"):
+        parts.append(f"node {_opt(launcher.get('node_rank'))} of {launcher.get('nnodes') or '?'}")
+    parts.append(f"{launcher['worker_count']} workers")
+    parts.append("alive" if launcher["alive"] else "ended")
+    if launcher.get("top_frame"):
+        parts.append(f"at {launcher['top_frame']}")
+    return ", ".join(parts)
+
+
+def _orphan_line(orphan: dict[str, Any]) -> str:
+    ports = orphan.get("listening_ports") or []
+    listening = f" (listening on {', '.join(str(p) for p in ports)})" if ports else ""
+    return f"{orphan['node']} pid {orphan['pid']}{listening}: {orphan['cmdline']}"
+
+
 def _rank_table(ranks: list[dict[str, Any]], culprits: set[int]) -> list[str]:
-    header = ("RANK", "NODE", "PID", "STATE", "CPU%", "STEP", "NO PROGRESS", "TOP FRAME")
+    header = ("RANK", "NODE", "PID", "STATE", "CPU%", "WAIT%", "STEP", "NO PROGRESS", "TOP FRAME")
     rows = [
         (
             f"{r['rank']}*" if r["rank"] in culprits else str(r["rank"]),
@@ -46,6 +81,7 @@ def _rank_table(ranks: list[dict[str, Any]], culprits: set[int]) -> list[str]:
             _opt(r["pid"]),
             r["state"],
             f"{r['cpu_percent']:.0f}" if r["cpu_percent"] is not None else "-",
+            f"{100 * r['collective_wait_share']:.0f}" if r.get("collective_wait_share") is not None else "-",
             _opt(r["step"]),
             _ago(r["seconds_since_progress"]) if r["seconds_since_progress"] is not None else "-",
             r["top_frame"] or "-",

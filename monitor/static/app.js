@@ -52,9 +52,55 @@ function listBlock(title, items) {
   return el("div", {}, el("h3", {}, title), el("ul", {}, ...items.map((item) => el("li", {}, item))));
 }
 
+function ranksText(ranks) {
+  const sorted = [...ranks].sort((a, b) => a - b);
+  const parts = [];
+  for (let i = 0; i < sorted.length;) {
+    let j = i;
+    while (j + 1 < sorted.length && sorted[j + 1] === sorted[j] + 1) j += 1;
+    if (j === i) parts.push(String(sorted[i]));
+    else if (j === i + 1) parts.push(`${sorted[i]},${sorted[j]}`);
+    else parts.push(`${sorted[i]}-${sorted[j]}`);
+    i = j + 1;
+  }
+  return `${sorted.length === 1 ? "rank" : "ranks"} ${parts.join(",")}`;
+}
+
+// STAT-style merged stacks: ranks with identical main-thread stacks, biggest group first.
+function stackGroups(job) {
+  const groups = job.stack_groups || [];
+  if (groups.length === 0 || job.verdict === "healthy") return null;
+  return el("div", { class: "groups" }, el("h3", {}, "Stacks (innermost first)"),
+    el("ul", {}, ...groups.map((g) => el("li", {},
+      el("span", { class: "ranks" }, `${ranksText(g.ranks)}: `),
+      el("span", { class: "frame" }, g.frames.join(" ← "))))));
+}
+
+function launcherBlock(job) {
+  const items = (job.launchers || []).map((l) => {
+    const where = l.node_rank === null && !l.nnodes ? "" : `, node ${l.node_rank ?? "?"} of ${l.nnodes ?? "?"}`;
+    const top = l.top_frame ? `, at ${l.top_frame}` : "";
+    return `${l.node} pid ${l.pid}${where}, ${l.worker_count} workers, ${l.alive ? "alive" : "ended"}${top}`;
+  });
+  return listBlock("Launchers", items);
+}
+
+function orphanBlock(job) {
+  const items = (job.orphans || []).map((o) => {
+    const ports = o.listening_ports && o.listening_ports.length ? ` (listening on ${o.listening_ports.join(", ")})` : "";
+    return `${o.node} pid ${o.pid}${ports}: ${o.cmdline}`;
+  });
+  return listBlock("Leftover processes (parent gone)", items);
+}
+
+function waitShare(r) {
+  const share = r.collective_wait_share;
+  return share === null || share === undefined ? "–" : (100 * share).toFixed(0);
+}
+
 function rankTable(job) {
   const culprits = new Set(job.culprit_ranks);
-  const head = el("tr", {}, ...["rank", "node", "pid", "state", "CPU %", "step", "no progress for", "top frame"]
+  const head = el("tr", {}, ...["rank", "node", "pid", "state", "CPU %", "wait %", "step", "no progress for", "top frame"]
     .map((h) => el("th", {}, h)));
   const rows = job.ranks.map((r) => el("tr", { class: culprits.has(r.rank) ? "culprit" : "" },
     el("td", { class: "num" }, r.rank),
@@ -62,6 +108,7 @@ function rankTable(job) {
     el("td", { class: "num" }, r.pid ?? "–"),
     el("td", { class: "state" }, r.state),
     el("td", { class: "num" }, r.cpu_percent === null ? "–" : r.cpu_percent.toFixed(0)),
+    el("td", { class: "num" }, waitShare(r)),
     el("td", { class: "num" }, r.step ?? "–"),
     el("td", { class: "num" }, ago(r.seconds_since_progress)),
     el("td", { class: "frame" }, r.top_frame ?? "–"),
@@ -82,7 +129,9 @@ function jobCard(job) {
     el("h2", {}, verdictBadge(job.verdict), el("span", {}, job.job_id), since, meta),
     el("p", { class: "summary" }, job.summary),
     culprits, stacks,
-    el("div", { class: "lists" }, listBlock("Evidence", job.evidence), listBlock("Hints", job.hints)),
+    el("div", { class: "lists" }, listBlock("Evidence", job.evidence), listBlock("Hints", job.hints),
+      launcherBlock(job), orphanBlock(job)),
+    stackGroups(job),
     rankTable(job),
   );
 }

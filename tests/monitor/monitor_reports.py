@@ -87,3 +87,29 @@ def report(
     }
     base.update(fields)
     return base
+
+
+def socket(local: str, remote: str, state: str = "ESTABLISHED", **fields: Any) -> dict[str, Any]:
+    return {"local": local, "remote": remote, "state": state, **fields}
+
+
+def launcher(job_id: str | None = "job-a", pid: int = 900, **fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "pid": pid,
+        "job_id": job_id,
+        "cmdline": "torchrun --nnodes 2 --nproc-per-node 2 train.py",
+        "alive": True,
+        "state": "S",
+        "nnodes": "2",
+        "nproc_per_node": "2",
+        "node_rank": 0,
+        "master_addr": "10.0.0.1",
+        "master_port": 29500,
+        "worker_pids": [],
+    }
+    base.update(fields)
+    return base
+
+
+def orphan(pid: int, cmdline: str = "python train.py", ports: list[int] | None = None) -> dict[str, Any]:
+    return {"pid": pid, "cmdline": cmdline, "started_at": 0.0, "listening_ports": ports or []}
