@@ -89,7 +89,11 @@ def where(a: Activity) -> str:
 
 
 def describe(a: Activity) -> str:
-    return f"rank {a.rank.rank} on {a.rank.node}: {a.kind}, {where(a)}, {cpu_text(a)}"
+    text = f"rank {a.rank.rank} on {a.rank.node}: {a.kind}, {where(a)}, {cpu_text(a)}"
+    if a.rank.gpu_utilization_percent is not None:
+        # On GPUs CPU says little (NCCL waits spin): the GPU's own load is the better hint.
+        text += f", GPU {a.rank.gpu_utilization_percent:.0f}% busy"
+    return text
 
 
 def progress_evidence(ctx: Context) -> list[str]:

@@ -180,6 +180,8 @@ def test_communication_bound_job_reports_its_wait_share() -> None:
 def test_nccl_rank_spinning_in_cuda_sync_counts_as_waiting() -> None:
     nccl_wait = (native("cudaStreamSynchronize"), native("c10d::ProcessGroupNCCL::WorkNCCL::synchronize"),
                  Frame("train_step", "/work/job/train.py", 77))
-    result = diagnose(job(rank(0, cpu=100, frames=nccl_wait, active=True),
-                          rank(1, cpu=3, frames=(py("main", line=130),)), progress=STALLED))
+    result = diagnose(job(rank(0, cpu=100, frames=nccl_wait, active=True, gpu_utilization_percent=100.0),
+                          rank(1, cpu=3, frames=(py("main", line=130),), gpu_utilization_percent=0.0),
+                          progress=STALLED))
     assert (result.verdict, result.culprit_ranks) == ("deadlock", (1,)), text(result)
+    assert "GPU 100% busy" in text(result) and "GPU 0% busy" in text(result)
