@@ -261,21 +261,31 @@ class Job:
 
 
 def torchrun_workers(launcher_pid: int) -> dict[int, int]:
-    """rank -> pid of the direct children of a torchrun that carry RANK."""
+    """rank -> pid of the processes under a launcher that carry RANK while their parent does not.
+
+    The launcher is torchrun itself, or a wrapper around it (``nsenter`` on a simulated node);
+    helpers that inherit RANK from a rank (DataLoader workers) are left out.
+    """
     out: dict[int, int] = {}
     try:
         children = psutil.Process(launcher_pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return out
+    has_rank: dict[int, bool] = {launcher_pid: False}
+    envs: dict[int, dict[str, str]] = {}
     for child in children:
         try:
-            if child.ppid() != launcher_pid:
-                continue
-            env = child.environ()
+            envs[child.pid] = child.environ()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            envs[child.pid] = {}
+        has_rank[child.pid] = "RANK" in envs[child.pid]
+    for child in children:
+        try:
+            parent = child.ppid()
+        except psutil.NoSuchProcess:
             continue
-        if "RANK" in env:
-            out[int(env["RANK"])] = child.pid
+        if has_rank.get(child.pid) and not has_rank.get(parent, False):
+            out[int(envs[child.pid]["RANK"])] = child.pid
     return out
 
 
@@ -354,9 +364,13 @@ class Observation:
 
 
 class MonitorClient:
-    def __init__(self, url: str) -> None:
+    """``url`` as the monitor is addressed; ``uds``: reach it through this Unix socket instead
+    (a monitor in another network namespace, see hangwatch/netns.py)."""
+
+    def __init__(self, url: str, *, uds: str | None = None) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.Client(timeout=5.0)
+        transport = httpx.HTTPTransport(uds=uds) if uds else None
+        self._http = httpx.Client(timeout=5.0, transport=transport)
 
     def close(self) -> None:
         self._http.close()
