@@ -56,6 +56,7 @@ REGULAR_COLLECTIVES = frozenset(
         "_all_gather_base",
         "ddp_backward",
         "work_wait",
+        "cuda_sync",
     }
 )
 
@@ -169,8 +170,11 @@ def wait_point(stack: Stack | None, cpu_percent: float | None = None) -> WaitPoi
                 return _point("ddp_backward", frames, i)
             return None
     if native_wait and frames:
-        # Async collective: Python shows only the caller of work.wait().
-        return _point("work_wait", frames, 0)
+        # Async collective: Python shows only the caller of work.wait(); with NCCL, a
+        # queued collective blocks the next stream synchronisation (.item(), .cpu()).
+        only_cuda = all("cudaStreamSynchronize" in f.name for f in stack.frames
+                        if f.native and any(m in f.name for m in NATIVE_WAIT_MARKERS))
+        return _point("cuda_sync" if only_cuda else "work_wait", frames, 0)
     return None
 
 

@@ -7,14 +7,17 @@ monitor's conversion to a ``Stack``, then the diagnosis's wait classification.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from agent.stacks import parse_dump
+from monitor.diagnosis import diagnose
 from monitor.diagnosis.stacks import wait_point
 from monitor.state import to_stack
 from monitor.wire import StackReport
+from tests.diagnosis.builders import NOW, job, rank, steps
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
 
@@ -62,3 +65,20 @@ def test_async_wait_is_invisible_without_native_frames() -> None:
     # Why stuck ranks get native dumps: the Python stack alone shows only the caller.
     stack, cpu = recorded("async_linger", 0, False)
     assert wait_point(stack, cpu) is None
+
+
+def nccl_stack(rank: int, taken_at: float):
+    text = (FIXTURES / "nccl" / f"mismatch_rank{rank}_native.json").read_text()
+    threads = parse_dump(text, 5100 + rank)
+    return to_stack(StackReport.model_validate({"taken_at": taken_at, "native": True, "threads": threads}), 0.0)
+
+
+def test_nccl_ranks_spinning_at_full_cpu_are_waiting_not_computing() -> None:
+    views = [
+        replace(rank(r, cpu=100.0, gpu_utilization_percent=100.0), stack=nccl_stack(r, NOW - 1)) for r in (0, 1)
+    ]
+    result = diagnose(job(*views, progress=steps(NOW - 12, 0.1)))
+    assert result.verdict == "deadlock", result.summary
+    # The rank-1-only barrier is the odd one out; the step's own wait is the regular one.
+    assert result.culprit_ranks == (1,), result.summary
+    assert {g.site for g in result.groups} == {"cuda_sync@train.py:77", "barrier@train.py:95"}
