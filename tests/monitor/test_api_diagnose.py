@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from monitor_reports import progress, rank, report, stack
+from monitor_reports import frame, launcher, orphan, progress, rank, report, stack
 from monitor_testkit import FakeClock, TestClient, monitor_of
 
 from monitor.diagnosis import Diagnosis, JobView, RankDiagnosis
@@ -196,3 +196,73 @@ def test_sync_points_are_learnt_through_the_diagnosis_hook(client: TestClient, c
     post(client, report(ranks=[later], sent_at=clock.now))
     [result] = monitor_of(client).results()
     assert any("all_reduce" in site for site in result.view.known_wait_sites)
+
+
+JOB_KEYS_ISSUE_3 = {"groups": list, "stack_groups": list, "launchers": list, "orphans": list, "world_size": int}
+LAUNCHER_KEYS = {"node", "pid", "alive", "node_rank", "nnodes", "worker_count", "top_frame"}
+
+
+def test_json_carries_launchers_orphans_stack_groups_and_wait_share(client: TestClient, clock: FakeClock) -> None:
+    other = [frame("barrier", "/x/site-packages/torch/distributed/distributed_c10d.py", 4100),
+             frame("save", "/work/train.py", 150)]
+    agent_frames = [frame("_invoke_run", "/x/site-packages/torch/distributed/elastic/agent/server/api.py", 900)]
+    for i in range(6):
+        ranks = [rank(rank=0, stack=stack(clock.now, frames=other)), rank(rank=1, stack=stack(clock.now)),
+                 rank(rank=2, stack=stack(clock.now))]
+        body = report(ranks=ranks, sent_at=clock.now, orphans=[orphan(4242, "torchrun train.py", [29500])],
+                      launchers=[launcher(worker_pids=[1000, 1001, 1002], stack=stack(clock.now, frames=agent_frames))])
+        post(client, body)
+        clock.advance(1)
+    [job] = diagnose_json(client)["jobs"]
+    for key, kind in {**JOB_KEYS, **JOB_KEYS_ISSUE_3}.items():
+        assert isinstance(job[key], kind) or (key == "since" and job[key] is None), key
+    for r in job["ranks"]:
+        for key, kind in RANK_KEYS.items():
+            if r[key] is not None:
+                assert isinstance(r[key], kind), key
+        assert r["collective_wait_share"] == 1.0  # six distinct stacks, all in a collective
+    assert job["stack_groups"][0]["ranks"] == [1, 2]
+    assert job["stack_groups"][0]["frames"][0] == "all_reduce (torch/distributed/distributed_c10d.py:2501)"
+    assert job["stack_groups"][1] == {"ranks": [0], "frames": [
+        "barrier (torch/distributed/distributed_c10d.py:4100)", "save (train.py:150)"]}
+    [lj] = job["launchers"]
+    assert LAUNCHER_KEYS <= set(lj)
+    assert (lj["node"], lj["pid"], lj["alive"], lj["node_rank"], lj["nnodes"], lj["worker_count"]) == (
+        "node-a", 900, True, 0, "2", 3)
+    assert lj["top_frame"] == "_invoke_run (torch/distributed/elastic/agent/server/api.py:900)"
+    assert job["orphans"] == [{"node": "node-a", "pid": 4242, "cmdline": "torchrun train.py", "listening_ports": [29500]}]
+
+    text = client.get("/diagnose").text
+    assert "ranks 1,2: all_reduce (torch/distributed/distributed_c10d.py:2501) ← wrapper (" in text
+    assert "rank 0: barrier (torch/distributed/distributed_c10d.py:4100) ← save (train.py:150)" in text
+    assert "launchers:\n    node-a pid 900, node 0 of 2, 3 workers, alive, at _invoke_run (" in text
+    assert "node-a pid 4242 (listening on 29500): torchrun train.py" in text
+    header = next(line for line in text.splitlines() if "RANK" in line)
+    assert "WAIT%" in header.split()
+    row = next(line for line in text.splitlines() if line.strip().startswith("1 "))
+    assert row.split()[header.split().index("WAIT%")] == "100"
+
+
+def test_a_launcher_only_job_is_reported(client: TestClient, clock: FakeClock) -> None:
+    post(client, report(ranks=[], launchers=[launcher(nnodes="2", nproc_per_node="4")], sent_at=clock.now))
+    [job] = diagnose_json(client)["jobs"]
+    assert (job["job_id"], job["world_size"], job["ranks"], job["stack_groups"]) == ("job-a", 8, [], [])
+    assert [lj["pid"] for lj in job["launchers"]] == [900]
+    text = client.get("/diagnose").text
+    assert "world size 8, 0 ranks seen on node-a" in text
+
+
+def test_text_shows_the_wait_groups(client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    from monitor.diagnosis import WaitGroup
+
+    def grouped(job: JobView) -> Diagnosis:
+        groups = (WaitGroup("all_reduce@train.py:50", (0, 1, 2)), WaitGroup("barrier@train.py:80", (3,)))
+        return Diagnosis("deadlock", (3,), job.now, "rank 3 waits elsewhere", groups=groups)
+
+    monkeypatch.setattr("monitor.diagnosis.diagnose", grouped)
+    post(client, report(ranks=[rank(rank=r, world_size=4) for r in range(4)], sent_at=clock.now))
+    text = client.get("/diagnose").text
+    assert "waiting at:\n    ranks 0-2: all_reduce@train.py:50\n    rank 3: barrier@train.py:80" in text
+    [job] = diagnose_json(client)["jobs"]
+    assert job["groups"] == [{"site": "all_reduce@train.py:50", "ranks": [0, 1, 2]},
+                             {"site": "barrier@train.py:80", "ranks": [3]}]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from monitor_reports import progress, rank, report
+from monitor_reports import frame, progress, rank, report, stack
 from monitor_testkit import FakeClock, TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -77,3 +77,18 @@ def test_metrics_with_no_jobs(client: TestClient) -> None:
     m = scrape(client)
     assert value(m, "hangwatch_reports_total") == 0.0
     assert "hangwatch_job_verdict" not in m
+
+
+def test_collective_wait_ratio_per_rank(client: TestClient, clock: FakeClock) -> None:
+    compute = [frame("forward", "/work/model.py", 20), frame("train_step", "/work/train.py", 48)]
+    for i in range(5):
+        waiting = stack(clock.now, active=False)
+        computing = stack(clock.now, frames=compute, active=True)
+        ranks = [rank(rank=0, stack=waiting), rank(rank=1, stack=computing if i % 2 else waiting), rank(rank=2)]
+        client.post("/api/v1/reports", json=report(ranks=ranks, sent_at=clock.now))
+        clock.advance(1)
+    m = scrape(client)
+    assert value(m, "hangwatch_rank_collective_wait_ratio", job="job-a", rank="0") == 1.0
+    assert value(m, "hangwatch_rank_collective_wait_ratio", job="job-a", rank="1") == pytest.approx(0.6)
+    # No stacks, no ratio.
+    assert not [lab for lab, _ in m["hangwatch_rank_collective_wait_ratio"] if lab["rank"] == "2"]

@@ -7,9 +7,12 @@ import re
 import subprocess
 from pathlib import Path
 
-from monitor_reports import rank, report
+import pytest
+
+from monitor_reports import frame, launcher, orphan, rank, report, stack
 from monitor_testkit import FakeClock, TestClient
 
+from monitor.diagnosis import Diagnosis
 from monitor.routes.page import STATIC_DIR
 
 
@@ -42,9 +45,7 @@ def test_script_parses() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_script_renders_jobs(client: TestClient, clock: FakeClock, tmp_path: Path) -> None:
-    ranks = [rank(rank=0), rank(rank=1)]
-    client.post("/api/v1/reports", json=report(ranks=ranks, sent_at=clock.now))
+def render_page(client: TestClient, tmp_path: Path) -> dict[str, object]:
     answer = tmp_path / "diagnose.json"
     answer.write_text(client.get("/diagnose", params={"format": "json"}).text)
     result = subprocess.run(
@@ -52,8 +53,34 @@ def test_script_renders_jobs(client: TestClient, clock: FakeClock, tmp_path: Pat
         capture_output=True, text=True, timeout=30,
     )
     assert result.returncode == 0, result.stderr
-    shown = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+def test_script_renders_jobs(client: TestClient, clock: FakeClock, tmp_path: Path) -> None:
+    ranks = [rank(rank=0), rank(rank=1)]
+    client.post("/api/v1/reports", json=report(ranks=ranks, sent_at=clock.now))
+    shown = render_page(client, tmp_path)
     assert shown["status"].startswith("updated")
     assert "job-a" in shown["overview"]
     assert "job-a" in shown["jobs"] and "node-a" in shown["jobs"] and "1001" in shown["jobs"]
     assert shown["timers"] == 1  # the next poll is scheduled
+
+
+def test_script_shows_stack_groups_launchers_and_orphans(
+    client: TestClient, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verdict = {"word": "deadlock"}
+    monkeypatch.setattr("monitor.diagnosis.diagnose", lambda job: Diagnosis(verdict["word"], (), None, "x"))
+    odd = stack(clock.now, frames=[frame("barrier", "/x/site-packages/torch/distributed/distributed_c10d.py", 4100),
+                                   frame("save_checkpoint", "/work/train.py", 150)])
+    body = report(ranks=[rank(rank=0, stack=odd), rank(rank=1, stack=stack(clock.now))], sent_at=clock.now,
+                  launchers=[launcher(worker_pids=[1000, 1001])], orphans=[orphan(4242, "torchrun stale.py", [29500])])
+    client.post("/api/v1/reports", json=body)
+    jobs = render_page(client, tmp_path)["jobs"]
+    assert "save_checkpoint (train.py:150)" in jobs and "rank 0" in jobs and "rank 1" in jobs
+    assert "node-a pid 900, node 0 of 2, 2 workers, alive" in jobs
+    assert "node-a pid 4242 (listening on 29500): torchrun stale.py" in jobs
+    verdict["word"] = "healthy"
+    jobs = render_page(client, tmp_path)["jobs"]
+    assert "save_checkpoint (train.py:150)" not in jobs  # stacks only for jobs in trouble
+    assert "torchrun stale.py" in jobs

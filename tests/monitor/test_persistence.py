@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from monitor_reports import progress, rank, report
+from monitor_reports import launcher, progress, rank, report, socket, stack
 from monitor_testkit import FakeClock, TestClient, monitor_of
 
 from monitor.app import create_app
@@ -140,5 +140,36 @@ def test_diagnosis_is_given_a_whole_job_view(settings: Settings, clock: FakeCloc
         monitor.ingest(Report.model_validate(report(ranks=[rank(world_size=8)], sent_at=clock.now)), "{}")
         monitor.results()
         assert seen[-1].world_size == 8 and seen[-1].now == clock.now
+    finally:
+        store.close()
+
+
+def test_replay_restores_launchers_sockets_and_wait_share(settings: Settings, clock: FakeClock) -> None:
+    syn = socket("10.0.0.2:41000", "10.0.0.1:29500", "SYN_SENT")
+    start = clock.now
+    store = open_store(settings, clock)
+    try:
+        with TestClient(create_app(settings, store, clock=clock)) as client:
+            for _ in range(5):
+                body = report(node="node-b", ranks=[], sent_at=clock.now,
+                              launchers=[launcher(job_id="waiting", nnodes="2", nproc_per_node="2", sockets=[syn])])
+                assert client.post("/api/v1/reports", json=body).status_code == 202
+                body = report(node="node-a", ranks=[rank(job_id="busy", stack=stack(clock.now))], sent_at=clock.now)
+                assert client.post("/api/v1/reports", json=body).status_code == 202
+                clock.advance(1)
+    finally:
+        store.close()
+
+    clock.advance(30)
+    store = open_store(settings, clock)
+    try:
+        monitor = monitor_of_app(settings, store, clock)
+        views = {r.view.job_id: r.view for r in monitor.results()}
+        waiting = views["waiting"]
+        assert waiting.world_size == 4 and waiting.ranks == ()
+        [lv] = waiting.launchers
+        assert (lv.node, lv.first_seen_at) == ("node-b", start)
+        assert [(s.state, s.since) for s in lv.sockets] == [("SYN_SENT", start)]
+        assert views["busy"].ranks[0].collective_wait_share == 1.0
     finally:
         store.close()
