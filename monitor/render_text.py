@@ -46,7 +46,10 @@ def render_job(job: dict[str, Any], now: float) -> str:
         lines.append("  leftover processes (parent gone):")
         lines.extend(f"    {_orphan_line(o)}" for o in job["orphans"])
     lines.append("")
-    lines.extend("  " + row for row in _rank_table(job["ranks"], set(culprits)))
+    if job["ranks"]:
+        lines.extend("  " + row for row in _rank_table(job["ranks"], set(culprits)))
+    else:
+        lines.append("  no rank has started yet")
     lines.append("")
     return "\n".join(lines)
 

@@ -226,7 +226,12 @@ class MonitorState:
                 _mark_vanished(track)
                 touched.add(job_id)
         for launcher_report in report.launchers:
-            job_id = launcher_report.job_id or self._job_of_workers(report.node, launcher_report.worker_pids)
+            job_id = (
+                launcher_report.job_id
+                or self._job_of_workers(report.node, launcher_report.worker_pids)
+                # Its workers gone, a launcher that names no job stays with the job it had.
+                or next((j for j, pid in previous_launchers if pid == launcher_report.pid), None)
+            )
             if not job_id or (not launcher_report.alive and job_id in self.forgotten):
                 continue
             self.forgotten.pop(job_id, None)
@@ -306,7 +311,10 @@ class MonitorState:
             if track.last_stack_mark is None or rr.stack.taken_at > track.last_stack_mark:
                 track.last_stack_mark = rr.stack.taken_at
                 site = (wait_site or _default_wait_site)(track.stack, rr.cpu_percent)
-                track.wait_samples.append((track.stack.taken_at, site is not None))
+                samples = track.wait_samples
+                samples.append((track.stack.taken_at, site is not None))
+                while samples and samples[0][0] < track.stack.taken_at - WAIT_SHARE_WINDOW_S:
+                    samples.popleft()
         track.sockets_since = _sockets_since(track.sockets_since, rr.sockets, received_at)
         if rr.env:
             track.env = dict(rr.env)

@@ -250,6 +250,7 @@ def test_a_launcher_only_job_is_reported(client: TestClient, clock: FakeClock) -
     assert [lj["pid"] for lj in job["launchers"]] == [900]
     text = client.get("/diagnose").text
     assert "world size 8, 0 ranks seen on node-a" in text
+    assert "no rank has started yet" in text and "RANK" not in text
 
 
 def test_text_shows_the_wait_groups(client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -61,6 +61,10 @@ def test_a_launcher_without_job_id_joins_the_job_of_its_workers() -> None:
     apply(state, body, T0)
     [lv] = view(state).launchers
     assert lv.worker_count == 2
+    # Its workers gone, it stays with the job it had.
+    apply(state, report(ranks=[], launchers=[launcher(job_id=None, worker_pids=[])]), T0 + 1)
+    [lv] = view(state).launchers
+    assert lv.alive and lv.worker_count == 0
     # A launcher that names no job and has no known worker is nobody's.
     apply(state, report(node="node-b", ranks=[], launchers=[launcher(job_id=None, pid=5)]), T0)
     assert set(state.jobs) == {"job-a"}
