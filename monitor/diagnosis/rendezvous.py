@@ -184,8 +184,9 @@ def launcher_waiting(ctx: Context) -> Diagnosis | None:
             f"torchrun pid {lv.pid} on {lv.node} (node rank {lv.node_rank}) has started no workers for "
             f"{ctx.now - lv.first_seen_at:.0f}s" + (f", in {top.where()}" if top else "")
         )
-    missing_nodes = [k for k in range(expected)] if expected else []
-    missing_nodes = [k for k in missing_nodes if k not in seen]
+    # Node ranks are only known when every launcher states one (static rendezvous).
+    known = all(lv.node_rank is not None for lv in launchers)
+    missing_nodes = [k for k in range(expected or 0) if k not in seen] if known else []
     culprits: list[int] = []
     nproc = next((int(lv.nproc_per_node) for lv in launchers if (lv.nproc_per_node or "").isdigit()), None)
     if missing_nodes and nproc:
@@ -198,6 +199,8 @@ def launcher_waiting(ctx: Context) -> Diagnosis | None:
     if missing_nodes:
         summary = (f"rendezvous incomplete: {len(seen)} of {expected} nodes joined; node rank(s) "
                    f"{', '.join(map(str, missing_nodes))} never did")
+    elif expected and len(launchers) < expected:
+        summary = f"rendezvous incomplete: {len(launchers)} of {expected} nodes joined"
     else:
         summary = "rendezvous incomplete: launchers wait and no workers start"
     hints = net_hints + [

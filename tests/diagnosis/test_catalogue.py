@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from monitor.diagnosis import (
@@ -157,6 +159,14 @@ NO_ALARM: list[tuple[str, JobView]] = [
               active=True),
          rank(1, cpu=100, frames=computing(), active=True))),
 ]
+
+
+def test_missing_node_without_node_ranks_names_no_rank() -> None:
+    job_view = missing_node_job()
+    job_view = replace(job_view, launchers=(replace(job_view.launchers[0], node_rank=None),))
+    result = diagnose(job_view)
+    assert (result.verdict, result.culprit_ranks) == ("rendezvous_hang", ())
+    assert "1 of 2 nodes joined" in result.summary
 
 
 @pytest.mark.parametrize(("situation", "job_view"), NO_ALARM, ids=[c[0] for c in NO_ALARM])
