@@ -29,6 +29,26 @@ RANK_VARIABLES = (
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpi"),
 )
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+# Launch settings that explain hangs, reported as RankReport.env (nothing else is sent).
+ENV_ALLOWLIST = (
+    "GLOO_SOCKET_IFNAME",
+    "GLOO_PORT_RANGE",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_DEBUG",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_RUN_ID",
+    "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "NANOCHAT_DTYPE",
+)
+# torchrun reads any of its options from PET_<OPTION> when not on the command line.
+LAUNCHER_ENV_PREFIX = "PET_"
 
 
 @dataclass(frozen=True)
@@ -46,6 +66,37 @@ class RankProcess:
     ppid: int
     starttime: int
     identity: RankIdentity
+    cmdline: str
+    env: dict[str, str] = field(default_factory=dict, compare=False)  # the allowlisted part
+
+
+@dataclass(frozen=True)
+class LauncherProcess:
+    """torchrun's elastic agent (or torch.distributed.launch): no RANK of its own."""
+
+    pid: int
+    ppid: int
+    starttime: int
+    kind: str  # "torchrun", "torch.distributed.run", "torch.distributed.launch"
+    argv: tuple[str, ...]  # the launcher's own arguments (after the script or -m module)
+    cmdline: str
+    env: dict[str, str] = field(default_factory=dict, compare=False)  # PET_* only
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What one process is, cached per (pid, starttime, comm)."""
+
+    rank: RankProcess | None = None
+    launcher: LauncherProcess | None = None
+    carries_rank: bool = False  # RANK and WORLD_SIZE (or the SLURM/MPI pair) in its environment
+    cmdline: str = ""
+
+
+@dataclass(frozen=True)
+class OrphanProcess:
+    pid: int
+    starttime: int
     cmdline: str
 
 
@@ -103,6 +154,29 @@ def is_python(exe: str, argv: list[str]) -> bool:
     return any(n.startswith("python") for n in names)
 
 
+def allowlisted_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: env[k][:1024] for k in ENV_ALLOWLIST if k in env}
+
+
+def launcher_kind(argv: list[str]) -> tuple[str, int] | None:
+    """(kind, index of the launcher's first own argument) when argv runs a launcher.
+
+    Stricter than is_launcher: the launcher must be what runs, not an argument of a
+    training script ("python train.py --launcher torchrun" is not torchrun).
+    """
+    if argv and os.path.basename(argv[0]) in LAUNCHER_SCRIPTS:
+        return "torchrun", 1
+    i = 1
+    # python [interpreter options] (torchrun | -m torch.distributed.run ...)
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
+        i += 1
+    if i < len(argv) and os.path.basename(argv[i]) in LAUNCHER_SCRIPTS:
+        return "torchrun", i + 1
+    if i + 1 < len(argv) and argv[i] == "-m" and argv[i + 1] in LAUNCHER_MODULES:
+        return argv[i + 1], i + 2
+    return None
+
+
 def is_launcher(argv: list[str]) -> bool:
     # Whole words only: a training script under a directory named "torchrun_tests" is a rank.
     return any(
@@ -147,14 +221,23 @@ def _descends_from(pid: int, ancestor: int, parents: dict[int, int]) -> bool:
 
 @dataclass
 class Discovery:
-    """Scans the process table; reads a process's environment once per (pid, starttime)."""
+    """Scans the process table; reads a process's environment and command line once per
+    (pid, starttime, comm).
+
+    ``scan()`` returns the ranks; the same pass leaves the launchers (``launchers``,
+    with their worker ranks in ``workers``) and the leftovers whose parent is gone
+    (``orphans``: PPID 1 with a launcher command line or a rank's environment).
+    """
 
     proc_root: str = "/proc"
     self_pid: int = field(default_factory=os.getpid)
     jobs: frozenset[str] = frozenset()  # when set, only these job ids are tracked
-    # (pid, starttime, comm) -> its RankProcess, or None when it is not a rank. comm is in
-    # the key because an exec (a wrapper script exec'ing python) changes it.
-    _cache: dict[tuple[int, int, str], RankProcess | None] = field(default_factory=dict)
+    # (pid, starttime, comm) -> what it is. comm is in the key because an exec (a wrapper
+    # script exec'ing python) changes it.
+    _cache: dict[tuple[int, int, str], _Seen] = field(default_factory=dict)
+    launchers: list[LauncherProcess] = field(default_factory=list)
+    workers: dict[int, list[RankProcess]] = field(default_factory=dict)  # launcher pid -> ranks
+    orphans: list[OrphanProcess] = field(default_factory=list)
 
     def scan(self) -> list[RankProcess]:
         stats: dict[int, Stat] = {}
@@ -168,38 +251,63 @@ class Discovery:
         live_keys = {(pid, s.starttime, s.comm) for pid, s in stats.items()}
         for key in [k for k in self._cache if k not in live_keys]:
             del self._cache[key]
-        candidates = {}
+        candidates, launchers, orphans = {}, [], []
         for pid, stat in stats.items():
             key = (pid, stat.starttime, stat.comm)
             if key not in self._cache:
                 self._cache[key] = self._inspect(stat)
-            proc = self._cache[key]
-            if proc is None or _descends_from(pid, self.self_pid, parents):
+            seen = self._cache[key]
+            if pid == self.self_pid or (
+                (seen.rank or seen.launcher or seen.carries_rank) and _descends_from(pid, self.self_pid, parents)
+            ):
                 continue
-            if self.jobs and proc.identity.job_id not in self.jobs:
+            if seen.launcher:
+                launchers.append(seen.launcher)
+            if stat.ppid == 1 and (seen.launcher or seen.carries_rank):
+                orphans.append(OrphanProcess(pid, stat.starttime, seen.cmdline))
+            proc = seen.rank
+            if proc is None or (self.jobs and proc.identity.job_id not in self.jobs):
                 continue
             candidates[pid] = proc
-        return drop_helpers(candidates, parents)
+        ranks = drop_helpers(candidates, parents)
+        self.workers = {}
+        for proc in ranks:
+            self.workers.setdefault(proc.ppid, []).append(proc)
+        self.launchers = sorted(launchers, key=lambda p: p.pid)
+        self.orphans = sorted(orphans, key=lambda p: p.pid)
+        return ranks
 
-    def _inspect(self, stat: Stat) -> RankProcess | None:
+    def _inspect(self, stat: Stat) -> _Seen:
         base = f"{self.proc_root}/{stat.pid}"
         try:
-            with open(f"{base}/environ", "rb") as f:
-                env = parse_environ(f.read())
-            if not any(v in env for v, _, _ in RANK_VARIABLES):
-                return None
             with open(f"{base}/cmdline", "rb") as f:
                 argv = parse_cmdline(f.read())
+            if not argv:
+                return _Seen()  # a kernel thread, or a zombie
+            with open(f"{base}/environ", "rb") as f:
+                env = parse_environ(f.read())
             try:
                 exe = os.readlink(f"{base}/exe")
             except OSError:
                 exe = ""
         except OSError:
-            # Gone, a kernel thread, or not ours to read: not a rank we can watch.
-            return None
-        if not is_python(exe, argv) or is_launcher(argv):
-            return None
+            # Gone, or not ours to read: not a process we can watch.
+            return _Seen()
+        cmdline = " ".join(argv)[:4096]
+        carries_rank = any(r in env and s in env for r, s, _ in RANK_VARIABLES)
+        launcher = launcher_kind(argv)
+        if launcher:
+            kind, first = launcher
+            pet = {k: v[:1024] for k, v in env.items() if k.startswith(LAUNCHER_ENV_PREFIX)}
+            return _Seen(
+                launcher=LauncherProcess(stat.pid, stat.ppid, stat.starttime, kind, tuple(argv[first:]), cmdline, pet),
+                carries_rank=carries_rank,
+                cmdline=cmdline,
+            )
+        if not carries_rank or not is_python(exe, argv) or is_launcher(argv):
+            return _Seen(carries_rank=carries_rank, cmdline=cmdline)
         identity = rank_identity(env, stat.ppid)
         if identity is None:
-            return None
-        return RankProcess(stat.pid, stat.ppid, stat.starttime, identity, " ".join(argv)[:4096])
+            return _Seen(carries_rank=carries_rank, cmdline=cmdline)
+        rank = RankProcess(stat.pid, stat.ppid, stat.starttime, identity, cmdline, allowlisted_env(env))
+        return _Seen(rank=rank, carries_rank=True, cmdline=cmdline)

@@ -136,3 +136,50 @@ class LauncherBlockParser:
             self._rank = None
             return LauncherFailure(int(m.group(2)), int(m.group(1)), rank, local)
         return None
+
+
+# --- the compute dtype a log announces ----------------------------------------------------
+
+_DTYPE_NAMES = {
+    "bfloat16": "torch.bfloat16",
+    "bf16": "torch.bfloat16",
+    "bf16-mixed": "torch.bfloat16",
+    "bf16-true": "torch.bfloat16",
+    "float16": "torch.float16",
+    "fp16": "torch.float16",
+    "half": "torch.float16",
+    "16bit": "torch.float16",
+    "16-mixed": "torch.float16",
+    "float32": "torch.float32",
+    "fp32": "torch.float32",
+    "float": "torch.float32",
+    "32bit": "torch.float32",
+    "32-true": "torch.float32",
+}
+_DTYPE_WORD = r"(?:torch\.)?(?:bfloat16|bf16(?:-mixed|-true)?|float16|fp16|half|16bit|16-mixed|float32|fp32|float|32bit|32-true)"
+# Most specific first. Word boundaries keep "avx512_bf16" (a CPU flag) and tensor
+# reprs ("tensor([...], dtype=torch.int64)") from counting.
+DTYPE_PATTERNS = (
+    # nanochat: "COMPUTE_DTYPE: torch.bfloat16 (auto-detected: CUDA SM 89)"; "dtype=torch.bfloat16",
+    # "torch_dtype=torch.float16", "--dtype bf16", "--dtype=float32", "dtype: bf16"
+    re.compile(rf"(?:compute_|torch_|param_|autocast_|amp_|\b|--)dtype\b['\"]?\s*[:=]?\s*['\"]?(?P<d>{_DTYPE_WORD})(?![\w-]|\.\w)", re.I),
+    # "using bfloat16", "Using bfloat16 Automatic Mixed Precision (AMP)" (Lightning), "using fp16"
+    re.compile(rf"\busing\s+(?P<d>{_DTYPE_WORD})(?![\w-]|\.\w)", re.I),
+    # accelerate / Lightning settings: "mixed_precision=bf16", "precision=bf16-mixed", "precision: 16-mixed"
+    re.compile(rf"\b(?:mixed_)?precision['\"]?\s*[:=]\s*['\"]?(?P<d>{_DTYPE_WORD})(?![\w-]|\.\w)", re.I),
+)
+
+
+def match_dtype(line: str) -> str | None:
+    """The compute dtype a log line announces, normalised ("torch.bfloat16", "torch.float16",
+    "torch.float32"), or None. Pure; lines that print tensors do not count."""
+    low = line.lower()
+    if not ("16" in low or "32" in low or "float" in low or "half" in low) or "tensor(" in low:
+        return None  # the common case, cheaply
+    text = ANSI.sub("", line)
+    for pattern in DTYPE_PATTERNS:
+        m = pattern.search(text)
+        if m:
+            word = m.group("d").lower().removeprefix("torch.")
+            return _DTYPE_NAMES.get(word)
+    return None

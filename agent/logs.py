@@ -23,6 +23,7 @@ from agent.logpatterns import (
     LauncherFailure,
     Progress,
     TracebackTracker,
+    match_dtype,
     match_progress,
     split_prefixes,
 )
@@ -108,6 +109,7 @@ class ProgressTracker:
 class _RankLog:
     progress: dict[str, ProgressTracker] = field(default_factory=dict)  # scope -> tracker
     errors: deque = field(default_factory=lambda: deque(maxlen=KEPT_ERRORS))
+    dtype: tuple[str, str] | None = None  # (normalised dtype, the line), the latest announced
 
 
 @dataclass
@@ -166,6 +168,10 @@ class LogFollower:
     def errors_of(self, pid: int) -> list[str]:
         state = self._ranks.get(pid)
         return list(state.errors) if state else []
+
+    def dtype_of(self, pid: int) -> tuple[str, str] | None:
+        state = self._ranks.get(pid)
+        return state.dtype if state else None
 
     def forget(self, pid: int) -> None:
         self._ranks.pop(pid, None)
@@ -233,6 +239,11 @@ class LogFollower:
                 tracker = state.progress.setdefault(scope, ProgressTracker(scope))
                 tracker.add(progress, now, entry.tailer.path, p.text, live)
             return []
+
+        dtype = match_dtype(p.text)
+        if dtype:
+            for proc in targets:
+                self._ranks.setdefault(proc.pid, _RankLog()).dtype = (dtype, p.text.strip()[:LINE_MAX])
 
         writer = (p.rank, p.local_rank)
         tracker = entry.tracebacks.setdefault(writer, TracebackTracker())

@@ -31,6 +31,10 @@ def rank_report(
     log_errors: list[str] = (),
     stack: dict | None = None,
     stack_error: str | None = None,
+    sockets: list[dict] = (),
+    error_file: dict | None = None,
+    dtype: tuple[str, str] | None = None,
+    gpus: list[dict] = (),
 ) -> dict:
     ident = proc.identity
     out = {
@@ -55,6 +59,12 @@ def rank_report(
         "log_errors": list(log_errors)[-50:],
         "stack": stack,
         "stack_error": stack_error,
+        "env": dict(getattr(proc, "env", {}) or {}),
+        "sockets": list(sockets)[:256],
+        "error_file": error_file,
+        "compute_dtype": dtype[0] if dtype else None,
+        "compute_dtype_line": dtype[1] if dtype else None,
+        "gpus": list(gpus)[:16],
     }
     if sample is not None:
         out.update(
@@ -69,8 +79,25 @@ def rank_report(
     return out
 
 
+def orphan_report(proc, started_at: float | None, listening_ports: list[int]) -> dict:
+    return {
+        "pid": proc.pid,
+        "cmdline": proc.cmdline,
+        "started_at": started_at,
+        "listening_ports": listening_ports[:64],
+    }
+
+
 def build_report(
-    *, node: str, now: float, agent: dict, host: dict, collectors: list[dict], ranks: list[dict]
+    *,
+    node: str,
+    now: float,
+    agent: dict,
+    host: dict,
+    collectors: list[dict],
+    ranks: list[dict],
+    launchers: list[dict] = (),
+    orphans: list[dict] = (),
 ) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
@@ -80,4 +107,6 @@ def build_report(
         "host": host,
         "collectors": collectors,
         "ranks": ranks,
+        "launchers": list(launchers)[:256],
+        "orphans": list(orphans)[:64],
     }

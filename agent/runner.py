@@ -13,16 +13,27 @@ from dataclasses import dataclass, field
 from agent import __version__
 from agent.discovery import Discovery, RankProcess
 from agent.exits import ExitWatcher, exit_from_stat
-from agent.host import collect_host
+from agent.errorfile import read_error_file
+from agent.gpus import GpuCollector
+from agent.host import collect_host, collect_interfaces
+from agent.launchers import LauncherTracker
 from agent.logs import LogFollower
 from agent.procio import WriteRateSampler
 from agent.procstat import CLOCK_TICKS, CpuSampler, ProcessSample
-from agent.report import build_report, rank_report
+from agent.report import build_report, orphan_report, rank_report
+from agent.sockets import SocketReader, listening_ports
 from agent.stacks import LOW_CPU_PERCENT, StackSampler, find_py_spy, looks_stuck
 
 log = logging.getLogger(__name__)
 
 EXITED_KEPT_S = 600.0
+# Sockets: every tick while a read is cheap (measured per rank) or the rank looks stuck;
+# else every SOCKETS_EVERY_S.
+SOCKETS_CHEAP_S = 0.002
+SOCKETS_EVERY_S = 5.0
+ERROR_FILE_TRIES = 3
+ORPHANS_EVERY_S = 5.0
+INTERFACES_EVERY_S = 30.0
 VANISHED = (FileNotFoundError, ProcessLookupError)
 
 
@@ -50,6 +61,11 @@ class Tracked:
     wchar: int | None = None
     write_rate: float | None = None
     low_cpu_since: float | None = None
+    sockets: list[dict] = field(default_factory=list)
+    sockets_at: float | None = None
+    sockets_cost_s: float = 0.0
+    error_file: dict | None = None
+    error_file_tries: int = 0
 
 
 def boot_time(proc_root: str) -> float | None:
@@ -87,7 +103,7 @@ class CollectorHealth:
 
 
 class Agent:
-    def __init__(self, config: Config, clock=time.time):
+    def __init__(self, config: Config, clock=time.time, gpus: GpuCollector | None = None):
         self.config = config
         self.clock = clock
         self.started_at = clock()
@@ -100,12 +116,21 @@ class Agent:
         py_spy = find_py_spy(config.py_spy) if config.stacks else None
         self.stacks = StackSampler(py_spy, root) if config.stacks else None
         self.boot_time = boot_time(root)
+        self.sockets = SocketReader(root)
+        self.gpus = gpus if gpus is not None else GpuCollector()
+        self.launchers = LauncherTracker(
+            root, self.exits, self.sockets, self.stacks, self.boot_time, CLOCK_TICKS, config.jobs
+        )
         self.health = CollectorHealth()
         self.host: dict = {}
         with self.health.run("host"):  # host facts do not change: collected once
             self.host = collect_host(root)
         self._host_health = self.health.entries["host"]
         self.tracked: dict[int, Tracked] = {}
+        self.gpu_reports: dict[int, list[dict]] = {}
+        self.orphans: list[dict] = []
+        self._orphans_at: float | None = None
+        self._interfaces_at: float | None = None
 
     def start(self) -> None:
         self.exits.start()
@@ -113,6 +138,7 @@ class Agent:
     def close(self) -> None:
         self.exits.stop()
         self.logs.close()
+        self.launchers.close()
         if self.stacks:
             self.stacks.close()
 
@@ -142,11 +168,63 @@ class Agent:
             self._per_rank(alive, entry, lambda t: self._sample_io(t, now))
         with self.health.run("logs"):
             self._follow_logs(now)
+        self.sockets.new_sweep()
+        with self.health.run("sockets") as entry:
+            self._per_rank(alive, entry, lambda t: self._sample_sockets(t, now))
+        with self.health.run("errorfiles"):
+            self._read_error_files()
+        with self.health.run("launchers") as entry:
+            problems = self.launchers.update(
+                self.discovery.launchers, self.discovery.workers, now, dump=bool(self.stacks and schedule_stacks)
+            )
+            if problems:
+                entry.update(ok=False, error="; ".join(problems)[:2048])
+        if self._orphans_at is None or now - self._orphans_at >= ORPHANS_EVERY_S:
+            with self.health.run("orphans"):
+                self._orphans_at = now
+                self._collect_orphans()
+        if self.gpus.available:
+            with self.health.run("gpus"):
+                self.gpu_reports = {}  # a failed sweep reports none rather than stale ones
+                self.gpu_reports = self.gpus.collect([t.proc for t in alive])
+        if self._interfaces_at is None or now - self._interfaces_at >= INTERFACES_EVERY_S:
+            with self.health.run("interfaces"):
+                self._interfaces_at = now
+                self.host = {**self.host, "interfaces": collect_interfaces()}
         if self.stacks and schedule_stacks:
             with self.health.run("stacks"):
                 self._schedule_stacks(alive, now)
         self._drop_old_exits(now)
         return self.report(now)
+
+    def _sample_sockets(self, t: Tracked, now: float) -> None:
+        stuck = looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since)
+        due = t.sockets_at is None or now - t.sockets_at >= SOCKETS_EVERY_S
+        if not (due or stuck or t.sockets_cost_s < SOCKETS_CHEAP_S):
+            return
+        started = time.monotonic()
+        t.sockets = [e.report() for e in self.sockets.sockets_of(t.proc.pid)]
+        t.sockets_at, t.sockets_cost_s = now, time.monotonic() - started
+
+    def _read_error_files(self) -> None:
+        """Once per exit: what @record wrote (retried for a few ticks if not there yet)."""
+        for t in self.tracked.values():
+            path = t.proc.env.get("TORCHELASTIC_ERROR_FILE")
+            if t.alive or not path or t.error_file or t.error_file_tries >= ERROR_FILE_TRIES:
+                continue
+            t.error_file_tries += 1
+            t.error_file = read_error_file(path)
+
+    def _collect_orphans(self) -> None:
+        out = []
+        for o in self.discovery.orphans[:64]:
+            try:
+                ports = listening_ports(self.sockets.sockets_of(o.pid))
+            except OSError:
+                ports = []
+            started = self.boot_time + o.starttime / CLOCK_TICKS if self.boot_time is not None else None
+            out.append(orphan_report(o, started, ports))
+        self.orphans = out
 
     def _per_rank(self, ranks: list[Tracked], entry: dict, sample) -> None:
         denied = []
@@ -229,12 +307,14 @@ class Agent:
             for t in self.tracked.values():
                 if t.alive and t.sample and t.sample.state not in ("T", "t", "Z", "X"):
                     self.stacks.dump_now(t.proc.pid)
+            self.launchers.dump_idle_now(self.clock())
             if self.stacks.status != "ok":
                 self.health.fail("stacks", self.stacks.status)
 
     def _drop_old_exits(self, now: float) -> None:
         for pid in [p for p, t in self.tracked.items() if t.ended_at and now - t.ended_at > EXITED_KEPT_S]:
             self._forget(pid)
+        self.launchers.drop_ended(now, EXITED_KEPT_S)
 
     def _forget(self, pid: int) -> None:
         self.tracked.pop(pid, None)
@@ -265,15 +345,22 @@ class Agent:
                     log_errors=self.logs.errors_of(pid),
                     stack=stack,
                     stack_error=stack_error,
+                    sockets=t.sockets if t.alive else [],
+                    error_file=t.error_file,
+                    dtype=self.logs.dtype_of(pid),
+                    gpus=self.gpu_reports.get(pid, []) if t.alive else [],
                 )
             )
+        gpu_health = self.gpus.health()
         return build_report(
             node=self.config.node,
             now=now,
             agent=self.agent_info(),
             host=self.host,
-            collectors=[self._host_health] + list(self.health.entries.values()),
+            collectors=[self._host_health] + list(self.health.entries.values()) + ([gpu_health] if gpu_health else []),
             ranks=ranks,
+            launchers=self.launchers.reports(),
+            orphans=self.orphans,
         )
 
     # --- the loop --------------------------------------------------------------------

@@ -226,6 +226,19 @@ class StackSampler:
             self._busy.add(pid)
         self._pool.submit(self._dump, pid, kind == "native")
 
+    def request(self, pid: int, native: bool = False) -> bool:
+        """An asynchronous dump outside the rank policy (launchers); False when not started."""
+        if self.status != "ok":
+            with self._lock:
+                self._errors[pid] = self.status
+            return False
+        with self._lock:
+            if pid in self._busy:
+                return False
+            self._busy.add(pid)
+        self._pool.submit(self._dump, pid, native)
+        return True
+
     def dump_now(self, pid: int, native: bool = False) -> None:
         """Synchronous dump (for --once)."""
         if self.status != "ok":
