@@ -1,0 +1,161 @@
+"""Ops fixtures: one real hang shared by the Prometheus, dashboard and browser tests.
+
+``live_hang`` (session) starts a real monitor and agent (hangwatch.harness), a real Prometheus
+scraping the monitor, and a headless Chromium with the status page open; then a real 2-rank gloo
+job (the ``deadlock`` case of hangwatch/cases.py, slowed so it is healthy for a while) runs until
+the monitor says DEADLOCK with rank 1 the culprit. The page is opened *before* the job starts and
+never reloaded, so the browser test can check that it updated itself from healthy to deadlock.
+Every process is recorded in a Reaper and killed at the end, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from hangwatch.cases import demo_cases, launch_case
+from hangwatch.harness import Job, MonitorClient, Reaper, Service, start_agent, start_monitor, stop_gently
+from tests.ops.promserver import Prometheus, start_prometheus
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+# Slow steps (0.2 s) and a late stall (step 50): the job is healthy for ~10 s after start-up, long
+# enough for the page (polling every 2 s) and Prometheus (1 s scrapes) to see it healthy first.
+STALL_STEP = 50
+STEP_SLEEP = "0.2"
+VERDICT_TIMEOUT = 60.0
+
+# Records what the page shows in its "jobs at a glance" bar, every 200 ms, from page load on;
+# ``__loaded`` is set once per document: a reload would start the record over.
+RECORDER = """
+window.__loadedAt = Date.now();
+window.__seen = [];
+setInterval(() => {
+  const bar = document.getElementById("overview");
+  const text = bar ? bar.innerText.trim() : "";
+  const last = window.__seen.length ? window.__seen[window.__seen.length - 1].text : null;
+  if (text !== last) window.__seen.push({ at: Date.now(), text });
+}, 200);
+"""
+
+
+def is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname
+    return url.startswith(("data:", "about:", "blob:")) or host in ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass
+class LiveHang:
+    monitor: Service
+    agent: Service
+    prometheus: Prometheus
+    client: MonitorClient
+    job: Job
+    page: object  # playwright.sync_api.Page
+    requests: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+    navigations: list[str] = field(default_factory=list)
+    healthy_at: float = 0.0
+    deadlock_at: float = 0.0
+    diagnosis: dict = field(default_factory=dict)
+
+    def context(self) -> str:
+        return "\n".join([
+            "job log:\n" + self.job.log_tail(10),
+            "agent log:\n" + self.agent.log_tail(10),
+            "monitor log:\n" + self.monitor.log_tail(10),
+            "prometheus log:\n" + self.prometheus.log_tail(10),
+        ])
+
+
+@pytest.fixture(scope="session")
+def ops_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ops")
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def ops_reaper() -> Iterator[Reaper]:
+    reaper = Reaper()
+    try:
+        yield reaper
+    finally:
+        reaper.close()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="session")
+def live_hang(ops_reaper: Reaper, ops_dir: Path, browser) -> Iterator[LiveHang]:
+    monitor = start_monitor(ops_reaper, ops_dir)
+    agent = start_agent(ops_reaper, ops_dir, monitor.url, interval=1.0)
+    prometheus = start_prometheus(ops_reaper, ops_dir / "prometheus", monitor.url)
+    client = MonitorClient(monitor.url)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        page = context.new_page()
+        requests: list[str] = []
+        blocked: list[str] = []
+        navigations: list[str] = []
+
+        def route(r) -> None:
+            # Nothing leaves loopback: a request elsewhere is recorded and refused.
+            if is_loopback(r.request.url):
+                r.continue_()
+            else:
+                blocked.append(r.request.url)
+                r.abort()
+
+        context.route("**/*", route)
+        page.on("request", lambda req: requests.append(req.url))
+        page.on("framenavigated", lambda f: navigations.append(f.url) if f == page.main_frame else None)
+        page.add_init_script(RECORDER)
+        page.goto(monitor.url + "/", wait_until="load")
+
+        base = demo_cases(STALL_STEP)["deadlock"]
+        case = dataclasses.replace(base, train_args=(*base.train_args, "--step-sleep", STEP_SLEEP))
+        job = launch_case(case, ops_reaper, ops_dir, name="deadlock")
+        job.rank_pids(timeout=30)
+        live = LiveHang(monitor, agent, prometheus, client, job, page, requests, blocked, navigations)
+        try:
+            client.wait_for_verdict(job.job_id, "healthy", VERDICT_TIMEOUT, context=live.context)
+            live.healthy_at = time.time()
+            # The page must show the healthy job before the stall, without being reloaded.
+            page.wait_for_function("(job) => window.__seen.some(s => s.text.includes(job) && /HEALTHY/.test(s.text))",
+                                   arg=job.job_id, timeout=20_000)
+            live.diagnosis = client.wait_for_verdict(job.job_id, "deadlock", VERDICT_TIMEOUT, culprits=[1],
+                                                     context=live.context)
+        except AssertionError as e:
+            pytest.fail(f"the shared hang did not happen: {e}", pytrace=False)
+        live.deadlock_at = time.time()
+        yield live
+    finally:
+        client.close()
+        context.close()
+        stop_gently(agent.proc)
+        stop_gently(monitor.proc)
+        stop_gently(prometheus.proc)
