@@ -16,6 +16,11 @@ class DemoCase:
     world_size: int = 2
     nranks: int = 2
     signal: int | None = None  # sent to rank 1 from outside
+    # No-alarm cases (expect "healthy"): watch this many seconds from the start of the slow
+    # phase; any answer outside ``allowed`` in that time is a false alarm.
+    quiet: float = 0.0
+    allowed: tuple[str, ...] = ("healthy",)
+    orphan_port: bool = False  # a PPID-1 process listens on the master port before the launch
 
 
 def demo_cases(stall_step: int) -> dict[str, DemoCase]:
@@ -46,6 +51,23 @@ def demo_cases(stall_step: int) -> dict[str, DemoCase]:
         "rendezvous": DemoCase("WORLD_SIZE=3 but only 2 ranks start: init_process_group waits forever",
                                ("--steps", "100",), "rendezvous_hang", launcher="plain", world_size=3),
         "finish": DemoCase("a clean 150-step run", ("--steps", "150",), "finished", ()),
+        # -- issue 3: the field's catalogue on one node
+        "checkpoint": DemoCase("rank 0 writes a checkpoint for 20 s while rank 1 waits at dist.barrier()",
+                               ("--fail", "checkpoint", "--fail-rank", "0", "--busy-seconds", "20", *at),
+                               "healthy", quiet=25.0, allowed=("healthy", "straggler")),
+        "eval": DemoCase("every rank runs a 15 s evaluation pass (printing eval lines)",
+                         ("--fail", "eval", "--busy-seconds", "15", "--eval-every", str(stall_step)),
+                         "healthy", quiet=20.0),
+        "first-step": DemoCase("step 1 takes 20 s on every rank (a torch.compile-like warm-up)",
+                               ("--first-step-seconds", "20"), "healthy", quiet=25.0),
+        "slow-steps": DemoCase("every step takes 8 s", ("--step-seconds", "8"), "healthy", quiet=25.0),
+        "get-future": DemoCase("reduce_scatter(async_op=True).get_future() on gloo: every rank raises",
+                               ("--fail", "get-future", *at), "rank_exited"),
+        "bf16": DemoCase("bf16 compute on a CPU (COMPUTE_DTYPE: torch.bfloat16), every rank busy 60 s",
+                         ("--dtype", "bfloat16", "--fail", "busy-all", "--busy-seconds", "60", *at),
+                         "slow_compute"),
+        "port-held": DemoCase("an orphan (PPID 1) holds MASTER_PORT: torchrun fails with EADDRINUSE",
+                              ("--steps", "50"), "rank_exited", orphan_port=True),
     }
 
 
@@ -53,10 +75,77 @@ CASE_NAMES = tuple(demo_cases(40))
 
 
 def launch_case(case: DemoCase, reaper, workdir, *, name: str = "job"):
-    """Start the job of a case (torchrun or plain launch); returns a harness.Job."""
-    from hangwatch.harness import launch_plain, launch_torchrun
+    """Start the job of a case (torchrun or plain launch); returns a harness.Job.
+
+    For ``orphan_port`` cases the orphan's pid is in ``job.orphan_pid``: kill it with
+    ``harness.kill_pid`` when done.
+    """
+    from hangwatch.harness import free_port, launch_plain, launch_torchrun, start_orphan_listener
 
     if case.launcher == "plain":
         return launch_plain(reaper, workdir, list(case.train_args), world_size=case.world_size,
                             nranks=case.nranks, name=name)
-    return launch_torchrun(reaper, workdir, list(case.train_args), nproc=case.nranks, name=name)
+    port = None
+    orphan = None
+    if case.orphan_port:
+        port = free_port()
+        orphan = start_orphan_listener(port)
+    job = launch_torchrun(reaper, workdir, list(case.train_args), nproc=case.nranks, name=name, port=port)
+    job.orphan_pid = orphan
+    return job
+
+
+# ---------------------------------------------------------------- simulated nodes (hangwatch/netns.py)
+
+
+@dataclass(frozen=True)
+class MultiNodeCase:
+    what: str
+    expect: str
+    culprits: tuple[int, ...] | None = None
+    quiet: float = 0.0  # no-alarm case: watch this long after the first step
+
+
+MULTINODE_CASES: dict[str, MultiNodeCase] = {
+    "mn-healthy": MultiNodeCase("2 nodes x 1 rank, healthy", "healthy", quiet=20.0),
+    "mn-firewall": MultiNodeCase("worker's iptables drops the master's new gloo connections",
+                                 "rendezvous_hang", (1,)),
+    "mn-ifname": MultiNodeCase("worker's GLOO_SOCKET_IFNAME names an unreachable virtual NIC (docker0)",
+                               "rendezvous_hang"),
+    "mn-missing-node": MultiNodeCase("node rank 1 never starts", "rendezvous_hang"),
+    "mn-slow-link": MultiNodeCase("4 Mbit/s link (tbf), all_reduce dominates the step", "healthy", quiet=30.0),
+}
+
+MASTER_HOST, WORKER_HOST, MASTER_PORT = 20, 10, 29500
+
+
+def start_multinode_case(name: str, fabric) -> tuple[list, str]:
+    """Set up the nodes of a multi-node case on a created Fabric (monitor started) and launch.
+
+    node-a (10.231.0.20) is the master, node-b (10.231.0.10) the worker: the master has the
+    larger address, so it is the side of the gloo pair that dials. Returns (jobs, job id).
+    """
+    a = fabric.add_node("a", host=MASTER_HOST)
+    b = fabric.add_node("b", host=WORKER_HOST)
+    for node in (a, b):
+        node.start_agent(fabric.monitor_url)
+    args = ["--steps", "100000"]
+    env_b = {"GLOO_SOCKET_IFNAME": "eth0"}
+    if name == "mn-firewall":
+        b.iptables("-A", "INPUT", "-s", a.addr, "-p", "tcp", "--dport", "1024:65535", "-m", "conntrack",
+                   "--ctstate", "NEW", "-j", "DROP")
+    elif name == "mn-ifname":
+        b.sh("ip", "link", "add", "docker0", "type", "bridge")
+        b.sh("ip", "addr", "add", "10.230.0.10/24", "dev", "docker0")
+        b.sh("ip", "link", "set", "docker0", "up")
+        env_b = {"GLOO_SOCKET_IFNAME": "docker0"}
+    elif name == "mn-slow-link":
+        for node in (a, b):
+            node.tc("qdisc", "add", "dev", node.ifname, "root", "tbf", "rate", "4mbit", "burst", "32kbit",
+                    "latency", "400ms")
+        args += ["--hidden", "384", "--step-sleep", "0"]
+    common = dict(nnodes=2, master_addr=a.addr, master_port=MASTER_PORT)
+    jobs = [a.torchrun(args, node_rank=0, env={"GLOO_SOCKET_IFNAME": "eth0"}, **common)]
+    if name != "mn-missing-node":
+        jobs.append(b.torchrun(args, node_rank=1, env=env_b, **common))
+    return jobs, f"{a.addr}:{MASTER_PORT}"

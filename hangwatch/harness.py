@@ -194,6 +194,7 @@ class Job:
     started_at: float = field(default_factory=time.time)
     reaper: Reaper | None = None
     nproc: int = 2
+    orphan_pid: int | None = None  # a stale process this case started (kill it by pid when done)
     _pids: dict[int, int] = field(default_factory=dict)
 
     def text(self) -> str:
@@ -456,6 +457,7 @@ class CaseRun:
     detected_at: float | None = None
     detected: dict | None = None
     observations: list[Observation] = field(default_factory=list)
+    alarms: list[Observation] = field(default_factory=list)  # quiet cases: answers not allowed
 
     @property
     def detection_seconds(self) -> float | None:
@@ -480,9 +482,12 @@ def watch_case(case, job: Job, client: MonitorClient, *, stall_step: int, timeou
     """
     emit = on_event or (lambda kind, payload: None)
     run = CaseRun(job)
-    pids = job.rank_pids(timeout=60)
+    quiet = getattr(case, "quiet", 0.0)
+    if quiet:
+        return _watch_quiet(case, job, client, quiet=quiet, timeout=timeout, poll=poll, emit=emit)
+    pids = job.rank_pids(timeout=60) if not getattr(case, "orphan_port", False) else {}
     signalled = case.signal is None
-    if case.expect == "rendezvous_hang":
+    if case.expect == "rendezvous_hang" or getattr(case, "orphan_port", False):
         run.stall_at = job.started_at
     last_key = None
     deadline = time.monotonic() + timeout
@@ -531,3 +536,98 @@ def watch_case(case, job: Job, client: MonitorClient, *, stall_step: int, timeou
             emit("timeout", timeout)
             return run
         time.sleep(poll)
+
+
+def _watch_quiet(case, job: Job, client: MonitorClient, *, quiet: float, timeout: float, poll: float,
+                 emit: Callable[[str, object], None]) -> CaseRun:
+    """A case that must stay quiet: watch ``quiet`` seconds from the start of its slow phase (the
+    HANGWATCH-STALL line, else the first step). Answers outside ``case.allowed`` are alarms
+    (``CaseRun.alarms``); ``detected`` is set when the window passed without one."""
+    run = CaseRun(job)
+    allowed = tuple(getattr(case, "allowed", ("healthy",)))
+    deadline = time.monotonic() + timeout + quiet
+    last_key = None
+    while time.monotonic() < deadline:
+        if run.stall_at is None:
+            t = job.stall_time()
+            if t is None and "step 1/" in job.text():
+                t = time.time()
+            if t is not None:
+                run.stall_at = t
+                emit("stall", t)
+        try:
+            j = client.job(job.job_id)
+        except httpx.HTTPError:
+            j = None
+        now = time.time()
+        run.observations.append(Observation(now, j and j.get("verdict"),
+                                            tuple(j.get("culprit_ranks", ())) if j else ()))
+        if j is not None:
+            key = (j.get("verdict"), tuple(j.get("culprit_ranks", ())))
+            if key != last_key:
+                last_key = key
+                emit("change", j)
+            if j.get("verdict") not in allowed:
+                run.alarms.append(run.observations[-1])
+        if run.stall_at is not None and now - run.stall_at >= quiet:
+            if not run.alarms:
+                run.detected_at, run.detected = now, j
+                emit("detected", j)
+            return run
+        if job.finished():
+            break
+        time.sleep(poll)
+    emit("timeout", timeout)
+    return run
+
+
+# ---------------------------------------------------------------- stale processes
+
+
+def start_orphan_listener(port: int, host: str = LOOPBACK, *, seconds: float = 600.0) -> int:
+    """A ``python -c`` that listens on host:port, double-forked so that its PPID becomes 1
+    (or the nearest subreaper), like a training process left behind by a dead launch.
+
+    Returns its pid; the caller kills it by that pid (``kill_pid``). It exits by itself after
+    ``seconds`` should the caller die first.
+    """
+    code = (
+        "import os, socket, sys, time\n"
+        "r, w = os.pipe()\n"
+        "if os.fork():\n"
+        "    os.close(w); sys.stdout.write(os.read(r, 32).decode()); sys.exit(0)\n"
+        "os.setsid()\n"
+        "if os.fork():\n"
+        "    os._exit(0)\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(({host!r}, {port})); s.listen(16)\n"
+        "os.write(w, str(os.getpid()).encode()); os.close(w)\n"
+        "for fd in (0, 1, 2):\n"
+        "    os.dup2(os.open(os.devnull, os.O_RDWR), fd)\n"
+        f"time.sleep({seconds})\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    if not out.stdout.strip().isdigit():
+        raise RuntimeError(f"orphan listener did not start: {out.stderr.strip()}")
+    pid = int(out.stdout.strip())
+    end = time.monotonic() + 5
+    while time.monotonic() < end:  # the middle process has exited: the listener is reparented
+        try:
+            if psutil.Process(pid).ppid() != os.getpid():
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    return pid
+
+
+def kill_pid(pid: int) -> None:
+    """SIGKILL one process we started ourselves (by pid), and reap it if it is our child."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    try:
+        psutil.Process(pid).wait(timeout=5)
+    except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+        pass

@@ -283,9 +283,14 @@ class Fabric:
         _run("ip", "-n", self.switch_ns, "link", "set", "br0", "up")
         return self
 
-    def add_node(self, letter: str, *, start: bool = True) -> Node:
-        """Node ``node-<letter>`` at 10.231.0.<n> (a=1, b=2, ...), with its own pid namespace."""
-        n = ord(letter) - ord("a") + 1
+    def add_node(self, letter: str, *, host: int | None = None, start: bool = True) -> Node:
+        """Node ``node-<letter>`` at 10.231.0.<host> (default a=1, b=2, ...), with its own pid namespace.
+
+        Which side of a gloo pair connects depends on the addresses (the peer with the larger
+        address connects, seen on torch 2.13): give the master the larger address to make it
+        dial the worker, as in the firewall case.
+        """
+        n = host if host is not None else ord(letter) - ord("a") + 1
         ns = f"{NS_PREFIX}{os.getpid()}-{self.uid}-{letter}"
         node = Node(f"node-{letter}", ns, f"{SUBNET}.{n}", self, veth_switch_side=f"p{letter}")
         self._add_ns(ns)

@@ -1,0 +1,181 @@
+"""The field's failure catalogue (issue 3) on one node: real gloo jobs, the real agent and monitor.
+
+False alarms are defects: a checkpoint save, an evaluation pass, a slow first step and slow
+steps must never be called ``deadlock`` or ``stalled``. Launch failures must show the real
+cause (the error file's traceback, the process holding the master port), and bf16 on a CPU
+without bf16 instructions is ``slow_compute`` with the dtype and the CPU flags as evidence.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hangwatch.harness import (
+    LOOPBACK,
+    MonitorClient,
+    Observation,
+    free_port,
+    kill_pid,
+    launch_torchrun,
+    start_orphan_listener,
+)
+from tests.e2e.conftest import STALL_STEP
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+FAIL_AT = ("--fail-at-step", str(STALL_STEP))
+ALARMS = ("deadlock", "stalled")
+
+
+def text_of(job: dict) -> str:
+    return "\n".join([job.get("summary", ""), *job.get("evidence", []), *job.get("hints", [])])
+
+
+def compact(job: dict | None) -> str:
+    if job is None:
+        return "(no answer)"
+    keep = {k: job.get(k) for k in ("verdict", "culprit_ranks", "summary", "evidence", "hints")}
+    keep["ranks"] = [{k: r.get(k) for k in ("rank", "node", "state", "cpu_percent", "step", "top_frame",
+                                            "compute_dtype")} for r in job.get("ranks", [])]
+    return json.dumps(keep, indent=1)
+
+
+def watch(client: MonitorClient, job, seconds: float, *, until: str | None = None,
+          poll: float = 0.5) -> list[tuple[Observation, dict | None]]:
+    """Every answer for the job during ``seconds`` (or until ``until`` shows in the job's log
+    and 3 s more have passed)."""
+    seen: list[tuple[Observation, dict | None]] = []
+    end = time.monotonic() + seconds
+    until_end = None
+    while time.monotonic() < end:
+        j = client.job(job.job_id)
+        seen.append((Observation(time.time(), j and j.get("verdict"),
+                                 tuple(j.get("culprit_ranks", ())) if j else ()), j))
+        if until and until_end is None and until in job.text():
+            until_end = time.monotonic() + 3.0
+        if until_end is not None and time.monotonic() > until_end:
+            break
+        assert not job.finished(), f"the job ended early:\n{job.log_tail()}"
+        time.sleep(poll)
+    return seen
+
+
+def verdicts(seen) -> list[tuple[str | None, tuple[int, ...]]]:
+    out = []
+    for o, _ in seen:
+        key = (o.verdict, o.culprits)
+        if not out or out[-1] != key:
+            out.append(key)
+    return out
+
+
+def assert_no_alarm(seen, allowed) -> None:
+    """Every answer (once the job is listed) is allowed: ``allowed(verdict, culprits)``."""
+    listed = [(o, j) for o, j in seen if o.verdict is not None]
+    assert listed, "the monitor never listed the job"
+    bad = [(o, j) for o, j in listed if not allowed(o.verdict, o.culprits)]
+    assert not bad, (f"false alarm; verdicts seen in order: {verdicts(seen)}\n"
+                     f"first wrong answer:\n{compact(bad[0][1])}")
+
+
+def test_checkpoint_save_by_rank0_is_not_a_hang(torchrun_job, client, wait_for_verdict):
+    """rank 0 writes a checkpoint for 20 s; rank 1 waits at dist.barrier() meanwhile."""
+    job = torchrun_job("--fail", "checkpoint", "--fail-rank", "0", "--busy-seconds", "20", *FAIL_AT)
+    job.wait_for_step(5, timeout=60)
+    seen = watch(client, job, 60, until="checkpoint saved")
+    assert "checkpoint saved" in job.text(), job.log_tail()
+    # healthy, or a straggler whose culprit is the writer: never deadlock or stalled.
+    assert_no_alarm(seen, lambda v, c: v == "healthy" or (v == "straggler" and c == (0,)))
+    wait_for_verdict(job, "healthy", timeout=20)
+
+
+def test_evaluation_pass_is_not_a_hang(torchrun_job, client, wait_for_verdict):
+    """Every rank evaluates for 15 s (printing ``eval ...`` lines) every STALL_STEP steps."""
+    job = torchrun_job("--fail", "eval", "--busy-seconds", "15", "--eval-every", str(STALL_STEP))
+    job.wait_for_step(5, timeout=60)
+    seen = watch(client, job, 50, until=f"eval step {STALL_STEP} | val loss")
+    assert f"eval step {STALL_STEP} | val loss" in job.text(), job.log_tail()
+    assert_no_alarm(seen, lambda v, c: v == "healthy")
+
+
+def test_slow_first_step_is_not_a_hang(torchrun_job, client):
+    """Step 1 takes 20 s on every rank (a torch.compile-like warm-up); then steps are quick."""
+    job = torchrun_job("--first-step-seconds", "20")
+    seen = watch(client, job, 60, until="step 20/")
+    assert "step 20/" in job.text(), job.log_tail()
+    assert_no_alarm(seen, lambda v, c: v == "healthy")
+
+
+def test_slow_steps_are_not_a_hang(torchrun_job, client):
+    """8-second steps: the cadence is learned; 8 s of silence between steps is normal."""
+    job = torchrun_job("--step-seconds", "8")
+    job.wait_for_step(1, timeout=60)
+    seen = watch(client, job, 26)
+    assert_no_alarm(seen, lambda v, c: v == "healthy")
+
+
+def test_child_failed_error_shows_the_real_error(torchrun_job, wait_for_verdict):
+    """rank 1 raises; torchrun's ChildFailedError alone says little: show the rank's own error."""
+    job = torchrun_job("--fail", "exit-error", *FAIL_AT)
+    got = wait_for_verdict(job, "rank_exited", culprits=[1])
+    text = text_of(got)
+    assert f"simulated failure on rank 1 at step {STALL_STEP}" in text, compact(got)
+    assert "RuntimeError" in text, compact(got)
+
+
+def test_get_future_on_gloo_crash(torchrun_job, wait_for_verdict):
+    """nanochat's optimizer pattern: reduce_scatter(async_op=True).get_future() on gloo raises on
+    every rank at once."""
+    job = torchrun_job("--fail", "get-future", *FAIL_AT)
+    got = wait_for_verdict(job, "rank_exited", timeout=60)
+    assert "Work::getFuture not implemented" in text_of(got), compact(got)
+
+
+def test_bf16_on_cpu_is_slow_compute(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--dtype", "bfloat16", "--fail", "busy-all", "--busy-seconds", "60", *FAIL_AT)
+    got = wait_for_verdict(job, "slow_compute", timeout=60)
+    text = text_of(got)
+    assert "bfloat16" in text, compact(got)
+    # The CPU's bf16 instructions (present or missing) are named.
+    assert "avx512_bf16" in text or "amx_bf16" in text, compact(got)
+    assert "float32" in text, compact(got)  # what to set instead
+
+
+@pytest.fixture
+def orphan_port():
+    """A port held by an orphan (PPID 1) ``python -c`` listener; killed by pid afterwards."""
+    port = free_port()
+    pid = start_orphan_listener(port)
+    try:
+        yield port, pid
+    finally:
+        kill_pid(pid)
+
+
+def test_master_port_held_by_an_orphan(orphan_port, reaper, tmp_path: Path, agent, client):
+    """A stale process holds MASTER_PORT: torchrun fails with EADDRINUSE. Name the holder."""
+    port, orphan = orphan_port
+    job = launch_torchrun(reaper, tmp_path, ["--steps", "50"], port=port)
+    job.launcher.wait(timeout=60)
+    assert "EADDRINUSE" in job.text(), job.log_tail()
+    end = time.monotonic() + 40
+    found = None
+    seen: list[dict] = []
+    while time.monotonic() < end:
+        answer = client.diagnose()
+        seen = answer.get("jobs", [])
+        for j in seen:
+            if str(orphan) in text_of(j) and (j["job_id"] == f"{LOOPBACK}:{port}" or str(port) in text_of(j)):
+                found = j
+        if found:
+            break
+        time.sleep(0.5)
+    assert found, (f"no job names the orphan pid {orphan} holding port {port}; jobs seen:\n"
+                   + "\n".join(compact(j) for j in seen if j["job_id"] == f"{LOOPBACK}:{port}"
+                               or str(port) in json.dumps(j)) or "(none about this port)")
+    assert found["verdict"] in ("rank_exited", "rendezvous_hang"), compact(found)
+    assert "EADDRINUSE" in text_of(found) or "address already in use" in text_of(found).lower(), compact(found)

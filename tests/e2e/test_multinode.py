@@ -1,0 +1,197 @@
+"""Two simulated nodes (hangwatch/netns.py): network namespaces on a bridge, one PID namespace,
+one agent and one torchrun per node, the monitor in the switch namespace.
+
+node-a (10.231.0.20) is the master (node rank 0, rank 0, TCPStore on MASTER_PORT); node-b
+(10.231.0.10) is the worker (node rank 1, rank 1). The master has the larger address so that
+it is the side of the gloo pair that dials (gloo: the peer with the larger address connects),
+as with the field's master .36 / worker .28: the worker's firewall then drops the master's
+gloo connection.
+
+Everything (namespaces, the bridge, veths, iptables rules and qdiscs inside the namespaces,
+every process) is removed when a test ends, pass or fail.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hangwatch.harness import MonitorClient
+from hangwatch.netns import Fabric, NetnsUnavailable, check_available, sweep_stale
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+MASTER_PORT = 29500  # each fabric has its own network: no clash with anything else
+MASTER_HOST, WORKER_HOST = 20, 10
+GLOO_OK = {"GLOO_SOCKET_IFNAME": "eth0"}
+
+
+def text_of(job: dict) -> str:
+    return "\n".join([job.get("summary", ""), *job.get("evidence", []), *job.get("hints", [])])
+
+
+def compact(job: dict | None) -> str:
+    if job is None:
+        return "(no answer)"
+    keep = {k: job.get(k) for k in ("verdict", "culprit_ranks", "summary", "evidence", "hints")}
+    keep["ranks"] = [{k: r.get(k) for k in ("rank", "node", "state", "cpu_percent", "step", "top_frame",
+                                            "collective_wait_share")} for r in job.get("ranks", [])]
+    keep["launchers"] = job.get("launchers")
+    return json.dumps(keep, indent=1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sweep_namespaces_at_session_end() -> Iterator[None]:
+    yield
+    sweep_stale()
+
+
+class Cluster:
+    def __init__(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        self.a = fabric.add_node("a", host=MASTER_HOST)
+        self.b = fabric.add_node("b", host=WORKER_HOST)
+        self.client = MonitorClient(fabric.monitor_url, uds=fabric.monitor_uds)
+        self.job_id = f"{self.a.addr}:{MASTER_PORT}"
+        self.jobs: dict[str, object] = {}
+
+    def start_agents(self) -> None:
+        for node in (self.a, self.b):
+            node.start_agent(self.fabric.monitor_url)
+
+    def launch(self, node, node_rank: int, *train_args: str, env: dict[str, str] | None = None):
+        job = node.torchrun(list(train_args), nnodes=2, node_rank=node_rank, master_addr=self.a.addr,
+                            master_port=MASTER_PORT, env=GLOO_OK if env is None else env)
+        self.jobs[node.name] = job
+        return job
+
+    def context(self) -> str:
+        parts = [f"--- {name} log\n{job.log_tail(15)}" for name, job in self.jobs.items()]
+        return "\n".join(parts + [self.fabric.context()])
+
+    def wait_for_verdict(self, verdict: str, timeout: float = 60.0, *, culprits=None) -> dict:
+        try:
+            return self.client.wait_for_verdict(self.job_id, verdict, timeout, culprits=culprits,
+                                                context=self.context)
+        except AssertionError as e:
+            pytest.fail(str(e), pytrace=False)
+
+    def watch(self, seconds: float, poll: float = 0.5) -> list[dict | None]:
+        seen = []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            seen.append(self.client.job(self.job_id))
+            time.sleep(poll)
+        return seen
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    try:
+        check_available("iptables", "tc")
+    except NetnsUnavailable as e:
+        pytest.fail(f"multi-node tests need network namespaces: {e}")
+    fabric = Fabric(tmp_path)
+    try:
+        fabric.create()
+        fabric.start_monitor()
+        c = Cluster(fabric)
+        c.start_agents()
+        yield c
+        c.client.close()
+    finally:
+        fabric.close()
+
+
+def syn_sent(node) -> list[tuple[str, int]]:
+    """(peer address, peer port) of the node's SYN-SENT sockets."""
+    out = []
+    for line in node.tcp_sockets().splitlines():
+        if line.startswith("SYN-SENT"):
+            peer = line.split()[4]
+            addr, _, port = peer.rpartition(":")
+            out.append((addr.strip("[]").removeprefix("::ffff:"), int(port)))
+    return out
+
+
+def test_two_nodes_healthy(cluster: Cluster):
+    cluster.launch(cluster.a, 0, "--steps", "100000", "--log-all-ranks")
+    cluster.launch(cluster.b, 1, "--steps", "100000", "--log-all-ranks")
+    cluster.jobs["node-a"].wait_for_step(20, timeout=60)
+    got = cluster.wait_for_verdict("healthy", culprits=[])
+    assert sorted(got["nodes"]) == ["node-a", "node-b"], compact(got)
+    assert {(r["rank"], r["node"]) for r in got["ranks"]} == {(0, "node-a"), (1, "node-b")}, compact(got)
+    bad = [j for j in cluster.watch(10) if j is None or j["verdict"] != "healthy"]
+    assert not bad, compact(bad[0])
+
+
+def test_worker_firewall_drops_master_gloo_connections(cluster: Cluster):
+    """Worker's INPUT drops new TCP connections from the master to ports >= 1024 except MASTER_PORT's
+    direction (the worker dials the master's store; the master's gloo dial to the worker is dropped)."""
+    a, b = cluster.a, cluster.b
+    b.iptables("-A", "INPUT", "-s", a.addr, "-p", "tcp", "--dport", "1024:65535", "-m", "conntrack",
+               "--ctstate", "NEW", "-j", "DROP")
+    cluster.launch(a, 0, "--steps", "100000")
+    cluster.launch(b, 1, "--steps", "100000")
+    got = cluster.wait_for_verdict("rendezvous_hang", timeout=60)
+    pending = syn_sent(a)
+    assert pending and all(addr == b.addr for addr, _ in pending), a.tcp_sockets()
+    text = text_of(got)
+    assert "node-a" in text and "node-b" in text, compact(got)
+    assert b.addr in text, compact(got)
+    assert any(str(port) in text for _, port in pending), (pending, compact(got))
+    assert "SYN" in text.upper(), compact(got)
+    hints = " ".join(got["hints"])
+    assert "GLOO_PORT_RANGE" in hints and "firewall" in hints.lower(), compact(got)
+    assert sorted(got["culprit_ranks"]) == [1], compact(got)
+
+
+def test_gloo_bound_to_an_unreachable_interface(cluster: Cluster):
+    """GLOO_SOCKET_IFNAME on the worker names a virtual NIC (a bridge ``docker0``, 10.230.0.10/24,
+    no cable) that the master cannot reach: the master dials 10.230.0.10 and never gets through.
+    (``dummy`` links are not available in this kernel; a bridge with no ports serves.)"""
+    b = cluster.b
+    b.sh("ip", "link", "add", "docker0", "type", "bridge")
+    b.sh("ip", "addr", "add", "10.230.0.10/24", "dev", "docker0")
+    b.sh("ip", "link", "set", "docker0", "up")
+    cluster.launch(cluster.a, 0, "--steps", "100000")
+    cluster.launch(b, 1, "--steps", "100000", env={"GLOO_SOCKET_IFNAME": "docker0"})
+    got = cluster.wait_for_verdict("rendezvous_hang", timeout=60)
+    text = text_of(got)
+    assert "GLOO_SOCKET_IFNAME" in " ".join(got["hints"]), compact(got)
+    assert "docker0" in text or "10.230.0.10" in text, compact(got)
+    assert "node-b" in text, compact(got)
+
+
+def test_node_never_joined(cluster: Cluster):
+    """Only node-a starts: its launcher waits for node rank 1 with no workers."""
+    cluster.launch(cluster.a, 0, "--steps", "100000")
+    got = cluster.wait_for_verdict("rendezvous_hang", timeout=60)
+    text = text_of(got)
+    assert re.search(r"node[ _-]?rank(\(s\))? 1\b|1 of 2 nodes", text, re.I), compact(got)
+    assert "node-a" in text, compact(got)
+
+
+def test_slow_link_is_healthy(cluster: Cluster):
+    """4 Mbit/s both ways (tbf on each node's eth0) and a model whose all_reduce dominates the
+    step: bytes are moving, so healthy, never deadlock; the collective share is reported."""
+    for node in (cluster.a, cluster.b):
+        node.tc("qdisc", "add", "dev", node.ifname, "root", "tbf", "rate", "4mbit", "burst", "32kbit",
+                "latency", "400ms")
+    args = ("--steps", "100000", "--hidden", "384", "--step-sleep", "0")
+    cluster.launch(cluster.a, 0, *args)
+    cluster.launch(cluster.b, 1, *args)
+    cluster.jobs["node-a"].wait_for_step(3, timeout=90)
+    seen = cluster.watch(30)
+    listed = [j for j in seen if j is not None]
+    assert listed, "the monitor never listed the job"
+    bad = [j for j in listed if j["verdict"] != "healthy"]
+    assert not bad, f"verdicts: {[j['verdict'] for j in listed]}\nfirst wrong:\n{compact(bad[0])}"
+    shares = [r["collective_wait_share"] for j in listed[-10:] for r in j["ranks"]
+              if r.get("collective_wait_share") is not None]
+    assert shares and max(shares) > 0.5, f"collective wait share not reported high: {shares}\n{compact(listed[-1])}"
