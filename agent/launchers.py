@@ -238,7 +238,9 @@ class TrackedLauncher:
     alive: bool = True
     ended_at: float | None = None
     state: str | None = None
-    workers: list[RankProcess] = field(default_factory=list)
+    workers: list[RankProcess] = field(default_factory=list)  # its live worker ranks now
+    # Every worker of its latest set (a restart after a workerless gap starts a new set).
+    last_workers: dict[int, RankProcess] = field(default_factory=dict)
     job_id: str | None = None
     no_workers_since: float | None = None
     last_stack_at: float | None = None
@@ -261,7 +263,8 @@ def launcher_report(t: TrackedLauncher, exit: dict | None, stack: dict | None) -
         "node_rank": a.node_rank,
         "master_addr": a.master_addr[:256] if a.master_addr else None,
         "master_port": a.master_port,
-        "worker_pids": sorted(w.pid for w in t.workers)[:1024],
+        # Its live workers; once it has exited, the last ones it had (to tie its failure to them).
+        "worker_pids": (sorted(w.pid for w in t.workers) if t.alive else sorted(t.last_workers))[:1024],
         "stack": stack if t.alive and not t.workers else None,
         "sockets": t.sockets if t.alive else [],
         "log_errors": list(t.log.errors),
@@ -282,7 +285,12 @@ class LauncherTracker:
         self.tracked: dict[int, TrackedLauncher] = {}
 
     def update(
-        self, launchers: list[LauncherProcess], workers: dict[int, list[RankProcess]], now: float, dump: bool = True
+        self,
+        launchers: list[LauncherProcess],
+        workers: dict[int, list[RankProcess]],
+        now: float,
+        dump: bool = True,
+        sockets_due: bool = True,
     ) -> list[str]:
         """One sweep; returns per-launcher problems (for collector health). ``dump``: may start
         py-spy dumps of workerless launchers."""
@@ -304,19 +312,22 @@ class LauncherTracker:
                 known.no_workers_since = now
             known.job_id, known.workers = job, mine
             if mine:
+                if known.no_workers_since is not None:
+                    known.last_workers = {}
+                known.last_workers.update((w.pid, w) for w in mine)
                 known.no_workers_since = None
             elif known.no_workers_since is None:
                 known.no_workers_since = now
         for t in self.tracked.values():
             try:
-                self._sample(t, now, dump)
+                self._sample(t, now, dump, sockets_due)
             except PermissionError as e:
                 problems.append(f"launcher {t.proc.pid}: {e.strerror}")
             except (FileNotFoundError, ProcessLookupError):
                 pass  # ended mid-sweep: the exit watcher says so
         return problems
 
-    def _sample(self, t: TrackedLauncher, now: float, dump: bool) -> None:
+    def _sample(self, t: TrackedLauncher, now: float, dump: bool, sockets_due: bool) -> None:
         if t.alive and self.exits.exit_of(t.proc.pid) is not None:
             t.alive, t.ended_at = False, now
         t.log.read()  # also after the exit: its last lines say why
@@ -328,7 +339,8 @@ class LauncherTracker:
         if stat.starttime != t.proc.starttime:
             return
         t.state = stat.state
-        t.sockets = [e.report() for e in self.sockets.sockets_of(t.proc.pid)]
+        if sockets_due or not t.workers:  # without workers it is in rendezvous: every tick
+            t.sockets = [e.report() for e in self.sockets.sockets_of(t.proc.pid)]
         if dump and self.stacks and t.state not in STOPPED and wants_stack(now, t.no_workers_since, t.last_stack_at):
             t.last_stack_at = now
             self.stacks.request(t.proc.pid, native=False)

@@ -27,10 +27,12 @@ from agent.stacks import LOW_CPU_PERCENT, StackSampler, find_py_spy, looks_stuck
 log = logging.getLogger(__name__)
 
 EXITED_KEPT_S = 600.0
-# Sockets: every tick while a read is cheap (measured per rank) or the rank looks stuck;
-# else every SOCKETS_EVERY_S.
-SOCKETS_CHEAP_S = 0.002
+# Sockets: reading /proc/PID/net/tcp{,6} costs ~1.3 ms each (the kernel walks its whole
+# hash table), once per network namespace per sweep. Every tick for ranks that look stuck
+# or are young (rendezvous, init_process_group), and launchers without workers; everyone
+# else every SOCKETS_EVERY_S, all in the same sweep so they share the table read.
 SOCKETS_EVERY_S = 5.0
+SOCKETS_YOUNG_S = 30.0
 ERROR_FILE_TRIES = 3
 ORPHANS_EVERY_S = 5.0
 INTERFACES_EVERY_S = 30.0
@@ -63,7 +65,6 @@ class Tracked:
     low_cpu_since: float | None = None
     sockets: list[dict] = field(default_factory=list)
     sockets_at: float | None = None
-    sockets_cost_s: float = 0.0
     error_file: dict | None = None
     error_file_tries: int = 0
 
@@ -130,6 +131,7 @@ class Agent:
         self.gpu_reports: dict[int, list[dict]] = {}
         self.orphans: list[dict] = []
         self._orphans_at: float | None = None
+        self._sockets_at: float | None = None
         self._interfaces_at: float | None = None
 
     def start(self) -> None:
@@ -169,13 +171,17 @@ class Agent:
         with self.health.run("logs"):
             self._follow_logs(now)
         self.sockets.new_sweep()
+        sockets_due = self._sockets_at is None or now - self._sockets_at >= SOCKETS_EVERY_S
+        if sockets_due:
+            self._sockets_at = now
         with self.health.run("sockets") as entry:
-            self._per_rank(alive, entry, lambda t: self._sample_sockets(t, now))
+            self._per_rank(alive, entry, lambda t: self._sample_sockets(t, now, sockets_due))
         with self.health.run("errorfiles"):
             self._read_error_files()
         with self.health.run("launchers") as entry:
             problems = self.launchers.update(
-                self.discovery.launchers, self.discovery.workers, now, dump=bool(self.stacks and schedule_stacks)
+                self.discovery.launchers, self.discovery.workers, now,
+                dump=bool(self.stacks and schedule_stacks), sockets_due=sockets_due,
             )
             if problems:
                 entry.update(ok=False, error="; ".join(problems)[:2048])
@@ -197,14 +203,11 @@ class Agent:
         self._drop_old_exits(now)
         return self.report(now)
 
-    def _sample_sockets(self, t: Tracked, now: float) -> None:
-        stuck = looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since)
-        due = t.sockets_at is None or now - t.sockets_at >= SOCKETS_EVERY_S
-        if not (due or stuck or t.sockets_cost_s < SOCKETS_CHEAP_S):
-            return
-        started = time.monotonic()
-        t.sockets = [e.report() for e in self.sockets.sockets_of(t.proc.pid)]
-        t.sockets_at, t.sockets_cost_s = now, time.monotonic() - started
+    def _sample_sockets(self, t: Tracked, now: float, due: bool) -> None:
+        young = now - t.discovered_at < SOCKETS_YOUNG_S
+        if due or young or looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since):
+            t.sockets = [e.report() for e in self.sockets.sockets_of(t.proc.pid)]
+            t.sockets_at = now
 
     def _read_error_files(self) -> None:
         """Once per exit: what @record wrote (retried for a few ticks if not there yet)."""

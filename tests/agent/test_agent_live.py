@@ -35,7 +35,7 @@ def test_once_discovers_samples_follows_logs_and_dumps_stacks(ranks):
     assert child_pid not in {r["pid"] for r in report["ranks"]}  # the helper inheriting RANK
     assert found[0]["launcher"] == "env" and found[1]["world_size"] == 2
 
-    assert found[0]["cpu_percent"] > 50, found[0]["cpu_percent"]
+    assert found[0]["cpu_percent"] > 25, found[0]["cpu_percent"]  # 2 shared cores in CI: not 100
     assert found[1]["cpu_percent"] < 10, found[1]["cpu_percent"]
     assert found[0]["threads"]["total"] >= 1 and found[0]["rss_bytes"] > 1_000_000
     assert found[0]["wchar"] > 0
