@@ -10,7 +10,6 @@ Every process is recorded in a Reaper and killed at the end, also when a test fa
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,8 +18,19 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from hangwatch.cases import demo_cases, launch_case
-from hangwatch.harness import Job, MonitorClient, Reaper, Service, start_agent, start_monitor, stop_gently
+from hangwatch.cases import demo_cases
+from hangwatch.harness import (
+    LOOPBACK,
+    Job,
+    MonitorClient,
+    Reaper,
+    Service,
+    free_port,
+    launch_torchrun,
+    start_agent,
+    start_monitor,
+    stop_gently,
+)
 from tests.ops.promserver import Prometheus, start_prometheus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,8 +121,12 @@ def browser() -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def live_hang(ops_reaper: Reaper, ops_dir: Path, browser) -> Iterator[LiveHang]:
+    # The job's id is fixed in advance so that the agent watches this job only (other tests may
+    # run training jobs on this machine at the same time).
+    port = free_port()
+    job_id = f"{LOOPBACK}:{port}"
     monitor = start_monitor(ops_reaper, ops_dir)
-    agent = start_agent(ops_reaper, ops_dir, monitor.url, interval=1.0)
+    agent = start_agent(ops_reaper, ops_dir, monitor.url, interval=1.0, extra=["--job", job_id])
     prometheus = start_prometheus(ops_reaper, ops_dir / "prometheus", monitor.url)
     client = MonitorClient(monitor.url)
     context = browser.new_context(viewport={"width": 1280, "height": 900})
@@ -136,9 +150,10 @@ def live_hang(ops_reaper: Reaper, ops_dir: Path, browser) -> Iterator[LiveHang]:
         page.add_init_script(RECORDER)
         page.goto(monitor.url + "/", wait_until="load")
 
-        base = demo_cases(STALL_STEP)["deadlock"]
-        case = dataclasses.replace(base, train_args=(*base.train_args, "--step-sleep", STEP_SLEEP))
-        job = launch_case(case, ops_reaper, ops_dir, name="deadlock")
+        case = demo_cases(STALL_STEP)["deadlock"]
+        job = launch_torchrun(ops_reaper, ops_dir, [*case.train_args, "--step-sleep", STEP_SLEEP],
+                              nproc=case.nranks, port=port, name="deadlock")
+        assert job.job_id == job_id
         job.rank_pids(timeout=30)
         live = LiveHang(monitor, agent, prometheus, client, job, page, requests, blocked, navigations)
         try:
@@ -147,7 +162,7 @@ def live_hang(ops_reaper: Reaper, ops_dir: Path, browser) -> Iterator[LiveHang]:
             # The page must show the healthy job before the stall, without being reloaded.
             page.wait_for_function("(job) => window.__seen.some(s => s.text.includes(job) && /HEALTHY/.test(s.text))",
                                    arg=job.job_id, timeout=20_000)
-            live.diagnosis = client.wait_for_verdict(job.job_id, "deadlock", VERDICT_TIMEOUT, culprits=[1],
+            live.diagnosis = client.wait_for_verdict(job.job_id, case.expect, VERDICT_TIMEOUT, culprits=case.culprits,
                                                      context=live.context)
         except AssertionError as e:
             pytest.fail(f"the shared hang did not happen: {e}", pytrace=False)
