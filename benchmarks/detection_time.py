@@ -9,6 +9,14 @@ SIGKILL/SIGSTOP, the launch for a world size never reached, the job's end for a 
 Detection is the first /diagnose answer (polled every 0.2 s) with the right verdict and
 culprit ranks. Any answer other than ``healthy`` before the failure began is a false alarm.
 Prints median/min/max per case; no asserts.
+
+No-alarm cases (checkpoint, eval, first-step, slow-steps, mn-healthy, mn-slow-link) have no
+detection time: they are watched for a fixed window from the start of their slow phase and
+the table counts the runs with a false alarm (any answer other than the allowed ones).
+
+Multi-node cases (``mn-*``, root only: they create network namespaces, see hangwatch/netns.py)
+run on a fresh pair of simulated nodes each, with one agent per node and the monitor in the
+switch namespace; their failure begins at the launch.
 """
 
 from __future__ import annotations
@@ -20,24 +28,73 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hangwatch.cases import CASE_NAMES, demo_cases, launch_case
-from hangwatch.harness import MonitorClient, Reaper, start_agent, start_monitor, stop_gently, watch_case
+from hangwatch.cases import CASE_NAMES, MULTINODE_CASES, demo_cases, launch_case, start_multinode_case
+from hangwatch.harness import (
+    CaseRun,
+    Job,
+    MonitorClient,
+    Observation,
+    Reaper,
+    kill_pid,
+    start_agent,
+    start_monitor,
+    stop_gently,
+    watch_case,
+)
 
 DEFAULT_CASES = ("deadlock", "collective", "ddp", "async", "exit", "exit-plain", "killed", "stopped",
-                 "straggler", "slow", "rendezvous", "finish")
+                 "straggler", "slow", "rendezvous", "finish",
+                 "checkpoint", "eval", "first-step", "slow-steps", "get-future", "bf16", "port-held",
+                 "mn-healthy", "mn-firewall", "mn-ifname", "mn-missing-node", "mn-slow-link")
+ALL_CASES = CASE_NAMES + tuple(MULTINODE_CASES)
+
+
+def run_multinode(name: str, wd: Path, timeout: float, poll: float) -> tuple[CaseRun, object]:
+    """One multi-node case on a fresh fabric; returns (run, case)."""
+    import time
+
+    from hangwatch.netns import Fabric
+
+    case = MULTINODE_CASES[name]
+    with Fabric(wd) as fabric:
+        fabric.start_monitor()
+        jobs, job_id = start_multinode_case(name, fabric)
+        client = MonitorClient(fabric.monitor_url, uds=fabric.monitor_uds)
+        try:
+            if case.quiet:
+                probe = type("Q", (), {"quiet": case.quiet, "allowed": ("healthy",), "expect": "healthy"})()
+                view = Job(job_id=job_id, kind="torchrun", logs=[j.logs[0] for j in jobs],
+                           launcher=jobs[0].launcher)
+                return watch_case(probe, view, client, stall_step=0, timeout=timeout, poll=poll), case
+            run = CaseRun(jobs[0])
+            run.stall_at = jobs[0].started_at
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                j = client.job(job_id)
+                now = time.time()
+                run.observations.append(Observation(now, j and j.get("verdict"),
+                                                    tuple(j.get("culprit_ranks", ())) if j else ()))
+                if j and j.get("verdict") == case.expect and (
+                        case.culprits is None or tuple(sorted(j["culprit_ranks"])) == case.culprits):
+                    run.detected_at, run.detected = now, j
+                    break
+                time.sleep(poll)
+            return run, case
+        finally:
+            client.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--cases", default=",".join(DEFAULT_CASES),
-                   help=f"comma-separated, from: {', '.join(CASE_NAMES)}")
+                   help=f"comma-separated, from: {', '.join(ALL_CASES)}")
     p.add_argument("--stall-step", type=int, default=40)
     p.add_argument("--timeout", type=float, default=60.0, help="per run, from the launch")
     p.add_argument("--json", dest="json_out", default=None, help="also write the raw results here")
     args = p.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    unknown = [c for c in cases if c not in CASE_NAMES]
+    unknown = [c for c in cases if c not in ALL_CASES]
     if unknown:
         p.error(f"unknown case(s): {', '.join(unknown)}")
     table = demo_cases(args.stall_step)
@@ -53,26 +110,40 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for i in range(args.repeat):
                 for name in cases:
-                    case = table[name]
-                    with Reaper() as reaper:
-                        job = launch_case(case, reaper, wd, name=f"{name}-{i}")
-                        run = watch_case(case, job, client, stall_step=args.stall_step,
-                                         timeout=args.timeout, poll=0.2)
-                    alarms = run.alarms_before_stall()
+                    if name in MULTINODE_CASES:
+                        sub = wd / f"{name}-{i}"
+                        sub.mkdir()
+                        run, case = run_multinode(name, sub, args.timeout, 0.2)
+                    else:
+                        case = table[name]
+                        with Reaper() as reaper:
+                            job = launch_case(case, reaper, wd, name=f"{name}-{i}")
+                            try:
+                                run = watch_case(case, job, client, stall_step=args.stall_step,
+                                                 timeout=args.timeout, poll=0.2)
+                            finally:
+                                if job.orphan_pid:
+                                    kill_pid(job.orphan_pid)
+                    quiet = bool(getattr(case, "quiet", 0))
+                    alarms = run.alarms if quiet else run.alarms_before_stall()
                     interim = sorted({o.verdict for o in run.observations
                                       if o.verdict and run.stall_at and o.at >= run.stall_at
                                       and (run.detected_at is None or o.at < run.detected_at)
                                       and o.verdict != "healthy"})
                     r = {"case": name, "run": i, "expect": case.expect, "culprits": case.culprits,
                          "detected": run.detected is not None,
-                         "seconds": run.detection_seconds,
+                         "seconds": None if quiet else run.detection_seconds,
+                         "quiet": quiet,
                          "false_alarms": [(round(o.at - (run.stall_at or o.at), 2), o.verdict, o.culprits)
                                           for o in alarms],
                          "interim_verdicts": interim,
                          "final": (run.observations[-1].verdict, run.observations[-1].culprits)
                          if run.observations else None}
                     results[name].append(r)
-                    secs = f"{r['seconds']:.1f}s" if r["seconds"] is not None else "NOT DETECTED"
+                    if quiet:
+                        secs = "no alarm" if r["detected"] else "FALSE ALARM"
+                    else:
+                        secs = f"{r['seconds']:.1f}s" if r["seconds"] is not None else "NOT DETECTED"
                     extra = f" false alarms {r['false_alarms']}" if alarms else ""
                     extra += f" interim {interim}" if interim else ""
                     if not r["detected"]:
@@ -83,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             stop_gently(agent.proc)
             stop_gently(monitor.proc)
 
-    print("\ncase         verdict          n  detected  median    min    max  false-alarm runs")
+    print("\ncase            verdict          n  detected  median    min    max  false-alarm runs")
     for name in cases:
         rs = results[name]
         secs = [r["seconds"] for r in rs if r["seconds"] is not None and r["detected"]]
@@ -92,7 +163,11 @@ def main(argv: list[str] | None = None) -> int:
             stats = f"{statistics.median(secs):6.1f} {min(secs):6.1f} {max(secs):6.1f}"
         else:
             stats = f"{'-':>6} {'-':>6} {'-':>6}"
-        print(f"{name:<12} {table[name].expect:<15} {len(rs):2d}  {len(secs):2d}/{len(rs):<2d}    {stats}  {fa}")
+        expect = (MULTINODE_CASES[name] if name in MULTINODE_CASES else table[name]).expect
+        if rs and rs[0].get("quiet"):
+            stats = f"{'(quiet window)':>20}"
+        ndet = sum(1 for r in rs if r["detected"])
+        print(f"{name:<15} {expect:<15} {len(rs):2d}  {ndet:2d}/{len(rs):<2d}    {stats}  {fa}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=1) + "\n")
     return 0
