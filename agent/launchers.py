@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from agent.discovery import LauncherProcess, RankProcess
 from agent.logpatterns import TracebackTracker, split_prefixes
+from agent.exits import exit_from_stat
 from agent.logs import FileTailer
 from agent.procstat import read_stat
 
@@ -335,9 +336,17 @@ class LauncherTracker:
             return
         if not t.log.tailers:
             t.log.open_from(self.proc_root, t.proc.pid)
-        stat = read_stat(self.proc_root, t.proc.pid)
-        if stat.starttime != t.proc.starttime:
-            return
+        try:
+            stat = read_stat(self.proc_root, t.proc.pid)
+        except (FileNotFoundError, ProcessLookupError):
+            stat = None
+        if stat is None or stat.starttime != t.proc.starttime or stat.state in ("Z", "X"):
+            # Gone (or a zombie): without pidfds nobody else notices. With them the watcher's
+            # record, already there or about to be, is the exact one.
+            if not self.exits.available or (stat is not None and stat.state in ("Z", "X")):
+                self.exits.record(t.proc.pid, exit_from_stat(self.proc_root, t.proc.pid, t.proc.starttime, now))
+            if stat is None or stat.starttime != t.proc.starttime:
+                return
         t.state = stat.state
         if sockets_due or not t.workers:  # without workers it is in rendezvous: every tick
             t.sockets = [e.report() for e in self.sockets.sockets_of(t.proc.pid)]

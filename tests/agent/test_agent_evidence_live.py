@@ -327,3 +327,74 @@ def test_report_json_round_trip_has_every_new_field(tmp_path):
     assert "gpus" in {c["name"] for c in report["collectors"]} or any(
         r["gpus"] for r in report["ranks"]
     )
+
+
+@needs_torchrun
+def test_stale_orphan_holds_master_port_and_torchrun_fails_eaddrinuse(tmp_path, receiver, agent_process):
+    """The seeds' launch failure: a leftover worker (PPID 1) still listens on the master port;
+    a new torchrun on that port dies with EADDRINUSE. Both sides show in the reports."""
+    script = tmp_path / "orphan.py"
+    script.write_text(ORPHAN_MAKER)
+    maker = subprocess.Popen([sys.executable, str(script)], env=_rank_env(1, rank=0, world=2),
+                             stdout=subprocess.PIPE, text=True)
+    pid, port = map(int, maker.stdout.readline().split())
+    _stop(maker)
+    job = f"127.0.0.1:{port}"
+    (tmp_path / "t.py").write_text("print('never runs')\n")
+    log = open(tmp_path / "torchrun.log", "w")
+    launcher = None
+    try:
+        agent_process("--monitor", receiver.url, "--interval", "0.2", "--job", job, "--no-stacks")
+        receiver.wait_for(lambda r: any(o["pid"] == pid for o in r["orphans"]))
+        launcher = subprocess.Popen(
+            [TORCHRUN, "--nnodes=1", "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
+             str(tmp_path / "t.py")],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        report = receiver.wait_for(
+            lambda r: any(lr["pid"] == launcher.pid and not lr["alive"] and lr["log_errors"] for lr in r["launchers"]),
+            timeout=30,
+        )
+        Report.model_validate(report)
+        lr = next(lr for lr in report["launchers"] if lr["pid"] == launcher.pid)
+        assert lr["job_id"] == job and lr["exit"]["code"] == 1 and lr["worker_pids"] == []
+        assert any("EADDRINUSE" in e and f"port: {port}" in e for e in lr["log_errors"]), lr["log_errors"]
+        orphan = next(o for o in report["orphans"] if o["pid"] == pid)
+        assert orphan["listening_ports"] == [port]
+    finally:
+        log.close()
+        if launcher:
+            _kill_launcher(launcher)
+        _kill_pid(pid)
+
+
+def test_agent_puts_injected_nvml_gpus_into_rank_reports(ranks):
+    """The runner with a fake NVML (no GPU here): per-rank GPUs, no 'gpus' health complaint."""
+    from agent.gpus import GpuCollector
+    from agent.runner import Agent, Config
+    from tests.agent.test_agent_evidence_parsers import FakeNvml
+
+    r0 = ranks.start(0, "sleep")
+    r1 = ranks.start(1, "sleep", CUDA_VISIBLE_DEVICES="1")
+    ranks.wait_for_line(1, "step 1")
+    nvml = FakeNvml([
+        {"uuid": "GPU-0", "name": "NVIDIA H100", "util": 0, "used": 1 << 30, "procs": {r0.pid: 3 << 30}},
+        {"uuid": "GPU-1", "name": "NVIDIA H100", "util": 98, "used": 7 << 30, "procs": {}},
+    ])
+    agent = Agent(Config(monitor=None, stacks=False, jobs=frozenset({ranks.job})), gpus=GpuCollector(nvml=nvml))
+    agent.discovery.self_pid = -1  # the ranks are this test's children, not the agent's helpers
+    agent.start()
+    try:
+        agent.tick()
+        report = agent.tick()
+    finally:
+        agent.close()
+    Report.model_validate(report)
+    by_pid = {r["pid"]: r for r in report["ranks"]}
+    assert by_pid[r0.pid]["gpus"] == [
+        {"index": 0, "utilization_percent": 0.0, "memory_used_bytes": 3 << 30, "name": "NVIDIA H100"}
+    ]
+    assert [(g["index"], g["utilization_percent"]) for g in by_pid[r1.pid]["gpus"]] == [(1, 98.0)]
+    assert by_pid[r1.pid]["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+    health = {c["name"]: c for c in report["collectors"]}
+    assert health["gpus"]["ok"] is True and health["gpus"]["error"] is None
