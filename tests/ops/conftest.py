@@ -72,8 +72,8 @@ class LiveHang:
     job: Job
     page: object  # playwright.sync_api.Page
     requests: list[str] = field(default_factory=list)
-    blocked: list[str] = field(default_factory=list)
     navigations: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
     healthy_at: float = 0.0
     deadlock_at: float = 0.0
     diagnosis: dict = field(default_factory=dict)
@@ -120,7 +120,7 @@ def browser() -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
-def live_hang(ops_reaper: Reaper, ops_dir: Path, browser) -> Iterator[LiveHang]:
+def live_hang(ops_reaper: Reaper, ops_dir: Path, browser, artifacts: Path) -> Iterator[LiveHang]:
     # The job's id is fixed in advance so that the agent watches this job only (other tests may
     # run training jobs on this machine at the same time).
     port = free_port()
@@ -133,20 +133,16 @@ def live_hang(ops_reaper: Reaper, ops_dir: Path, browser) -> Iterator[LiveHang]:
     try:
         page = context.new_page()
         requests: list[str] = []
-        blocked: list[str] = []
         navigations: list[str] = []
+        page_errors: list[str] = []
 
-        def route(r) -> None:
-            # Nothing leaves loopback: a request elsewhere is recorded and refused.
-            if is_loopback(r.request.url):
-                r.continue_()
-            else:
-                blocked.append(r.request.url)
-                r.abort()
-
-        context.route("**/*", route)
+        # Requests are recorded, not intercepted: a route handler only runs while this thread is
+        # inside a playwright call, and the page must keep polling while the test waits elsewhere.
         page.on("request", lambda req: requests.append(req.url))
         page.on("framenavigated", lambda f: navigations.append(f.url) if f == page.main_frame else None)
+        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+        page.on("console", lambda msg: page_errors.append(msg.text) if msg.type == "error" else None)
+        page.on("response", lambda r: page_errors.append(f"HTTP {r.status} {r.url}") if r.status >= 400 else None)
         page.add_init_script(RECORDER)
         page.goto(monitor.url + "/", wait_until="load")
 
@@ -155,13 +151,14 @@ def live_hang(ops_reaper: Reaper, ops_dir: Path, browser) -> Iterator[LiveHang]:
                               nproc=case.nranks, port=port, name="deadlock")
         assert job.job_id == job_id
         job.rank_pids(timeout=30)
-        live = LiveHang(monitor, agent, prometheus, client, job, page, requests, blocked, navigations)
+        live = LiveHang(monitor, agent, prometheus, client, job, page, requests, navigations, page_errors)
         try:
             client.wait_for_verdict(job.job_id, "healthy", VERDICT_TIMEOUT, context=live.context)
             live.healthy_at = time.time()
             # The page must show the healthy job before the stall, without being reloaded.
             page.wait_for_function("(job) => window.__seen.some(s => s.text.includes(job) && /HEALTHY/.test(s.text))",
                                    arg=job.job_id, timeout=20_000)
+            page.screenshot(path=str(artifacts / "status-page-healthy.png"), full_page=True)
             live.diagnosis = client.wait_for_verdict(job.job_id, case.expect, VERDICT_TIMEOUT, culprits=case.culprits,
                                                      context=live.context)
         except AssertionError as e:
