@@ -286,10 +286,6 @@ class Discovery:
                 return _Seen()  # a kernel thread, or a zombie
             with open(f"{base}/environ", "rb") as f:
                 env = parse_environ(f.read())
-            try:
-                exe = os.readlink(f"{base}/exe")
-            except OSError:
-                exe = ""
         except OSError:
             # Gone, or not ours to read: not a process we can watch.
             return _Seen()
@@ -304,7 +300,13 @@ class Discovery:
                 carries_rank=carries_rank,
                 cmdline=cmdline,
             )
-        if not carries_rank or not is_python(exe, argv) or is_launcher(argv):
+        if not carries_rank:
+            return _Seen()  # most processes: nothing kept
+        try:
+            exe = os.readlink(f"{base}/exe")
+        except OSError:
+            exe = ""
+        if not is_python(exe, argv) or is_launcher(argv):
             return _Seen(carries_rank=carries_rank, cmdline=cmdline)
         identity = rank_identity(env, stat.ppid)
         if identity is None:

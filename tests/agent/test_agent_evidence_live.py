@@ -194,8 +194,15 @@ def test_real_torchrun_waiting_for_a_missing_node(tmp_path, receiver, agent_proc
     log.close()
     try:
         agent_process("--monitor", receiver.url, "--interval", "0.3", "--job", job, "--node", "n0")
+        def in_rendezvous(lr: dict) -> bool:  # torch imports slowly on a loaded machine: wait for it
+            frames = lr["stack"]["threads"][0]["frames"] if lr["stack"] else []
+            return bool(frames) and frames[0]["name"] == "StaticTCPRendezvous.next_rendezvous" and any(
+                s["state"] == "LISTEN" for s in lr["sockets"]
+            )
+
         report = receiver.wait_for(
-            lambda r: any(lr["pid"] == launcher.pid and lr["stack"] for lr in r.get("launchers", [])), timeout=30
+            lambda r: any(lr["pid"] == launcher.pid and in_rendezvous(lr) for lr in r.get("launchers", [])),
+            timeout=40,
         )
         Report.model_validate(report)
         lr = next(lr for lr in report["launchers"] if lr["pid"] == launcher.pid)
