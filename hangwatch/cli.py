@@ -63,7 +63,7 @@ def _say(t0: float, msg: str) -> None:
 
 def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, workdir: str | None) -> int:
     from hangwatch.cases import launch_case  # imported here: `hangwatch diagnose` needs none of this
-    from hangwatch.harness import MonitorClient, Reaper, start_agent, start_monitor, stop_gently
+    from hangwatch.harness import MonitorClient, Reaper, kill_pid, start_agent, start_monitor, stop_gently
 
     case = demo_cases(stall_step)[case_name]
     tmp = tempfile.TemporaryDirectory(prefix="hangwatch-demo-") if workdir is None else None
@@ -72,6 +72,7 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
     t0 = time.monotonic()
     reaper = Reaper()
     client = None
+    orphan = None
     services = []
     found = False
     try:
@@ -82,6 +83,9 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
         services.append(agent)
         _say(t0, f"agent pid {agent.proc.pid}, sampling every 1 s")
         job = launch_case(case, reaper, wd)
+        orphan = job.orphan_pid
+        if orphan:
+            _say(t0, f"an orphan (PPID 1) python, pid {orphan}, holds the master port {job.job_id}")
         if case.launcher == "plain":
             _say(t0, f"started {case.nranks} ranks directly with WORLD_SIZE={case.world_size}: job {job.job_id}")
         else:
@@ -110,7 +114,9 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
         run = watch_case(case, job, client, stall_step=stall_step, timeout=timeout, linger=linger,
                          poll=0.5, on_event=on_event)
         found = run.detected is not None
-        if run.detection_seconds is not None:
+        if case.quiet:
+            _say(t0, f"{'no' if found else 'a'} false alarm in the {case.quiet:.0f}s window")
+        elif run.detection_seconds is not None:
             _say(t0, f"detected {run.detection_seconds:.1f}s after the failure began")
         _say(t0, "final /diagnose:")
         print(_indent(client.diagnose_text(job.job_id)), flush=True)
@@ -123,6 +129,8 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
     finally:
         if client is not None:
             client.close()
+        if orphan:
+            kill_pid(orphan)
         for svc in services:  # a clean stop for the monitor and agent, then kill whatever is left
             stop_gently(svc.proc, timeout=3)
         reaper.close()
