@@ -1,0 +1,87 @@
+"""dashboards/hangwatch-alerts.yml: promtool's own checks and unit tests, and the conventions."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from monitor.diagnosis import VERDICTS
+from tests.ops.promserver import PROMTOOL, RULES, TEST_FOR, rules_for_test
+
+ROOT = Path(__file__).resolve().parents[2]
+RULE_TESTS = sorted((ROOT / "dashboards" / "tests").glob("*.yml"))
+RUNBOOK = ROOT / "docs" / "runbook.md"
+RUNBOOK_URL = re.compile(r"^https://github\.com/hangwatch/hangwatch/blob/main/docs/runbook\.md#([a-z0-9-]+)$")
+
+
+def alerts() -> list[dict]:
+    return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_promtool_check_rules() -> None:
+    result = promtool("check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(alerts())} rules found" in result.stdout
+
+
+def test_promtool_test_rules() -> None:
+    assert RULE_TESTS, "no rule unit tests in dashboards/tests/"
+    result = promtool("test", "rules", *map(str, RULE_TESTS))
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+
+
+def test_every_alert_is_unit_tested() -> None:
+    tested = {t["alertname"] for f in RULE_TESTS for case in yaml.safe_load(f.read_text())["tests"]
+              for t in case.get("alert_rule_test", []) if t.get("exp_alerts")}
+    assert {a["alert"] for a in alerts()} <= tested
+
+
+def test_each_hang_verdict_has_an_alert() -> None:
+    exprs = " ".join(a["expr"] for a in alerts())
+    for verdict in set(VERDICTS) - {"healthy", "finished"}:
+        assert f'verdict="{verdict}"' in exprs, verdict
+    assert "hangwatch_agent_last_report_age_seconds" in exprs
+
+
+@pytest.mark.parametrize("alert", alerts(), ids=lambda a: a["alert"])
+def test_alert_conventions(alert: dict) -> None:
+    assert re.fullmatch(r"Hangwatch[A-Z][A-Za-z]+", alert["alert"])
+    assert re.fullmatch(r"\d+[sm]", alert["for"]), "every alert waits a while before firing"
+    assert alert["labels"]["severity"] in ("critical", "warning")
+    notes = alert["annotations"]
+    assert notes["summary"].strip() and notes["description"].strip()
+    anchor = RUNBOOK_URL.match(notes["runbook_url"])
+    assert anchor, notes["runbook_url"]
+    headings = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+                for h in re.findall(r"^## (.+)$", RUNBOOK.read_text(), re.MULTILINE)}
+    assert anchor.group(1) in headings, f"docs/runbook.md has no section #{anchor.group(1)}"
+    # Templated with the job (or node) the alert is about.
+    assert "{{ $labels.job_id }}" in notes["summary"] or "{{ $labels.node }}" in notes["summary"]
+
+
+def test_rules_use_only_metrics_the_monitor_exports() -> None:
+    source = (ROOT / "monitor" / "metrics.py").read_text()
+    exported = set(re.findall(r'GaugeMetricFamily\(\s*"(hangwatch_\w+)"', source))
+    exported |= {n + "_total" for n in re.findall(r'CounterMetricFamily\(\s*"(hangwatch_\w+)"', source)}
+    used = set(re.findall(r"hangwatch_\w+", RULES.read_text()))
+    assert used <= exported, used - exported
+
+
+def test_the_integration_copy_only_shortens_for(tmp_path: Path) -> None:
+    """tests/ops/test_prometheus.py loads the rules with every `for:` set to TEST_FOR."""
+    short = rules_for_test(RULES.read_text())
+    copy = tmp_path / "rules.yml"
+    copy.write_text(short)
+    assert promtool("check", "rules", str(copy)).returncode == 0
+    original, changed = alerts(), [r for g in yaml.safe_load(short)["groups"] for r in g["rules"]]
+    assert [r["for"] for r in changed] == [TEST_FOR] * len(original)
+    for a, b in zip(original, changed):
+        assert {**a, "for": TEST_FOR} == b

@@ -1,0 +1,125 @@
+"""deploy/kubernetes: the manifests parse and hold what the agent and monitor need.
+
+There is no cluster here: the checks are structural (what a broken hang detector would lack:
+hostPID, SYS_PTRACE, the node name, probes on a path the monitor serves, a volume for SQLite).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+import httpx
+
+from tests.ops.conftest import LiveHang
+
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+
+
+def objects() -> dict[tuple[str, str], dict]:
+    out = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            assert doc["apiVersion"] and doc["metadata"]["name"], path
+            key = (doc["kind"], doc["metadata"]["name"])
+            assert key not in out, f"{key} defined twice"
+            out[key] = doc
+    return out
+
+
+@pytest.fixture(scope="module")
+def k8s() -> dict[tuple[str, str], dict]:
+    return objects()
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_files_and_namespace(k8s: dict) -> None:
+    assert {p.name for p in K8S.glob("*.yaml")} == {"agent-daemonset.yaml", "monitor-deployment.yaml"}
+    assert ("Namespace", "hangwatch") in k8s
+    for (kind, _), obj in k8s.items():
+        if kind != "Namespace":
+            assert obj["metadata"]["namespace"] == "hangwatch", obj["metadata"]
+
+
+def test_agent_daemonset(k8s: dict) -> None:
+    ds = k8s[("DaemonSet", "hangwatch-agent")]
+    assert ds["apiVersion"] == "apps/v1"
+    pod = ds["spec"]["template"]["spec"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert pod["hostPID"] is True
+    assert {"operator": "Exists"} in pod["tolerations"]
+    (agent,) = pod["containers"]
+    sc = agent["securityContext"]
+    assert "SYS_PTRACE" in sc["capabilities"]["add"] and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc.get("privileged") is not True and sc["allowPrivilegeEscalation"] is False
+    assert sc["appArmorProfile"]["type"] == "Unconfined"
+    env = env_of(agent)
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert "--node=$(NODE_NAME)" in agent["args"] and "--monitor=$(HANGWATCH_MONITOR)" in agent["args"]
+    assert agent["command"] == ["hangwatch-agent"]
+    # The monitor URL comes from the ConfigMap, and names the monitor's Service and port.
+    ref = env["HANGWATCH_MONITOR"]["valueFrom"]["configMapKeyRef"]
+    cm = k8s[("ConfigMap", ref["name"])]
+    url = urlsplit(cm["data"][ref["key"]])
+    svc = k8s[("Service", "hangwatch-monitor")]
+    assert url.hostname == f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
+    assert url.port == svc["spec"]["ports"][0]["port"]
+    # Every $(VAR) in the arguments is defined.
+    for arg in agent["args"]:
+        if "$(" in arg:
+            assert arg.split("$(")[1].split(")")[0] in env, arg
+
+
+def test_agent_args_parse_with_the_agent_parser(k8s: dict) -> None:
+    from agent.cli import parse_config
+
+    ds = k8s[("DaemonSet", "hangwatch-agent")]
+    (agent,) = ds["spec"]["template"]["spec"]["containers"]
+    cm = k8s[("ConfigMap", "hangwatch-agent")]["data"]
+    values = {**cm, "NODE_NAME": "gpu-node-07"}
+    argv = []
+    for arg in agent["args"]:
+        for name, value in values.items():
+            arg = arg.replace(f"$({name})", value)
+        argv.append(arg)
+    config, _ = parse_config(argv)
+    assert config.node == "gpu-node-07" and config.monitor == cm["HANGWATCH_MONITOR"]
+
+
+def test_monitor_deployment_and_service(k8s: dict) -> None:
+    dep = k8s[("Deployment", "hangwatch-monitor")]
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    pod = dep["spec"]["template"]["spec"]
+    (mon,) = pod["containers"]
+    port = {p["name"]: p["containerPort"] for p in mon["ports"]}
+    env = {e["name"]: e["value"] for e in mon["env"]}
+    assert env["HANGWATCH_HOST"] == "0.0.0.0" and int(env["HANGWATCH_PORT"]) == port["http"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert mon[probe]["httpGet"]["path"] == "/healthz" and mon[probe]["httpGet"]["port"] in ("http", port["http"])
+    # SQLite lives on a volume mounted at the state dir: a PVC defined here (or an emptyDir).
+    mounts = {m["mountPath"]: m["name"] for m in mon["volumeMounts"]}
+    volume = {v["name"]: v for v in pod["volumes"]}[mounts[env["HANGWATCH_STATE_DIR"]]]
+    if "persistentVolumeClaim" in volume:
+        assert ("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]) in k8s
+    else:
+        assert "emptyDir" in volume
+    assert pod["securityContext"]["runAsNonRoot"] is True and mon["securityContext"]["readOnlyRootFilesystem"]
+    svc = k8s[("Service", "hangwatch-monitor")]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert svc["spec"]["ports"][0]["targetPort"] in ("http", port["http"])
+
+
+def test_probe_path_is_served(live_hang: LiveHang, k8s: dict) -> None:
+    """The probes' path answers 200 on the real monitor (the shared one, mid-hang)."""
+    dep = k8s[("Deployment", "hangwatch-monitor")]
+    (mon,) = dep["spec"]["template"]["spec"]["containers"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        r = httpx.get(live_hang.monitor.url + mon[probe]["httpGet"]["path"], timeout=mon[probe].get("timeoutSeconds", 1))
+        assert r.status_code == 200, probe
