@@ -344,17 +344,32 @@ class Fabric:
                                "proxy", self.monitor_uds, SWITCH_ADDR, str(port)],
                               stdout=out, stderr=subprocess.STDOUT)
         end = time.monotonic() + timeout
-        with httpx.Client(transport=httpx.HTTPTransport(uds=self.monitor_uds), timeout=1.0) as http:
-            while time.monotonic() < end:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"monitor exited with {proc.returncode}:\n{self.monitor.log_tail()}")
-                try:
-                    if http.get(self.monitor_url + "/healthz").status_code == 200:
-                        return self.monitor
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.1)
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                raise RuntimeError(f"monitor exited with {proc.returncode}:\n{self.monitor.log_tail()}")
+            # A raw probe first: httpx leaks the socket of a failed Unix-socket connect.
+            if self._monitor_answers(port):
+                with httpx.Client(transport=httpx.HTTPTransport(uds=self.monitor_uds), timeout=2.0) as http:
+                    try:
+                        if http.get(self.monitor_url + "/healthz").status_code == 200:
+                            return self.monitor
+                    except httpx.HTTPError:
+                        pass
+            time.sleep(0.1)
         raise RuntimeError(f"monitor not healthy after {timeout}s:\n{self.monitor.log_tail()}")
+
+    def _monitor_answers(self, port: int) -> bool:
+        """The forwarder accepts and the monitor behind it answers an HTTP request."""
+        import socket
+
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(2.0)
+                s.connect(self.monitor_uds)
+                s.sendall(f"GET /healthz HTTP/1.0\r\nHost: {SWITCH_ADDR}:{port}\r\n\r\n".encode())
+                return s.recv(16).startswith(b"HTTP/")
+        except OSError:
+            return False
 
     # -- teardown
 
