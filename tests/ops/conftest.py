@@ -1,6 +1,6 @@
 """Ops fixtures: one real hang shared by the Prometheus, dashboard and browser tests.
 
-``live_hang`` (session) starts a real monitor and agent (hangwatch.harness), a real Prometheus
+``live_hang`` (package scope: it ends with the last test of tests/ops) starts a real monitor and agent (hangwatch.harness), a real Prometheus
 scraping the monitor, and a headless Chromium with the status page open; then a real 2-rank gloo
 job (the ``deadlock`` case of hangwatch/cases.py, slowed so it is healthy for a while) runs until
 the monitor says DEADLOCK with rank 1 the culprit. The page is opened *before* the job starts and
@@ -98,7 +98,7 @@ def artifacts() -> Path:
     return ARTIFACTS
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ops_reaper() -> Iterator[Reaper]:
     reaper = Reaper()
     try:
@@ -107,7 +107,7 @@ def ops_reaper() -> Iterator[Reaper]:
         reaper.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
@@ -119,7 +119,7 @@ def browser() -> Iterator[object]:
             b.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def live_hang(ops_reaper: Reaper, ops_dir: Path, browser, artifacts: Path) -> Iterator[LiveHang]:
     # The job's id is fixed in advance so that the agent watches this job only (other tests may
     # run training jobs on this machine at the same time).
