@@ -12,6 +12,8 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.ops.conftest import LiveHang
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "hangwatch-grafana.json"
@@ -63,6 +65,7 @@ def test_dashboard_shape() -> None:
     assert "pid" not in re.findall(r"\b(\w+)\s*=~?", exprs)
 
 
+@pytest.mark.e2e
 def test_every_panel_query_returns_data(live_hang: LiveHang) -> None:
     live = live_hang
     values = {**BUILTINS, "job": re.escape(live.job.job_id).replace("\\", "\\\\"), "datasource": "unused"}
@@ -82,11 +85,13 @@ def test_every_panel_query_returns_data(live_hang: LiveHang) -> None:
                        + "\n".join(f"{k}: {v}" for k, v in empty.items()) + "\n" + live.context())
 
 
+@pytest.mark.e2e
 def test_job_variable_lists_the_live_job(live_hang: LiveHang) -> None:
     jobs = live_hang.prometheus.api("/api/v1/label/job_id/values", **{"match[]": "hangwatch_job_verdict"})
     assert live_hang.job.job_id in jobs
 
 
+@pytest.mark.e2e
 def test_verdict_timeline_shows_healthy_then_deadlock(live_hang: LiveHang) -> None:
     live = live_hang
     (timeline,) = [p for p in all_panels(load()) if p["title"] == "Verdict timeline"]

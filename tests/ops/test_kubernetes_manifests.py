@@ -116,6 +116,7 @@ def test_monitor_deployment_and_service(k8s: dict) -> None:
     assert svc["spec"]["ports"][0]["targetPort"] in ("http", port["http"])
 
 
+@pytest.mark.e2e
 def test_probe_path_is_served(live_hang: LiveHang, k8s: dict) -> None:
     """The probes' path answers 200 on the real monitor (the shared one, mid-hang)."""
     dep = k8s[("Deployment", "hangwatch-monitor")]

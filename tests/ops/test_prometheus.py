@@ -6,9 +6,12 @@ import subprocess
 import time
 
 import httpx
+import pytest
 
 from tests.ops.conftest import LiveHang
 from tests.ops.promserver import PROMTOOL
+
+pytestmark = pytest.mark.e2e
 
 ALERT_TIMEOUT = 45.0
 

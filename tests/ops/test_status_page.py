@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.ops.conftest import LiveHang, is_loopback
+
+pytestmark = pytest.mark.e2e
 
 SHOW_TIMEOUT_MS = 15_000
 
