@@ -40,6 +40,8 @@ class NodeSummary:
     node: str
     last_report_at: float
     collectors: tuple[tuple[str, bool], ...]
+    collector_errors: tuple[tuple[str, int], ...] = ()
+    stack_failures: int = 0
 
 
 class Monitor:
@@ -148,7 +150,13 @@ class Monitor:
     def nodes(self) -> list[NodeSummary]:
         with self._lock:
             return [
-                NodeSummary(n.node, n.last_report_at, tuple((c.name, c.ok) for c in n.collectors))
+                NodeSummary(
+                    n.node,
+                    n.last_report_at,
+                    tuple((c.name, c.ok) for c in n.collectors),
+                    tuple(sorted(n.collector_errors.items())),
+                    n.stack_failures,
+                )
                 for n in sorted(self.state.nodes.values(), key=lambda n: n.node)
             ]
 

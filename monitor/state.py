@@ -178,6 +178,9 @@ class NodeTrack:
     rank_keys: set[RankKey] = field(default_factory=set)
     launcher_keys: set[LauncherKey] = field(default_factory=set)
     orphans: tuple[OrphanReport, ...] = ()
+    # Running totals over this monitor's life, for the agent-health counters.
+    collector_errors: dict[str, int] = field(default_factory=dict)
+    stack_failures: int = 0
 
 
 # ``wait_site(stack, cpu_percent)``: the collective call site a stack waits in, if any.
@@ -206,7 +209,12 @@ class MonitorState:
             host=report.host,
             collectors=tuple(report.collectors),
             orphans=tuple(report.orphans),
+            collector_errors=dict(node.collector_errors) if node else {},
+            stack_failures=(node.stack_failures if node else 0) + sum(1 for r in report.ranks if r.stack_error),
         )
+        for health in report.collectors:
+            if not health.ok:
+                node.collector_errors[health.name] = node.collector_errors.get(health.name, 0) + 1
         self.nodes[report.node] = node
         touched: set[str] = set()
         for rank_report in report.ranks:

@@ -13,6 +13,8 @@ declare -A PROVIDES=(
     [chromium]=chromium
     [iptables]=iptables
     [systemd-analyze]=systemd
+    [ip]=iproute2
+    [tc]=iproute2
 )
 
 missing=()

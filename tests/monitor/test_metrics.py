@@ -41,13 +41,13 @@ def test_metrics_follow_the_state(client: TestClient, clock: FakeClock, monkeypa
     m = scrape(client)
 
     for word in VERDICTS:
-        assert value(m, "hangwatch_job_verdict", job="job-a", verdict=word) == (1.0 if word == "straggler" else 0.0)
-    assert value(m, "hangwatch_job_stalled_seconds", job="job-a") == pytest.approx(25.0)
-    assert value(m, "hangwatch_rank_cpu_seconds_total", job="job-a", rank="0", node="node-a") == 100.0
-    assert value(m, "hangwatch_rank_cpu_ratio", job="job-a", rank="1", node="node-a") == 0.5
-    assert value(m, "hangwatch_rank_step", job="job-a", rank="0") == 30.0
-    assert m.get("hangwatch_rank_step", []) == [({"job": "job-a", "rank": "0"}, 30.0)]
-    assert value(m, "hangwatch_rank_alive", job="job-a", rank="1", node="node-a") == 1.0
+        assert value(m, "hangwatch_job_verdict", job_id="job-a", verdict=word) == (1.0 if word == "straggler" else 0.0)
+    assert value(m, "hangwatch_job_stalled_seconds", job_id="job-a") == pytest.approx(25.0)
+    assert value(m, "hangwatch_rank_cpu_seconds_total", job_id="job-a", rank="0", node="node-a") == 100.0
+    assert value(m, "hangwatch_rank_cpu_ratio", job_id="job-a", rank="1", node="node-a") == 0.5
+    assert value(m, "hangwatch_rank_step", job_id="job-a", rank="0") == 30.0
+    assert m.get("hangwatch_rank_step", []) == [({"job_id": "job-a", "rank": "0"}, 30.0)]
+    assert value(m, "hangwatch_rank_alive", job_id="job-a", rank="1", node="node-a") == 1.0
     assert value(m, "hangwatch_agent_last_report_age_seconds", node="node-a") == pytest.approx(20.0)
     assert value(m, "hangwatch_agent_collector_up", node="node-a", collector="proc") == 1.0
     assert value(m, "hangwatch_agent_collector_up", node="node-a", collector="stacks") == 0.0
@@ -58,14 +58,14 @@ def test_metrics_follow_the_state(client: TestClient, clock: FakeClock, monkeypa
     for samples in m.values():
         for labels, _ in samples:
             assert "pid" not in labels
-            assert set(labels) <= {"job", "verdict", "rank", "node", "collector", "reason"}
+            assert set(labels) <= {"job_id", "verdict", "rank", "node", "collector", "reason", "state"}
 
 
 def test_ended_jobs_drop_out_after_the_retention(client: TestClient, clock: FakeClock) -> None:
     done = rank(job_id="done", world_size=1, alive=False, exit={"at": clock.now, "code": 0, "source": "proc"})
     client.post("/api/v1/reports", json=report(ranks=[done], sent_at=clock.now))
     m = scrape(client)
-    assert sum(v for labels, v in m["hangwatch_job_verdict"] if labels["job"] == "done") == 1.0
+    assert sum(v for labels, v in m["hangwatch_job_verdict"] if labels["job_id"] == "done") == 1.0
     clock.advance(601)  # job_retention_s defaults to 600
     m = scrape(client)
     assert "hangwatch_job_verdict" not in m
@@ -88,7 +88,20 @@ def test_collective_wait_ratio_per_rank(client: TestClient, clock: FakeClock) ->
         client.post("/api/v1/reports", json=report(ranks=ranks, sent_at=clock.now))
         clock.advance(1)
     m = scrape(client)
-    assert value(m, "hangwatch_rank_collective_wait_ratio", job="job-a", rank="0") == 1.0
-    assert value(m, "hangwatch_rank_collective_wait_ratio", job="job-a", rank="1") == pytest.approx(0.6)
+    assert value(m, "hangwatch_rank_collective_wait_ratio", job_id="job-a", rank="0") == 1.0
+    assert value(m, "hangwatch_rank_collective_wait_ratio", job_id="job-a", rank="1") == pytest.approx(0.6)
     # No stacks, no ratio.
     assert not [lab for lab, _ in m["hangwatch_rank_collective_wait_ratio"] if lab["rank"] == "2"]
+
+
+def test_rank_state_culprit_and_agent_error_series(client, clock) -> None:
+    bad = report(ranks=[rank(rank=0, stack_error="py-spy: Permission denied"), rank(rank=1)], sent_at=clock.now)
+    bad["collectors"] = [{"name": "stacks", "ok": False, "error": "py-spy: Permission denied"}]
+    for _ in range(3):
+        assert client.post("/api/v1/reports", json=bad).status_code == 202
+    m = scrape(client)
+    states = [(labels["rank"], labels["state"]) for labels, v in m["hangwatch_rank_state"] if v == 1.0]
+    assert sorted(r for r, _ in states) == ["0", "1"]  # exactly one current state per rank
+    assert {labels["rank"] for labels, _ in m["hangwatch_rank_culprit"]} == {"0", "1"}
+    assert value(m, "hangwatch_agent_collector_errors_total", node="node-a", collector="stacks") == 3.0
+    assert value(m, "hangwatch_agent_stack_dump_failures_total", node="node-a") == 3.0

@@ -72,7 +72,7 @@ def test_real_server_ingests_diagnoses_and_stops_on_sigterm(server: tuple[subpro
     data = httpx.get(f"{base}/diagnose", params={"format": "json"}, timeout=5.0).json()
     assert [j["job_id"] for j in data["jobs"]] == ["real-job"]
     metrics = httpx.get(f"{base}/metrics", timeout=5.0)
-    assert metrics.status_code == 200 and 'hangwatch_job_verdict{job="real-job"' in metrics.text
+    assert metrics.status_code == 200 and 'hangwatch_job_verdict{job_id="real-job"' in metrics.text
     assert httpx.get(f"{base}/", timeout=5.0).headers["content-type"].startswith("text/html")
 
     proc.send_signal(signal.SIGTERM)
