@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from agent.sdnotify import Notifier
 from monitor.metrics import build_registry
 from monitor.routes import diagnose, ingest, metrics, page
 from monitor.routes.page import STATIC_DIR
@@ -33,16 +34,22 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = None
+        tasks = []
         if settings.tick_interval_s > 0:
-            task = asyncio.create_task(_tick_forever(monitor, settings.tick_interval_s))
+            tasks.append(asyncio.create_task(_tick_forever(monitor, settings.tick_interval_s)))
+        notifier = Notifier.from_env()
+        if notifier.enabled:
+            tasks.append(asyncio.create_task(_keep_watchdog_fed(notifier)))
+            notifier.ready(f"serving; {len(monitor.state.jobs)} jobs replayed")
         try:
             yield
         finally:
-            if task is not None:
+            notifier.stopping()
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            notifier.close()
 
     app = FastAPI(title="hangwatch monitor", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
@@ -52,6 +59,13 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
+
+
+async def _keep_watchdog_fed(notifier: Notifier) -> None:
+    # Runs on the event loop, so a blocked loop starves the watchdog and systemd restarts us.
+    while True:
+        notifier.tick()
+        await asyncio.sleep(0.5)
 
 
 async def _tick_forever(monitor: Monitor, interval_s: float) -> None:

@@ -109,3 +109,33 @@ def test_db_dir_that_cannot_be_created_exits_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert "cannot create database directory" in result.stderr
+
+
+def test_real_server_tells_systemd_it_is_ready_and_alive(tmp_path: Path) -> None:
+    """Under a Type=notify unit: READY=1 once serving, WATCHDOG=1 while the event loop runs."""
+    import socket as sockets
+
+    notify_path = tmp_path / "notify.sock"
+    listener = sockets.socket(sockets.AF_UNIX, sockets.SOCK_DGRAM)
+    listener.bind(str(notify_path))
+    listener.settimeout(15.0)
+    port = free_port()
+    env = {**os.environ, "NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "1000000"}
+    proc = subprocess.Popen([EXE, "--port", str(port), "--db", str(tmp_path / "m.db")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        messages: list[str] = []
+        while not any("WATCHDOG=1" in m for m in messages) or not any("READY=1" in m for m in messages):
+            messages.append(listener.recv(4096).decode())
+        ready = next(m for m in messages if "READY=1" in m)
+        assert f"MAINPID={proc.pid}" in ready
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5.0).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        while not any("STOPPING=1" in m for m in messages):
+            messages.append(listener.recv(4096).decode())
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        listener.close()
