@@ -5,20 +5,23 @@ The text report and the web page render from this same data.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
 from monitor.service import JobResult
+from monitor.state import JobTrack
 
 # Innermost main-thread Python frames compared when grouping ranks by stack.
 STACK_GROUP_DEPTH = 8
 
 
-def job_dict(result: JobResult) -> dict[str, Any]:
+def job_dict(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]:
+    """The job as JSON data; with its ``track``, each rank also gets its ``progress`` points."""
     view, d = result.view, result.diagnosis
     by_rank = {r.rank: r for r in d.ranks}
     job_last = view.job_progress_times[-1] if view.job_progress_times else None
+    progress = progress_series(track) if track is not None else {}
     return {
         "job_id": view.job_id,
         "verdict": d.verdict,
@@ -27,7 +30,9 @@ def job_dict(result: JobResult) -> dict[str, Any]:
         "summary": d.summary,
         "evidence": list(d.evidence),
         "hints": list(d.hints),
-        "ranks": [rank_dict(r, by_rank.get(r.rank), job_last, view.now) for r in view.ranks],
+        "ranks": [
+            rank_dict(r, by_rank.get(r.rank), job_last, view.now, progress.get(r.rank)) for r in view.ranks
+        ],
         "world_size": view.world_size,
         "first_seen_at": view.first_seen_at,
         "last_report_at": result.last_report_at,
@@ -123,7 +128,23 @@ def _exit_dict(exit: Any) -> dict[str, Any] | None:
     return {"at": exit.at, "code": exit.code, "signal": exit.signal, "error": exit.error}
 
 
-def rank_dict(r: RankView, rd: RankDiagnosis | None, job_last_progress: float | None, now: float) -> dict[str, Any]:
+def progress_series(track: JobTrack) -> dict[int, list[list[float]]]:
+    """Per rank, its recent ``[time, step]`` points; the job-scope log's points for a rank without its own."""
+    job_points = _points(track.progress_points)
+    return {rank: _points(t.progress_points) if t.progress_points else job_points for rank, t in track.ranks.items()}
+
+
+def _points(points: Iterable[tuple[float, int]]) -> list[list[float]]:
+    return [[round(t, 3), step] for t, step in points]
+
+
+def rank_dict(
+    r: RankView,
+    rd: RankDiagnosis | None,
+    job_last_progress: float | None,
+    now: float,
+    progress: list[list[float]] | None = None,
+) -> dict[str, Any]:
     last = r.progress_times[-1] if r.progress_times else job_last_progress
     return {
         "rank": r.rank,
@@ -143,8 +164,12 @@ def rank_dict(r: RankView, rd: RankDiagnosis | None, job_last_progress: float | 
         "collective_wait_share": r.collective_wait_share,
         "compute_dtype": r.compute_dtype,
         "gpu_utilization_percent": r.gpu_utilization_percent,
+        # Recent [time, step] points (monitor clock), oldest first, for the page's chart.
+        "progress": progress or [],
     }
 
 
-def diagnose_dict(results: list[JobResult]) -> dict[str, Any]:
-    return {"jobs": [job_dict(r) for r in results]}
+def diagnose_dict(results: list[JobResult], tracks: Mapping[str, JobTrack] | None = None) -> dict[str, Any]:
+    """``tracks`` (the monitor's jobs by id) add each rank's progress points."""
+    tracks = tracks or {}
+    return {"jobs": [job_dict(r, tracks.get(r.view.job_id)) for r in results]}

@@ -29,6 +29,8 @@ from monitor.wire import (
 # Below this CPU percent a rank counts as idle (waiting, not computing).
 IDLE_CPU_PERCENT = 10.0
 PROGRESS_HISTORY = 64
+# Recent (monitor time, step) points per rank and per job, for the page's progress chart.
+PROGRESS_POINTS_KEPT = 120
 LOG_ERRORS_KEPT = 50
 KNOWN_SITES_KEPT = 64
 # How long a forgotten job's dead ranks are ignored (agents stop listing them well before).
@@ -74,6 +76,8 @@ class RankTrack:
     idle_since: float | None = None
     progress_cursor: ProgressCursor = field(default_factory=lambda: ProgressCursor())
     progress_times: deque[float] = field(default_factory=lambda: deque(maxlen=PROGRESS_HISTORY))
+    # (time on the monitor's clock, step), oldest first: from progress lines that print a step.
+    progress_points: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=PROGRESS_POINTS_KEPT))
     last_progress_at: float | None = None
     stack: Stack | None = None
     # Wait site of ``stack`` not yet known to be a regular sync point of the job.
@@ -125,6 +129,8 @@ class JobTrack:
     reported_world_size: int | None = None
     last_report_at: float = 0.0
     progress_times: deque[float] = field(default_factory=lambda: deque(maxlen=PROGRESS_HISTORY))
+    # (time, step) points from job-scope logs, like ``RankTrack.progress_points``.
+    progress_points: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=PROGRESS_POINTS_KEPT))
     # One cursor per (node, log source): ranks sharing one log all report the same
     # lines, and this keeps each line once.
     progress_cursors: dict[tuple[str, str], ProgressCursor] = field(default_factory=dict)
@@ -285,6 +291,7 @@ class MonitorState:
             )
             if track is not None:
                 fresh.progress_times = track.progress_times
+                fresh.progress_points = track.progress_points
                 fresh.progress_cursor = track.progress_cursor
                 fresh.last_progress_at = track.last_progress_at
                 fresh.first_seen_at = track.first_seen_at
@@ -374,23 +381,29 @@ class MonitorState:
         changed = cursor.events is not None and p.events != cursor.events
         first_sight = cursor.events is None
         cursor.events = p.events
-        new = [t for t, _ in p.recent if cursor.mark is None or t > cursor.mark]
+        points = [(t, step) for t, step in p.recent if cursor.mark is None or t > cursor.mark]
+        new = [t for t, _ in points]
         if not new and (changed or (first_sight and p.events > 0)):
             # Progress without a cadence list: fall back on when the agent saw the line.
             if p.step_at is not None and (cursor.mark is None or p.step_at > cursor.mark):
                 new = [p.step_at]
             elif changed:
                 new = [received_at - offset]
+            if new and p.step is not None:
+                points = [(new[0], p.step)]
         if not new:
             return
         cursor.mark = max(new)
         shifted = sorted(t + offset for t in new)
+        shifted_points = sorted((t + offset, step) for t, step in points)
         if p.scope == "job":
             _add_times(job.progress_times, shifted)
+            _add_points(job.progress_points, shifted_points)
             if job.job_step_at is None or shifted[-1] >= job.job_step_at:
                 job.job_step, job.job_step_at = p.step, shifted[-1]
         else:
             _add_times(track.progress_times, shifted)
+            _add_points(track.progress_points, shifted_points)
             track.last_progress_at = track.progress_times[-1]
 
     def _learn_wait_sites(self, job: JobTrack) -> None:
@@ -487,6 +500,17 @@ def _add_times(times: deque[float], new: Iterable[float]) -> None:
             times.extend(merged[-(times.maxlen or len(merged)) :])
         else:
             times.append(t)
+
+
+def _add_points(points: deque[tuple[float, int]], new: Iterable[tuple[float, int]]) -> None:
+    """Like ``_add_times``, for (time, step) points."""
+    for point in new:
+        if points and point[0] < points[-1][0]:
+            merged = sorted([*points, point])
+            points.clear()
+            points.extend(merged[-(points.maxlen or len(merged)) :])
+        else:
+            points.append(point)
 
 
 def _merge_lines(old: list[str], new: list[str], keep: int) -> list[str]:

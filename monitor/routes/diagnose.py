@@ -20,7 +20,8 @@ async def get_diagnose(
     monitor: MonitorDep, format: Literal["text", "json"] = "text", job: str | None = None
 ) -> Response:
     now = monitor.clock()
-    data = diagnose_dict(monitor.results(now, job_id=job))
+    # Routes, ingest and the tick all run on the event loop: the state is not changing under us.
+    data = diagnose_dict(monitor.results(now, job_id=job), monitor.state.jobs)
     if format == "json":
         return JSONResponse(data, headers={"Cache-Control": "no-store"})
     text = render_text(data["jobs"], now)
