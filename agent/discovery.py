@@ -238,6 +238,8 @@ class Discovery:
     launchers: list[LauncherProcess] = field(default_factory=list)
     workers: dict[int, list[RankProcess]] = field(default_factory=dict)  # launcher pid -> ranks
     orphans: list[OrphanProcess] = field(default_factory=list)
+    # Every other PPID-1 process: (pid, starttime), for finding who holds a master port.
+    other_ppid1: list[tuple[int, int]] = field(default_factory=list)
 
     def scan(self) -> list[RankProcess]:
         stats: dict[int, Stat] = {}
@@ -251,7 +253,7 @@ class Discovery:
         live_keys = {(pid, s.starttime, s.comm) for pid, s in stats.items()}
         for key in [k for k in self._cache if k not in live_keys]:
             del self._cache[key]
-        candidates, launchers, orphans = {}, [], []
+        candidates, launchers, orphans, other_ppid1 = {}, [], [], []
         for pid, stat in stats.items():
             key = (pid, stat.starttime, stat.comm)
             if key not in self._cache:
@@ -265,6 +267,8 @@ class Discovery:
                 launchers.append(seen.launcher)
             if stat.ppid == 1 and (seen.launcher or seen.carries_rank):
                 orphans.append(OrphanProcess(pid, stat.starttime, seen.cmdline))
+            elif stat.ppid == 1:
+                other_ppid1.append((pid, stat.starttime))
             proc = seen.rank
             if proc is None or (self.jobs and proc.identity.job_id not in self.jobs):
                 continue
@@ -275,7 +279,15 @@ class Discovery:
             self.workers.setdefault(proc.ppid, []).append(proc)
         self.launchers = sorted(launchers, key=lambda p: p.pid)
         self.orphans = sorted(orphans, key=lambda p: p.pid)
+        self.other_ppid1 = other_ppid1
         return ranks
+
+    def cmdline_of(self, pid: int) -> str:
+        try:
+            with open(f"{self.proc_root}/{pid}/cmdline", "rb") as f:
+                return " ".join(parse_cmdline(f.read()))[:4096]
+        except OSError:
+            return ""
 
     def _inspect(self, stat: Stat) -> _Seen:
         base = f"{self.proc_root}/{stat.pid}"

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from agent import __version__
-from agent.discovery import Discovery, RankProcess
+from agent.discovery import Discovery, OrphanProcess, RankProcess
 from agent.exits import ExitWatcher, exit_from_stat
 from agent.errorfile import read_error_file
 from agent.gpus import GpuCollector
@@ -21,7 +21,7 @@ from agent.logs import LogFollower
 from agent.procio import WriteRateSampler
 from agent.procstat import CLOCK_TICKS, CpuSampler, ProcessSample
 from agent.report import build_report, orphan_report, rank_report
-from agent.sockets import SocketReader, listening_ports
+from agent.sockets import SocketReader, listening_ports, socket_inodes
 from agent.stacks import LOW_CPU_PERCENT, StackSampler, find_py_spy, looks_stuck
 
 log = logging.getLogger(__name__)
@@ -219,15 +219,76 @@ class Agent:
             t.error_file = read_error_file(path)
 
     def _collect_orphans(self) -> None:
+        """PPID-1 leftovers: launchers and processes with a rank's environment, plus any other
+        PPID-1 process listening on a master port a launcher or rank here wants (the stale
+        holder behind EADDRINUSE, whatever its command line)."""
         out = []
         for o in self.discovery.orphans[:64]:
             try:
                 ports = listening_ports(self.sockets.sockets_of(o.pid))
             except OSError:
                 ports = []
-            started = self.boot_time + o.starttime / CLOCK_TICKS if self.boot_time is not None else None
-            out.append(orphan_report(o, started, ports))
+            out.append(orphan_report(o, self._started(o.starttime), ports))
+        known = {o["pid"] for o in out}
+        for pid, starttime, ports in self._master_port_holders():
+            if pid not in known and len(out) < 64:
+                proc = OrphanProcess(pid, starttime, self.discovery.cmdline_of(pid))
+                out.append(orphan_report(proc, self._started(starttime), ports))
         self.orphans = out
+
+    def _started(self, starttime: int) -> float | None:
+        return self.boot_time + starttime / CLOCK_TICKS if self.boot_time is not None else None
+
+    def _master_port_holders(self) -> list[tuple[int, int, list[int]]]:
+        """(pid, starttime, its listening ports) of PPID-1 processes listening on a wanted port.
+
+        Cheap when nothing is wrong: the fds of PPID-1 processes are only read when a LISTEN
+        socket on a wanted port belongs to none of our launchers and ranks.
+        """
+        wanted: dict[int, int] = {}  # port -> a pid whose namespace to look in
+        owners = []
+        me = os.getpid()  # an ended process's namespace is unknown: look in the node's
+        for t in self.launchers.tracked.values():
+            if t.args.master_port:
+                wanted.setdefault(t.args.master_port, t.proc.pid if t.alive else me)
+            if t.alive:
+                owners.append(t.proc.pid)
+        for t in self.tracked.values():
+            port = t.proc.env.get("MASTER_PORT", "")
+            if port.isdigit():
+                wanted.setdefault(int(port), t.proc.pid if t.alive else me)
+            if t.alive:
+                owners.append(t.proc.pid)
+        if not wanted:
+            return []
+        listening: dict[int, int] = {}  # inode -> port
+        for port, pid in wanted.items():
+            try:
+                table = self.sockets.table_of(pid)
+            except OSError:
+                continue
+            listening.update({i: e.local_port for i, e in table.items() if e.state == "LISTEN" and e.local_port == port})
+        for pid in owners:
+            try:
+                for inode in socket_inodes(self.config.proc_root, pid):
+                    listening.pop(inode, None)
+            except OSError:
+                continue
+        if not listening:
+            return []
+        holders = []
+        for pid, starttime in self.discovery.other_ppid1:
+            try:
+                inodes = set(socket_inodes(self.config.proc_root, pid))
+            except OSError:
+                continue
+            if inodes & listening.keys():
+                try:
+                    ports = listening_ports(self.sockets.sockets_of(pid))
+                except OSError:
+                    ports = sorted({listening[i] for i in inodes & listening.keys()})
+                holders.append((pid, starttime, ports))
+        return holders
 
     def _per_rank(self, ranks: list[Tracked], entry: dict, sample) -> None:
         denied = []

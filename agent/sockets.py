@@ -146,6 +146,10 @@ class SocketReader:
     def new_sweep(self) -> None:
         self._tables.clear()
 
+    def table_of(self, pid: int) -> dict[int, TcpEntry]:
+        """inode -> entry for the network namespace of ``pid`` (read once per sweep)."""
+        return self._table(pid)
+
     def _table(self, pid: int) -> dict[int, TcpEntry]:
         try:
             netns = os.readlink(f"{self.proc_root}/{pid}/ns/net")

@@ -337,13 +337,15 @@ def test_report_json_round_trip_has_every_new_field(tmp_path):
 
 
 @needs_torchrun
-def test_stale_orphan_holds_master_port_and_torchrun_fails_eaddrinuse(tmp_path, receiver, agent_process):
-    """The seeds' launch failure: a leftover worker (PPID 1) still listens on the master port;
-    a new torchrun on that port dies with EADDRINUSE. Both sides show in the reports."""
+@pytest.mark.parametrize("rank_env", [True, False], ids=["stale-worker", "plain-listener"])
+def test_stale_orphan_holds_master_port_and_torchrun_fails_eaddrinuse(rank_env, tmp_path, receiver, agent_process):
+    """The seeds' launch failure: a leftover (PPID 1) still listens on the master port; a new
+    torchrun on that port dies with EADDRINUSE. Both sides show in the reports -- the holder
+    even without a rank's environment, because it holds a port the launcher wants."""
     script = tmp_path / "orphan.py"
     script.write_text(ORPHAN_MAKER)
-    maker = subprocess.Popen([sys.executable, str(script)], env=_rank_env(1, rank=0, world=2),
-                             stdout=subprocess.PIPE, text=True)
+    env = _rank_env(1, rank=0, world=2) if rank_env else {"PATH": os.environ.get("PATH", "")}
+    maker = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
     pid, port = map(int, maker.stdout.readline().split())
     _stop(maker)
     job = f"127.0.0.1:{port}"
@@ -352,14 +354,16 @@ def test_stale_orphan_holds_master_port_and_torchrun_fails_eaddrinuse(tmp_path, 
     launcher = None
     try:
         agent_process("--monitor", receiver.url, "--interval", "0.2", "--job", job, "--no-stacks")
-        receiver.wait_for(lambda r: any(o["pid"] == pid for o in r["orphans"]))
+        if rank_env:  # found before any launcher wants its port
+            receiver.wait_for(lambda r: any(o["pid"] == pid for o in r["orphans"]))
         launcher = subprocess.Popen(
             [TORCHRUN, "--nnodes=1", "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
              str(tmp_path / "t.py")],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         report = receiver.wait_for(
-            lambda r: any(lr["pid"] == launcher.pid and not lr["alive"] and lr["log_errors"] for lr in r["launchers"]),
+            lambda r: any(lr["pid"] == launcher.pid and not lr["alive"] and lr["log_errors"] for lr in r["launchers"])
+            and any(o["pid"] == pid for o in r["orphans"]),
             timeout=30,
         )
         Report.model_validate(report)
