@@ -67,7 +67,7 @@ def demo_cases(stall_step: int) -> dict[str, DemoCase]:
                          ("--dtype", "bfloat16", "--fail", "busy-all", "--busy-seconds", "60", *at),
                          "slow_compute"),
         "port-held": DemoCase("an orphan (PPID 1) holds MASTER_PORT: torchrun fails with EADDRINUSE",
-                              ("--steps", "50"), "rank_exited", orphan_port=True),
+                              ("--steps", "50"), "rendezvous_hang", orphan_port=True),
     }
 
 
