@@ -10,12 +10,33 @@ const TONE = {
 };
 // Jobs keep the place they first appeared in, so live jobs do not swap places on every poll.
 const jobOrder = [];
+// The SVG namespace is a name, not an address: nothing is fetched from it.
+const SVG_NS = "http://www.w3.org/2000/svg";
+const CHART_WINDOW_S = 300;
+const CHART = { width: 640, height: 150, left: 52, right: 10, top: 10, bottom: 20 };
+const LINE_COLORS = ["#3558c8", "#1a7f37", "#b35900", "#8e24aa", "#00838f", "#c62828", "#6d4c41", "#546e7a",
+  "#d81b60", "#7cb342"];
+// Verdict history: fetched when a job's verdict changes, else at most every 10 s.
+const HISTORY_REFRESH_MS = 10000;
+const HISTORY_SHOWN = 6;
+const histories = new Map();  // job_id -> { key, fetchedAt, changes, pending }
+let lastData = null;
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(attrs || {})) {
     if (key === "class") node.className = value; else node.setAttribute(key, value);
   }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
   for (const child of children) {
     if (child === null || child === undefined) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
@@ -116,6 +137,146 @@ function rankTable(job) {
   return el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows));
 }
 
+// Ranks with identical points (a job-scope log shared by all of them) share one line.
+function chartSeries(job) {
+  const byPoints = new Map();
+  for (const r of job.ranks) {
+    const points = r.progress || [];
+    if (points.length === 0) continue;
+    const key = JSON.stringify(points);
+    if (!byPoints.has(key)) byPoints.set(key, { ranks: [], points, alive: false });
+    const series = byPoints.get(key);
+    series.ranks.push(r.rank);
+    series.alive = series.alive || r.alive;
+  }
+  return [...byPoints.values()];
+}
+
+// Points inside [from, now]; the last one before ``from`` enters at the left edge, and a
+// live rank's line runs flat to now, so a stall shows as a flat tail.
+function visiblePoints(series, from, now) {
+  const before = series.points.filter(([t]) => t < from);
+  const inside = series.points.filter(([t]) => t >= from && t <= now);
+  const shown = [...inside];
+  if (before.length) {
+    // Enter at the left edge on the line between the last point before and the first inside.
+    const [t0, s0] = before[before.length - 1];
+    const next = inside[0];
+    shown.unshift([from, next && next[0] > t0 ? s0 + ((next[1] - s0) * (from - t0)) / (next[0] - t0) : s0]);
+  }
+  if (series.alive && shown.length && shown[shown.length - 1][0] < now) shown.push([now, shown[shown.length - 1][1]]);
+  return shown;
+}
+
+function progressChart(job) {
+  const series = chartSeries(job);
+  if (series.length === 0) {
+    return el("div", { class: "chart" }, el("h3", {}, "Progress"),
+      el("p", { class: "meta" }, "no step numbers seen in the logs yet"));
+  }
+  const now = job.now;
+  const from = now - CHART_WINDOW_S;
+  const lines = series.map((s) => visiblePoints(s, from, now));
+  const steps = lines.flat().map(([, step]) => step);
+  let low = steps.length ? Math.min(...steps) : 0;
+  let high = steps.length ? Math.max(...steps) : 1;
+  if (high === low) { low -= 1; high += 1; }
+  const plotW = CHART.width - CHART.left - CHART.right;
+  const plotH = CHART.height - CHART.top - CHART.bottom;
+  const x = (t) => CHART.left + ((t - from) / CHART_WINDOW_S) * plotW;
+  const y = (step) => CHART.top + (1 - (step - low) / (high - low)) * plotH;
+  const bottom = CHART.top + plotH;
+  const parts = [
+    svg("line", { class: "axis", x1: CHART.left, y1: bottom, x2: CHART.left + plotW, y2: bottom }),
+    svg("line", { class: "axis", x1: CHART.left, y1: CHART.top, x2: CHART.left, y2: bottom }),
+    svg("text", { class: "tick", x: CHART.left - 4, y: CHART.top + 8, "text-anchor": "end" }, Math.round(high)),
+    svg("text", { class: "tick", x: CHART.left - 4, y: bottom, "text-anchor": "end" }, Math.round(low)),
+    svg("text", { class: "tick", x: CHART.left, y: CHART.height - 4 }, `−${CHART_WINDOW_S / 60} min`),
+    svg("text", { class: "tick", x: CHART.left + plotW, y: CHART.height - 4, "text-anchor": "end" }, "now"),
+  ];
+  if (job.verdict !== "healthy" && job.since !== null && job.since !== undefined) {
+    const at = x(Math.min(now, Math.max(from, job.since)));
+    parts.push(
+      svg("line", { class: `since ${TONE[job.verdict] || ""}`, x1: at, y1: CHART.top, x2: at, y2: bottom }),
+      // The label sits on the side of the marker with more room.
+      svg("text", { class: "tick since-label", y: CHART.top + 8,
+        ...(at > CHART.left + plotW / 2 ? { x: at - 3, "text-anchor": "end" } : { x: at + 3 }) },
+      `${job.verdict} since ${clock(job.since)}`),
+    );
+  }
+  const legend = [];
+  series.forEach((s, i) => {
+    const color = LINE_COLORS[i % LINE_COLORS.length];
+    const shown = lines[i];
+    const last = s.points[s.points.length - 1];
+    if (shown.length) {
+      const d = shown.map(([t, step], j) => `${j ? "L" : "M"}${x(t).toFixed(1)},${y(step).toFixed(1)}`).join(" ");
+      parts.push(svg("path", { class: "series", d, stroke: color, "data-ranks": s.ranks.join(",") },
+        svg("title", {}, `${ranksText(s.ranks)}: step ${last[1]} at ${clock(last[0])}`)));
+    }
+    legend.push(el("span", { class: "entry" }, el("span", { class: "swatch", style: `background: ${color}` }),
+      `${ranksText(s.ranks)} (step ${last[1]})`));
+  });
+  const chart = svg("svg", {
+    class: "progress", viewBox: `0 0 ${CHART.width} ${CHART.height}`, role: "img",
+    "aria-label": `steps over the last ${CHART_WINDOW_S / 60} minutes`,
+  }, ...parts);
+  return el("div", { class: "chart" }, el("h3", {}, `Progress (step, last ${CHART_WINDOW_S / 60} min)`), chart,
+    el("div", { class: "legend" }, ...legend));
+}
+
+function verdictKey(job) {
+  return `${job.verdict}|${job.culprit_ranks.join(",")}`;
+}
+
+function refreshHistories(jobs) {
+  const nowMs = Date.now();
+  for (const job of jobs) {
+    let h = histories.get(job.job_id);
+    if (!h) histories.set(job.job_id, (h = { key: null, fetchedAt: 0, changes: null, pending: false }));
+    if (h.pending || (h.key === verdictKey(job) && nowMs - h.fetchedAt < HISTORY_REFRESH_MS)) continue;
+    h.pending = true;
+    h.key = verdictKey(job);
+    fetchHistory(job.job_id, h);
+  }
+  const live = new Set(jobs.map((job) => job.job_id));
+  for (const id of [...histories.keys()]) if (!live.has(id)) histories.delete(id);
+}
+
+async function fetchHistory(jobId, h) {
+  try {
+    const response = await fetch(`/api/v1/jobs/${encodeURIComponent(jobId)}/history`, { cache: "no-store" });
+    if (response.ok) h.changes = (await response.json()).history;
+  } catch (err) {
+    // Keep what was shown; the next refresh tries again.
+  } finally {
+    h.pending = false;
+    h.fetchedAt = Date.now();
+  }
+  if (lastData && histories.get(jobId) === h) render(lastData);
+}
+
+// A bar of verdict spans (widths by duration) and the latest changes, newest first.
+function historyBlock(job) {
+  const h = histories.get(job.job_id);
+  const changes = (h && h.changes) || [];
+  if (changes.length === 0) return null;
+  const end = Math.max(job.now, changes[changes.length - 1].at);
+  const segments = changes.map((c, i) => {
+    const until = i + 1 < changes.length ? changes[i + 1].at : end;
+    return el("span", {
+      class: `seg ${TONE[c.verdict] || ""}`, style: `flex-grow: ${Math.max(0, until - c.at).toFixed(3)}`,
+      title: `${c.verdict} ${clock(c.at)}–${i + 1 < changes.length ? clock(until) : "now"}`,
+    });
+  });
+  const recent = changes.slice(-HISTORY_SHOWN).reverse().map((c) => el("li", {},
+    el("span", { class: "meta" }, clock(c.at)), verdictBadge(c.verdict),
+    c.culprit_ranks.length ? el("span", {}, ranksText(c.culprit_ranks)) : null,
+    el("span", { class: "meta change-summary", title: c.summary }, c.summary)));
+  return el("div", { class: "history" }, el("h3", {}, `Verdict history (${changes.length} ${changes.length === 1 ? "change" : "changes"})`),
+    el("div", { class: "bar" }, ...segments), el("ol", { class: "changes" }, ...recent));
+}
+
 function jobCard(job) {
   const tone = TONE[job.verdict] || "";
   const since = job.since === null ? null : el("span", { class: "meta" }, `since ${clock(job.since)}`);
@@ -131,12 +292,14 @@ function jobCard(job) {
     culprits, stacks,
     el("div", { class: "lists" }, listBlock("Evidence", job.evidence), listBlock("Hints", job.hints),
       launcherBlock(job), orphanBlock(job)),
+    el("div", { class: "over-time" }, progressChart(job), historyBlock(job)),
     stackGroups(job),
     rankTable(job),
   );
 }
 
 function render(data) {
+  lastData = data;
   const jobs = orderJobs(data.jobs);
   const overview = document.getElementById("overview");
   overview.replaceChildren(...jobs.map((job) =>
@@ -159,7 +322,9 @@ async function poll() {
   try {
     const response = await fetch("/diagnose?format=json", { cache: "no-store" });
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
-    render(await response.json());
+    const data = await response.json();
+    render(data);
+    refreshHistories(data.jobs);
     setStatus(`updated ${new Date().toLocaleTimeString()}`, false);
   } catch (err) {
     setStatus(`cannot reach the monitor (${err.message}); retrying`, true);

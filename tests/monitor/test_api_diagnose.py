@@ -100,6 +100,23 @@ def test_seconds_since_progress_falls_back_on_the_job_and_is_null_without_any(
     assert by_id["quiet"]["ranks"][0]["top_frame"] is None
 
 
+def test_each_rank_has_its_progress_points_else_the_jobs(client: TestClient, clock: FakeClock) -> None:
+    skew = -60.0  # points are shifted onto the monitor's clock
+    own = progress(2, 11, [(clock.now + skew - 2, 10), (clock.now + skew - 1, 11)])
+    post(client, report(ranks=[rank(rank=0, progress=own), rank(rank=1)], sent_at=clock.now + skew))
+    job_log = progress(1, 7, [(clock.now - 4, 7)], scope="job")
+    post(client, report(node="node-b", ranks=[rank(job_id="shared", rank=r, progress=job_log) for r in (0, 1)],
+                        sent_at=clock.now))
+    by_id = {j["job_id"]: j for j in diagnose_json(client)["jobs"]}
+    r0, r1 = by_id["job-a"]["ranks"]
+    assert r0["progress"] == [[pytest.approx(clock.now - 2), 10], [pytest.approx(clock.now - 1), 11]]
+    assert r1["progress"] == []
+    # Ranks sharing a job-scope log show the job's points.
+    assert [r["progress"] for r in by_id["shared"]["ranks"]] == [[[clock.now - 4, 7]]] * 2
+    # The contract fields are all still there.
+    assert set(RANK_KEYS) <= set(r0)
+
+
 def test_agent_clock_skew_is_shifted_away(client: TestClient, clock: FakeClock) -> None:
     agent_now = clock.now - 3600  # the agent's clock is an hour behind
     p = progress(1, 1, [(agent_now - 5, 1)])

@@ -6,14 +6,17 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from monitor_reports import frame, launcher, orphan, rank, report, stack
+from monitor_reports import frame, launcher, orphan, progress, rank, report, stack
 from monitor_testkit import FakeClock, TestClient
 
 from monitor.diagnosis import Diagnosis
 from monitor.routes.page import STATIC_DIR
+
+SVG_NS = "http://www.w3.org/2000/svg"
 
 
 def test_page_is_html_with_local_resources_only(client: TestClient) -> None:
@@ -25,6 +28,8 @@ def test_page_is_html_with_local_resources_only(client: TestClient) -> None:
     refs = re.findall(r'(?:src|href)="([^"]+)"', html)
     assert "/static/app.js" in refs and "/static/style.css" in refs
     assert not [r for r in refs if "//" in r]
+    # An empty data: icon, so the browser asks for no /favicon.ico.
+    assert '<link rel="icon" href="data:,">' in html
 
 
 def test_script_and_style_are_served_and_poll_the_json_report(client: TestClient) -> None:
@@ -34,7 +39,9 @@ def test_script_and_style_are_served_and_poll_the_json_report(client: TestClient
     assert "/diagnose?format=json" in script.text
     assert "2000" in script.text
     assert "innerHTML" not in script.text.replace("never innerHTML", "")
-    assert not re.search(r"https?://", script.text)
+    # The SVG namespace name is the one address allowed: it is never fetched.
+    assert script.text.count(SVG_NS) == 1
+    assert not re.search(r"https?://", script.text.replace(SVG_NS, ""))
     style = client.get("/static/style.css")
     assert style.status_code == 200
     assert not re.search(r"https?://|@import", style.text)
@@ -45,11 +52,20 @@ def test_script_parses() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def render_page(client: TestClient, tmp_path: Path) -> dict[str, object]:
+def render_page(client: TestClient, tmp_path: Path) -> dict[str, Any]:
+    """What app.js shows for the monitor's current answer; each job's history comes from the monitor too."""
     answer = tmp_path / "diagnose.json"
-    answer.write_text(client.get("/diagnose", params={"format": "json"}).text)
+    data = client.get("/diagnose", params={"format": "json"}).json()
+    answer.write_text(json.dumps(data))
+    routes = {}
+    for job in data["jobs"]:
+        url = f"/api/v1/jobs/{job['job_id']}/history"
+        routes[url] = client.get(url).json()
+    routes_file = tmp_path / "routes.json"
+    routes_file.write_text(json.dumps(routes))
     result = subprocess.run(
-        ["node", str(Path(__file__).with_name("page_smoke.js")), str(STATIC_DIR / "app.js"), str(answer)],
+        ["node", str(Path(__file__).with_name("page_smoke.js")), str(STATIC_DIR / "app.js"), str(answer),
+         str(routes_file)],
         capture_output=True, text=True, timeout=30,
     )
     assert result.returncode == 0, result.stderr
@@ -84,3 +100,67 @@ def test_script_shows_stack_groups_launchers_and_orphans(
     jobs = render_page(client, tmp_path)["jobs"]
     assert "save_checkpoint (train.py:150)" not in jobs  # stacks only for jobs in trouble
     assert "torchrun stale.py" in jobs
+
+
+def test_chart_draws_one_line_per_rank_and_marks_since_when_in_trouble(
+    client: TestClient, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verdict = {"word": "healthy"}
+    monkeypatch.setattr("monitor.diagnosis.diagnose",
+                        lambda job: Diagnosis(verdict["word"], (1,), job.now - 20, f"{verdict['word']} now"))
+    now = clock.now
+    ranks = [rank(rank=r, progress=progress(3, 30 + r, [(now - 90, 10 + r), (now - 60, 20 + r), (now - 30, 30 + r)]))
+             for r in range(3)]
+    client.post("/api/v1/reports", json=report(ranks=ranks, sent_at=now))
+    card = render_page(client, tmp_path)["cards"]["job-a"]
+    assert card["charts"] == 1 and card["svg_namespace"] == [SVG_NS]
+    assert sorted(p["ranks"] for p in card["paths"]) == ["0", "1", "2"]
+    assert len({p["stroke"] for p in card["paths"]}) == 3
+    for path in card["paths"]:
+        # Three points and a flat run to now: the line of a live rank.
+        assert re.fullmatch(r"M[\d.]+,[\d.]+( L[\d.]+,[\d.]+){3}", path["d"]), path["d"]
+    assert card["since_markers"] == 0  # healthy: no marker
+    assert "rank 0 (step 30)" in card["legend"] and "rank 2 (step 32)" in card["legend"]
+
+    verdict["word"] = "deadlock"
+    clock.advance(5)
+    card = render_page(client, tmp_path)["cards"]["job-a"]
+    assert card["since_markers"] == 1
+    assert "deadlock since" in card["chart_text"]
+
+
+def test_ranks_sharing_a_job_log_share_one_line_and_no_steps_says_so(client: TestClient, clock: FakeClock,
+                                                                    tmp_path: Path) -> None:
+    shared = progress(2, 8, [(clock.now - 10, 7), (clock.now - 5, 8)], scope="job")
+    body = report(ranks=[rank(job_id="shared", rank=r, progress=shared) for r in range(4)], sent_at=clock.now)
+    client.post("/api/v1/reports", json=body)
+    client.post("/api/v1/reports", json=report(node="node-b", ranks=[rank(job_id="quiet")], sent_at=clock.now))
+    cards = render_page(client, tmp_path)["cards"]
+    assert [p["ranks"] for p in cards["shared"]["paths"]] == ["0,1,2,3"]
+    assert "ranks 0-3 (step 8)" in cards["shared"]["legend"]
+    assert cards["quiet"]["charts"] == 0
+    assert "no step numbers" in cards["quiet"]["chart_text"]
+
+
+def test_history_timeline_shows_the_verdict_changes(
+    client: TestClient, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verdict = {"word": "healthy", "culprits": ()}
+    monkeypatch.setattr(
+        "monitor.diagnosis.diagnose",
+        lambda job: Diagnosis(verdict["word"], verdict["culprits"], None, f"the job is {verdict['word']}"),
+    )
+    client.post("/api/v1/reports", json=report(ranks=[rank(rank=0), rank(rank=1)], sent_at=clock.now))
+    client.get("/diagnose")  # records "healthy"
+    clock.advance(60)
+    verdict.update(word="deadlock", culprits=(1,))
+    shown = render_page(client, tmp_path)  # records "deadlock", then the page asks for the history
+    assert "/api/v1/jobs/job-a/history" in shown["fetched"]
+    assert shown["fetched"].count("/api/v1/jobs/job-a/history") == 1  # once per change, not on every poll
+    card = shown["cards"]["job-a"]
+    assert "Verdict history (2 changes)" in card["history"]
+    assert card["history_segments"] == ["seg ok", "seg bad"]
+    # Newest first, with culprits and summary.
+    history = card["history"]
+    assert history.index("DEADLOCK") < history.index("HEALTHY")
+    assert "rank 1" in history and "the job is deadlock" in history

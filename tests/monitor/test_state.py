@@ -8,7 +8,7 @@ import pytest
 from monitor_reports import ALL_REDUCE_FRAMES, frame, progress, rank, report, stack
 
 from monitor.diagnosis import ExitView, Frame, Stack
-from monitor.state import MonitorState
+from monitor.state import PROGRESS_POINTS_KEPT, MonitorState
 from monitor.views import job_view
 from monitor.wire import Report
 
@@ -221,3 +221,52 @@ def test_frame_is_rendered_from_stack_thread_zero() -> None:
     apply(state, report(ranks=[rank(stack=s)], sent_at=T0), received_at=T0)
     st = view(state).ranks[0].stack
     assert st is not None and st.active is True and st.frames[0].where() == "pthread_cond_wait"
+
+
+def test_rank_progress_points_are_shifted_deduplicated_and_capped() -> None:
+    state = MonitorState()
+    skew = -300.0  # the agent's clock runs 5 min behind the monitor's
+    history: list[tuple[float, int]] = []
+    for i in range(150):
+        history.append((T0 + skew + i, 10 * i))
+        # The agent resends its recent window, and the shift jitters with latency:
+        # each point must still be kept once.
+        p = progress(i + 1, 10 * i, history[-5:])
+        apply(state, report(ranks=[rank(progress=p)], sent_at=T0 + skew + i), received_at=T0 + i + 0.01 * (i % 3))
+    points = list(state.jobs["job-a"].ranks[0].progress_points)
+    assert len(points) == PROGRESS_POINTS_KEPT
+    assert [step for _, step in points] == [10 * i for i in range(150 - PROGRESS_POINTS_KEPT, 150)]
+    assert points[-1][0] == pytest.approx(T0 + 149, abs=0.05)
+    assert [t for t, _ in points] == sorted(t for t, _ in points)
+    assert not state.jobs["job-a"].progress_points
+
+
+def test_job_scope_points_are_kept_once_per_log_and_ranks_keep_none() -> None:
+    state = MonitorState()
+    history: list[tuple[float, int]] = []
+    for i in range(5):
+        history.append((T0 + i, i + 1))
+        p = progress(i + 1, i + 1, history[-3:], scope="job")
+        # Both ranks follow the same log: each line is one point of the job.
+        ranks = [rank(rank=0, progress=p), rank(rank=1, progress=p)]
+        apply(state, report(ranks=ranks, sent_at=T0 + i), received_at=T0 + i)
+    job = state.jobs["job-a"]
+    assert list(job.progress_points) == [(T0 + i, i + 1) for i in range(5)]
+    assert all(not t.progress_points for t in job.ranks.values())
+
+
+def test_progress_without_a_cadence_list_adds_one_point_at_step_at() -> None:
+    state = MonitorState()
+    apply(state, report(ranks=[rank(progress=progress(3, 30, step_at=T0 - 10))], sent_at=T0 - 5), received_at=T0)
+    # Same events again: no new point.
+    apply(state, report(ranks=[rank(progress=progress(3, 30, step_at=T0 - 10))], sent_at=T0 - 4), received_at=T0 + 1)
+    apply(state, report(ranks=[rank(progress=progress(4, 40, step_at=T0 - 3))], sent_at=T0 - 3), received_at=T0 + 2)
+    assert list(state.jobs["job-a"].ranks[0].progress_points) == [(T0 - 5, 30), (T0 + 2, 40)]
+
+
+def test_progress_points_carry_over_a_restarted_rank() -> None:
+    state = MonitorState()
+    apply(state, report(ranks=[rank(progress=progress(1, 5, [(T0, 5)]))], sent_at=T0), received_at=T0)
+    restarted = rank(pid=2000, progress=progress(1, 6, [(T0 + 10, 6)]))
+    apply(state, report(ranks=[restarted], sent_at=T0 + 10), received_at=T0 + 10)
+    assert list(state.jobs["job-a"].ranks[0].progress_points) == [(T0, 5), (T0 + 10, 6)]
