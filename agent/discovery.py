@@ -265,7 +265,9 @@ class Discovery:
                 continue
             if seen.launcher:
                 launchers.append(seen.launcher)
-            if stat.ppid == 1 and (seen.launcher or seen.carries_rank):
+            if stat.ppid == 1 and stat.state in ("Z", "X"):
+                pass  # a zombie holds no port and cannot be killed: not worth a line
+            elif stat.ppid == 1 and (seen.launcher or seen.carries_rank):
                 orphans.append(OrphanProcess(pid, stat.starttime, seen.cmdline))
             elif stat.ppid == 1:
                 other_ppid1.append((pid, stat.starttime))
