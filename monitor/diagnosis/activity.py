@@ -12,11 +12,14 @@ from dataclasses import dataclass
 from monitor.diagnosis.model import RankView
 from monitor.diagnosis.stacks import WaitPoint, top_python_frame, wait_point
 
-BUSY_CPU_PERCENT = 50.0
+# Two ranks sharing a core each show ~50%; a rank waiting or sleeping stays near 0-15%.
+BUSY_CPU_PERCENT = 25.0
 # wchar rate above which a waiting rank is still moving data (log lines stay far below).
 MOVING_BYTES_PER_S = 256 * 1024
-# A stop seen in two reports (about 2 s apart) is not the agent's own py-spy pause.
+# A stop seen in two reports (about 2 s apart) is not a passing pause. A tracing stop
+# ("t") is what py-spy's own dumps cause, so it must last much longer to count.
 STOPPED_CONFIRM_S = 1.5
+TRACE_STOP_CONFIRM_S = 10.0
 
 ACTIVITIES = (
     "exited",
@@ -52,7 +55,8 @@ def is_stopped(rank: RankView) -> bool:
     if not rank.alive or rank.proc_state not in ("T", "t"):
         return False
     since = rank.state_since if rank.state_since is not None else rank.observed_at
-    return rank.observed_at - since >= STOPPED_CONFIRM_S
+    confirm = STOPPED_CONFIRM_S if rank.proc_state == "T" else TRACE_STOP_CONFIRM_S
+    return rank.observed_at - since >= confirm
 
 
 def classify(rank: RankView, fresh_after: float | None) -> Activity:

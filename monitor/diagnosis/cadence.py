@@ -13,6 +13,10 @@ from statistics import median
 from monitor.diagnosis.model import JobView
 
 MIN_STALL_S = 5.0
+# Until a few step intervals are known the pace is not: a slow first step (warm-up,
+# torch.compile) is allowed this long. Deadlocks are still caught from the stacks.
+WARMUP_GRACE_S = 120.0
+WARMUP_INTERVALS = 3
 MEDIAN_FACTOR = 5.0
 LONGEST_FACTOR = 1.5
 RECENT_INTERVALS = 32
@@ -23,11 +27,16 @@ class Cadence:
     last_progress_at: float | None
     median_interval_s: float | None
     longest_interval_s: float | None
+    intervals_seen: int = 0
+
+    @property
+    def warming_up(self) -> bool:
+        return self.intervals_seen < WARMUP_INTERVALS
 
     @property
     def stall_after_s(self) -> float:
-        if self.median_interval_s is None:
-            return MIN_STALL_S
+        if self.warming_up or self.median_interval_s is None:
+            return WARMUP_GRACE_S
         return max(
             MIN_STALL_S,
             MEDIAN_FACTOR * self.median_interval_s,
@@ -57,11 +66,13 @@ def job_cadence(job: JobView) -> Cadence:
     last = max(max(s) for s in sources)
     medians: list[float] = []
     longest: list[float] = []
+    seen = 0
     for times in sources:
         gaps = _intervals(times)
         if gaps:
             medians.append(median(gaps))
             longest.append(max(gaps))
+            seen = max(seen, len(gaps))
     if not medians:
         return Cadence(last, None, None)
-    return Cadence(last, max(medians), max(longest))
+    return Cadence(last, max(medians), max(longest), seen)

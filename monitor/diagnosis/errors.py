@@ -13,7 +13,8 @@ KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
                 re.IGNORECASE),
      "The master port is already taken, usually by processes of an earlier run: find them with "
      "`ss -tlnp | grep PORT` and end them by PID, or launch with another --master-port."),
-    (re.compile(r"Unable to find address for|no device named|Cannot assign requested address", re.IGNORECASE),
+    (re.compile(r"Unable to find address for|no device named|Cannot assign requested address|"
+                r"Network is unreachable|No route to host", re.IGNORECASE),
      "GLOO_SOCKET_IFNAME (or NCCL_SOCKET_IFNAME) names an interface that does not exist or has no usable "
      "address on that node: set it to the NIC that joins the nodes (see `ip -br addr`)."),
     (re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE),

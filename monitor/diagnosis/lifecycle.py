@@ -7,6 +7,7 @@ from monitor.diagnosis.context import Context, describe, ranks_text, where
 from monitor.diagnosis.errors import hints_for_errors
 from monitor.diagnosis.exits import describe_exit, error_detail, first_causes
 from monitor.diagnosis.model import Diagnosis
+from monitor.diagnosis.rendezvous import interface_findings
 
 # A clean exit while peers live only matters once the peers wait this long after it.
 HELD_UP_AFTER_EXIT_S = 2.0
@@ -38,7 +39,11 @@ def ended_ranks(ctx: Context) -> Diagnosis | None:
         summary += f"; {ranks_text(a.rank.rank for a in live)} left waiting"
     elif len(ended) > len(culprits):
         summary += "; the other ranks failed because of it"
+    # A rank that died connecting to a peer often points at the peer's network settings.
+    if_evidence, if_hints, _ = interface_findings(ctx, [a.rank for a in ctx.activities.values()])
+    evidence += if_evidence
     hints = hints_for_errors(error_detail(r) for r in causes)
+    hints += [h for h in if_hints if h not in hints]
     hints += [
         f"Look at why {ranks_text(culprits)} ended: its own error or exit status above is the cause; "
         "'Connection closed/reset by peer' errors on the other ranks are consequences (torchrun's "

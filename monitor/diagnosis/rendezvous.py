@@ -65,11 +65,11 @@ def _network_findings(ctx: Context, ranks: list[RankView], launchers: list[Launc
             evidence.append(line)
             if hint not in hints:
                 hints.append(hint)
-    evidence_if, hints_if, culprits_if = _interface_findings(ctx, ranks)
+    evidence_if, hints_if, culprits_if = interface_findings(ctx, ranks)
     return evidence + evidence_if, hints + [h for h in hints_if if h not in hints], culprits | culprits_if
 
 
-def _interface_findings(ctx: Context, ranks: list[RankView]):
+def interface_findings(ctx: Context, ranks: list[RankView]):
     evidence: list[str] = []
     culprits: set[int] = set()
     hints: list[str] = []

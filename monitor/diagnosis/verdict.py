@@ -9,6 +9,7 @@ from where the live ranks are.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from monitor.diagnosis.activity import classify
 from monitor.diagnosis.cadence import job_cadence
@@ -18,8 +19,10 @@ from monitor.diagnosis.model import Diagnosis, JobView
 from monitor.diagnosis.rendezvous import launch_failed, launcher_waiting, rendezvous
 from monitor.diagnosis.stall import comm_share_text, stall
 
-# Without any progress line, ranks parked this long in a collective count as stalled.
+# Without a known pace, ranks parked this long in a collective count as stalled.
 PARKED_WITHOUT_PROGRESS_S = 10.0
+# How long past the stall threshold the verdict waits for fresh stacks before "stalled".
+STACK_WAIT_S = 8.0
 
 RULES: tuple[Callable[[Context], Diagnosis | None], ...] = (
     launch_failed,
@@ -32,16 +35,31 @@ RULES: tuple[Callable[[Context], Diagnosis | None], ...] = (
 
 def _stall_window(ctx: Context) -> tuple[bool, float | None]:
     """Whether the job is stalled and since when."""
-    if ctx.cadence.last_progress_at is not None:
-        return ctx.cadence.is_stalled(ctx.now), ctx.cadence.last_progress_at
-    # No progress line ever: a stall is every live rank idle for a while, at least
-    # one of them parked in a collective (a job without step logs still deadlocks).
+    if ctx.cadence.last_progress_at is not None and ctx.cadence.is_stalled(ctx.now):
+        return True, ctx.cadence.last_progress_at
+    if ctx.cadence.last_progress_at is not None and not ctx.cadence.warming_up:
+        return False, None
+    # No usual pace yet (no progress line, or only the first steps): a stall is every
+    # live rank idle for a while, one of them parked in a collective. A job without
+    # step logs, or one stuck at its first step, still deadlocks visibly.
     live = ctx.live()
     idle_since = [a.rank.idle_since for a in live]
     if live and any(a.waiting for a in live) and all(t is not None for t in idle_since):
         since = max(t for t in idle_since if t is not None)
+        if ctx.cadence.last_progress_at is not None:
+            since = max(since, ctx.cadence.last_progress_at)
         return ctx.now - since >= PARKED_WITHOUT_PROGRESS_S, since
     return False, None
+
+
+def _still_gathering(ctx: Context) -> bool:
+    """Stacks are on their way (the agent dumps ranks that look stuck): wait a little for them."""
+    if ctx.job.stacks_unavailable_reason:
+        return False
+    silent = ctx.cadence.silent_for(ctx.now)
+    if silent is None or silent > ctx.cadence.stall_after_s + STACK_WAIT_S:
+        return False
+    return any(a.kind == "unknown" for a in ctx.live())
 
 
 def _healthy(ctx: Context) -> Diagnosis:
@@ -68,8 +86,14 @@ def diagnose(job: JobView) -> Diagnosis:
         if found is not None:
             return found
     if not job.ranks:
+        if any(lv.alive for lv in job.launchers):
+            return ctx.diagnosis("healthy", (), None, "launcher started; waiting for its workers")
         return ctx.diagnosis("stalled", (), None, "no rank of this job is reported any more")
     stalled, since = _stall_window(ctx)
     if not stalled:
         return _healthy(ctx)
+    if _still_gathering(ctx):
+        healthy = _healthy(ctx)
+        return replace(healthy, summary=f"no step for {ctx.cadence.silent_for(ctx.now):.0f}s; "
+                       "taking stacks of the ranks before judging")
     return stall(ctx, since)

@@ -195,3 +195,45 @@ def test_nccl_rank_spinning_in_cuda_sync_counts_as_waiting() -> None:
                           progress=STALLED))
     assert (result.verdict, result.culprit_ranks) == ("deadlock", (1,)), text(result)
     assert "GPU 100% busy" in text(result) and "GPU 0% busy" in text(result)
+
+
+def ifname_crash_job() -> JobView:
+    unreachable = "RuntimeError: [../gloo/transport/tcp/socket.cc:142] connect: Network is unreachable"
+    return job(
+        rank(0, alive=False, exit=ExitView(NOW - 5, 1, None, unreachable)),
+        rank(1, frames=init_pg(), node="node-b", env=(("GLOO_SOCKET_IFNAME", "docker0"),)),
+        hosts=NODES,
+    )
+
+
+EARLY_LIFE: list[tuple[str, JobView, str, tuple[int, ...], tuple[str, ...]]] = [
+    ("launcher reported before its workers: starting, not stalled",
+     JobView(job_id="127.0.0.1:29500", world_size=2, now=NOW, first_seen_at=NOW - 2, ranks=(),
+             launchers=(LauncherView(node="node-a", pid=77, alive=True, first_seen_at=NOW - 2),)),
+     "healthy", (), ("waiting for its workers",)),
+    ("slow first step: two steps seen, then 30 s of compute at contended CPU",
+     job(rank(0, cpu=30, frames=computing(), active=False), rank(1, cpu=28, frames=computing(), active=False),
+         progress=(NOW - 31, NOW - 30)),
+     "healthy", (), ()),
+    ("stuck at the first step, parked in collectives for 12 s: caught despite the warm-up grace",
+     job(rank(0, frames=collective("all_reduce", 103), idle_since=NOW - 12),
+         rank(1, frames=collective("barrier", 120), idle_since=NOW - 12), progress=(NOW - 13,)),
+     "deadlock", (1,), ()),
+    ("a tracing stop for 5 s (py-spy's own dumps) is not a stopped rank",
+     job(rank(0, cpu=90), rank(1, cpu=90, state="t", state_since=NOW - 5), progress=steps(NOW - 0.1, 0.1)),
+     "healthy", (), ()),
+    ("stall just past the threshold, no fresh stack yet: waits for the stacks",
+     job(rank(0, cpu=0), rank(1, cpu=0), progress=steps(NOW - 7, 0.1)),
+     "healthy", (), ("taking stacks",)),
+    ("gloo connect fails on one node because the other uses a docker interface",
+     ifname_crash_job(), "rank_exited", (0,), ("GLOO_SOCKET_IFNAME=docker0", "node-b", "Network is unreachable")),
+]
+
+
+@pytest.mark.parametrize(("situation", "job_view", "verdict", "culprits", "words"), EARLY_LIFE,
+                         ids=[c[0] for c in EARLY_LIFE])
+def test_early_life_and_evidence_gathering(situation, job_view, verdict, culprits, words) -> None:
+    result = diagnose(job_view)
+    assert (result.verdict, result.culprit_ranks) == (verdict, culprits), text(result)
+    for word in words:
+        assert word in text(result), f"{word!r} missing from:\n{text(result)}"
