@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-stacks", action="store_true", help="never run py-spy")
     p.add_argument("--job", action="append", default=[], metavar="JOB_ID",
                    help="only track ranks of this job id; repeatable")
+    p.add_argument("--own-pid-namespace", action="store_true",
+                   help="track only processes in the agent's own PID namespace (leave containers' ranks "
+                        "to the agents inside them)")
     p.add_argument("--once", action="store_true",
                    help="sample twice one interval apart, print the report JSON and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -101,6 +104,7 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         py_spy=args.py_spy,
         stacks=not args.no_stacks,
         jobs=frozenset(args.job),
+        own_pid_namespace=args.own_pid_namespace,
     )
     return config, args
 

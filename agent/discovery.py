@@ -232,6 +232,9 @@ class Discovery:
     proc_root: str = "/proc"
     self_pid: int = field(default_factory=os.getpid)
     jobs: frozenset[str] = frozenset()  # when set, only these job ids are tracked
+    # When set, processes in other PID namespaces (containers, simulated nodes with an
+    # agent of their own) are left alone: two agents must not report one rank.
+    own_pid_namespace: bool = False
     # (pid, starttime, comm) -> what it is. comm is in the key because an exec (a wrapper
     # script exec'ing python) changes it.
     _cache: dict[tuple[int, int, str], _Seen] = field(default_factory=dict)
@@ -291,8 +294,16 @@ class Discovery:
         except OSError:
             return ""
 
+    def _pid_namespace(self, pid: int | str) -> str | None:
+        try:
+            return os.readlink(f"{self.proc_root}/{pid}/ns/pid")
+        except OSError:
+            return None
+
     def _inspect(self, stat: Stat) -> _Seen:
         base = f"{self.proc_root}/{stat.pid}"
+        if self.own_pid_namespace and self._pid_namespace(stat.pid) != self._pid_namespace(self.self_pid):
+            return _Seen()
         try:
             with open(f"{base}/cmdline", "rb") as f:
                 argv = parse_cmdline(f.read())

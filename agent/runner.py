@@ -21,6 +21,7 @@ from agent.logs import LogFollower
 from agent.procio import WriteRateSampler
 from agent.procstat import CLOCK_TICKS, CpuSampler, ProcessSample
 from agent.report import build_report, orphan_report, rank_report
+from agent.sdnotify import Notifier
 from agent.sockets import SocketReader, listening_ports, socket_inodes
 from agent.stacks import LOW_CPU_PERCENT, StackSampler, find_py_spy, looks_stuck
 
@@ -50,6 +51,7 @@ class Config:
     py_spy: str | None = None
     stacks: bool = True
     jobs: frozenset[str] = frozenset()
+    own_pid_namespace: bool = False
 
 
 @dataclass
@@ -109,7 +111,7 @@ class Agent:
         self.clock = clock
         self.started_at = clock()
         root = config.proc_root
-        self.discovery = Discovery(proc_root=root, jobs=config.jobs)
+        self.discovery = Discovery(proc_root=root, jobs=config.jobs, own_pid_namespace=config.own_pid_namespace)
         self.cpu = CpuSampler(root)
         self.io = WriteRateSampler(root)
         self.exits = ExitWatcher(root, clock)
@@ -429,15 +431,24 @@ class Agent:
 
     # --- the loop --------------------------------------------------------------------
 
-    def run(self, stop: threading.Event, sender) -> None:
+    def run(self, stop: threading.Event, sender, notifier: Notifier | None = None) -> None:
+        notifier = notifier or Notifier.from_env()
         next_tick = time.monotonic()
+        ready = False
         while not stop.is_set():
             try:
-                sender.offer(self.tick())
+                report = self.tick()
+                sender.offer(report)
+                if not ready:
+                    notifier.ready(f"watching {len(report['ranks'])} ranks")
+                    ready = True
             except Exception:  # noqa: BLE001 -- the loop itself must survive anything
                 log.exception("tick failed")
+            # Fed from the sampling loop itself: a loop that hangs starves the watchdog.
+            notifier.tick()
             next_tick += self.config.interval
             delay = next_tick - time.monotonic()
             if delay < 0:  # fell behind (a slow tick): do not try to catch up
                 next_tick, delay = time.monotonic(), 0
             stop.wait(delay)
+        notifier.stopping()

@@ -173,8 +173,10 @@ def start_agent(reaper: Reaper, workdir: Path, monitor_url: str, *, interval: fl
                 extra: Sequence[str] = ()) -> Service:
     log = workdir / "agent.log"
     with open(log, "wb") as out:
+        # --own-pid-namespace: simulated nodes run agents of their own, and two agents
+        # tracing one rank would fight over ptrace and report it twice.
         proc = reaper.popen([tool("hangwatch-agent"), "--monitor", monitor_url, "--interval", str(interval),
-                             *extra], stdout=out, stderr=subprocess.STDOUT)
+                             "--own-pid-namespace", *extra], stdout=out, stderr=subprocess.STDOUT)
     time.sleep(0.3)
     if proc.poll() is not None:
         raise RuntimeError(f"agent exited with {proc.returncode}:\n{Service(proc, log).log_tail()}")

@@ -129,6 +129,55 @@ def test_agent_keeps_running_when_monitor_unreachable(agent_process):
     assert "Traceback" not in err
 
 
+def test_own_pid_namespace_leaves_other_namespaces_alone(tmp_path):
+    """A rank in another PID namespace (a container, a simulated node) is skipped on request."""
+    script = "import time; print('step 1', flush=True); time.sleep(60)"
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "45999"}
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", script],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        job = "127.0.0.1:45999"
+        deadline = time.monotonic() + 15
+        while True:
+            seen = run_agent_once("--job", job, "--no-stacks")
+            if seen["ranks"] or time.monotonic() > deadline:
+                break
+        assert [r["job_id"] for r in seen["ranks"]] == [job]
+        assert run_agent_once("--job", job, "--no-stacks", "--own-pid-namespace")["ranks"] == []
+    finally:
+        proc.kill()  # --kill-child: the namespace's init dies with unshare
+        proc.wait(timeout=10)
+
+
+def test_agent_tells_systemd_it_is_ready_and_alive(tmp_path, monkeypatch):
+    """Under a Type=notify unit: READY=1 after the first scan, WATCHDOG=1 from the sampling loop."""
+    import socket
+
+    notify_path = tmp_path / "notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(notify_path))
+    listener.settimeout(15.0)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(notify_path))
+    monkeypatch.setenv("WATCHDOG_USEC", "400000")
+    proc = subprocess.Popen(agent_argv("--monitor", "http://127.0.0.1:9", "--interval", "0.1", "--no-stacks"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        messages: list[str] = []
+        while sum("WATCHDOG=1" in m for m in messages) < 3:
+            messages.append(listener.recv(4096).decode())
+        ready = [m for m in messages if "READY=1" in m]
+        assert len(ready) == 1 and f"MAINPID={proc.pid}" in ready[0] and "watching" in ready[0]
+        proc.send_signal(signal.SIGTERM)
+        while not any("STOPPING=1" in m for m in messages):
+            messages.append(listener.recv(4096).decode())
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        listener.close()
+
+
 @pytest.mark.parametrize(
     "args",
     [
