@@ -51,6 +51,7 @@ def _positive(text: str) -> float:
 
 
 from hangwatch.cases import CASE_NAMES, demo_cases  # noqa: E402
+from hangwatch.colour import paint_verdict, paint_verdicts_in, wants_colour  # noqa: E402
 from hangwatch.harness import watch_case  # noqa: E402
 
 
@@ -180,7 +181,8 @@ def cmd_diagnose(args) -> int:
             params = {"job": args.job} if args.job else {}
             r = _fetch(args.monitor + "/diagnose", params)
             r.raise_for_status()
-            sys.stdout.write(r.text if r.text.endswith("\n") else r.text + "\n")
+            text = paint_verdicts_in(r.text, wants_colour(sys.stdout, args.color))
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
     except httpx.HTTPError as e:
         print(f"hangwatch: monitor {args.monitor} unreachable: {e or type(e).__name__}", file=sys.stderr)
         return 2
@@ -204,12 +206,14 @@ def cmd_status(args) -> int:
     if not jobs:
         print("no jobs" if not args.job else f"no job {args.job!r}")
         return 2 if args.job else 0
+    colour = wants_colour(sys.stdout, args.color)
     for j in jobs:
         ranks = j.get("ranks", [])
         steps = [r.get("step") for r in ranks if r.get("step") is not None]
         culprits = ",".join(str(c) for c in j.get("culprit_ranks", [])) or "-"
         states = ",".join(f"{r['rank']}:{r.get('state')}" for r in sorted(ranks, key=lambda r: r["rank"]))
-        print(f"{j['job_id']}  {j['verdict'].upper():<15} culprits={culprits:<6} since={_ago(j.get('since')):<5} "
+        verdict = paint_verdict(f"{j['verdict'].upper():<15}", j["verdict"], colour)
+        print(f"{j['job_id']}  {verdict} culprits={culprits:<6} since={_ago(j.get('since')):<5} "
               f"step={max(steps) if steps else '-'}  ranks={states}  {j.get('summary', '')}")
     return _exit_code(jobs)
 
@@ -233,11 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"monitor URL (default $HANGWATCH_MONITOR or {DEFAULT_MONITOR})")
     g.add_argument("--json", action="store_true", help="JSON instead of text")
     g.add_argument("--job", default=None, help="only this job id")
+    g.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour the verdicts: auto = only on a terminal (default)")
 
     s = sub.add_parser("status", help="one line per job")
     s.add_argument("--monitor", type=_url, default=monitor_default,
                    help=f"monitor URL (default $HANGWATCH_MONITOR or {DEFAULT_MONITOR})")
     s.add_argument("--job", default=None, help="only this job id")
+    s.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour the verdicts: auto = only on a terminal (default)")
     return p
 
 

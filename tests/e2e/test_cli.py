@@ -19,6 +19,30 @@ def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([*HANGWATCH, *args], capture_output=True, text=True, timeout=timeout)
 
 
+def run_on_tty(*args: str, timeout: float = 60) -> tuple[int, str]:
+    """Run with stdout on a real pseudo-terminal, as a person at a terminal would."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen([*HANGWATCH, *args], stdout=follower, stderr=subprocess.DEVNULL,
+                                env={k: v for k, v in os.environ.items() if k != "NO_COLOR"})
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")
+    finally:
+        os.close(leader)
+
+
 def test_console_script_is_installed():
     assert tool("hangwatch")
 
@@ -71,6 +95,11 @@ def test_diagnose_and_status_exit_codes(torchrun_job, wait_for_verdict, monitor)
     assert res.returncode == 1
     lines = res.stdout.strip().splitlines()
     assert len(lines) == 1 and job.job_id in lines[0] and "DEADLOCK" in lines[0]
+    # Plain when piped, coloured on a terminal.
+    assert "\033[" not in res.stdout
+    for cmd in ("status", "diagnose"):
+        code, shown = run_on_tty(cmd, "--monitor", monitor.url, "--job", job.job_id)
+        assert code == 1 and "\033[1;31mDEADLOCK" in shown, shown
     res = run("diagnose", "--monitor", monitor.url, "--job", "no-such-job:1")
     assert res.returncode == 2 and "no job" in res.stderr
 
