@@ -17,6 +17,7 @@ MIN_STALL_S = 5.0
 # torch.compile) is allowed this long. Deadlocks are still caught from the stacks.
 WARMUP_GRACE_S = 120.0
 WARMUP_INTERVALS = 3
+WARMUP_STEPS = 3
 MEDIAN_FACTOR = 5.0
 LONGEST_FACTOR = 1.5
 RECENT_INTERVALS = 32
@@ -28,9 +29,15 @@ class Cadence:
     median_interval_s: float | None
     longest_interval_s: float | None
     intervals_seen: int = 0
+    # The highest step number the logs showed, if they number their steps.
+    highest_step: int | None = None
 
     @property
     def warming_up(self) -> bool:
+        # Several steps may pass between two sightings of the log, so a high step
+        # number also proves the job is past its first steps.
+        if self.highest_step is not None and self.highest_step >= WARMUP_STEPS:
+            return False
         return self.intervals_seen < WARMUP_INTERVALS
 
     @property
@@ -61,8 +68,10 @@ def job_cadence(job: JobView) -> Cadence:
     merging them would halve the intervals — and the slowest source sets the pace."""
     sources = [job.job_progress_times] + [r.progress_times for r in job.ranks]
     sources = [s for s in sources if s]
+    steps = [s for s in [job.job_step, *(r.step for r in job.ranks)] if s is not None]
+    highest = max(steps, default=None)
     if not sources:
-        return Cadence(None, None, None)
+        return Cadence(None, None, None, 0, highest)
     last = max(max(s) for s in sources)
     medians: list[float] = []
     longest: list[float] = []
@@ -74,5 +83,5 @@ def job_cadence(job: JobView) -> Cadence:
             longest.append(max(gaps))
             seen = max(seen, len(gaps))
     if not medians:
-        return Cadence(last, None, None)
-    return Cadence(last, max(medians), max(longest), seen)
+        return Cadence(last, None, None, 0, highest)
+    return Cadence(last, max(medians), max(longest), seen, highest)
