@@ -132,12 +132,12 @@ def _deadlock(ctx: Context, since: float | None, waiting: list[Activity], idle: 
     return ctx.diagnosis("deadlock", culprits, since, summary, evidence + group_lines, hints, groups)
 
 
-def _in_phase(ctx: Context, busy: list[Activity]) -> str | None:
-    """The phase busy ranks are in, while it is within its grace."""
+def _in_phase(ctx: Context, working: list[Activity]) -> str | None:
+    """The phase the ranks not waiting on peers are in, while it is within its grace."""
     silent = ctx.cadence.silent_for(ctx.now)
     if silent is None or silent > max(PHASE_GRACE_S, ctx.cadence.stall_after_s):
         return None
-    phases = {phase_of(a.rank.stack) for a in busy}
+    phases = {phase_of(a.rank.stack) for a in working}
     phases.discard(None)
     return sorted(phases)[0] if phases else None  # type: ignore[return-value]
 
@@ -150,9 +150,13 @@ def stall(ctx: Context, since: float | None) -> Diagnosis:
     unknown = [a for a in live if a.kind == "unknown"]
     evidence = progress_evidence(ctx) + [describe(a) for a in live]
 
-    phase = _in_phase(ctx, busy) if busy and not idle else None
+    # Ranks that finished an evaluation or wait for a rank-0 checkpoint are expected to
+    # wait; while the others are in such a phase (and CPU-starved ranks may look idle),
+    # it is not a hang until the phase outlasts its grace.
+    working = [a for a in live if not a.waiting]
+    phase = _in_phase(ctx, working) if working else None
     if phase is not None:
-        doing = "; ".join(_doing(a) for a in busy)
+        doing = "; ".join(_doing(a) for a in working if phase_of(a.rank.stack))
         return ctx.diagnosis(
             "healthy", (), None,
             f"no step for {ctx.cadence.silent_for(ctx.now):.0f}s, but the job is in a {phase} phase: {doing}",
