@@ -179,13 +179,17 @@ def test_no_false_alarm(situation, job_view) -> None:
     assert result.verdict not in ("deadlock", "stalled")
 
 
+def no_alarm_case(prefix: str) -> JobView:
+    return next(c[1] for c in NO_ALARM if c[0].startswith(prefix))
+
+
 def test_checkpoint_phase_is_healthy_within_its_grace() -> None:
-    result = diagnose(NO_ALARM[0][1])
+    result = diagnose(no_alarm_case("rank 0 saves a checkpoint"))
     assert result.verdict == "healthy" and "checkpoint" in result.summary
 
 
 def test_communication_bound_job_reports_its_wait_share() -> None:
-    result = diagnose(NO_ALARM[3][1])
+    result = diagnose(no_alarm_case("a slow link"))
     assert result.verdict == "healthy"
     assert "78%" in result.summary and "communication-bound" in result.summary
 
