@@ -158,12 +158,13 @@ class LogFollower:
         state = self._ranks.get(pid)
         if not state:
             return None
-        # A rank's own lines say more than the job's shared ones.
-        for scope in ("rank", "job"):
-            tracker = state.progress.get(scope)
-            if tracker and tracker.events:
-                return tracker.report()
-        return None
+        # The freshest progress wins; on a tie a rank's own lines say more than the job's.
+        # (A rank that printed a few prefixed lines, e.g. during evaluation, must not hide
+        # the job's shared progress lines that follow.)
+        trackers = [t for t in (state.progress.get("rank"), state.progress.get("job")) if t and t.events]
+        if not trackers:
+            return None
+        return max(trackers, key=lambda t: (t.step_at or 0.0, t.scope == "rank")).report()
 
     def errors_of(self, pid: int) -> list[str]:
         state = self._ranks.get(pid)

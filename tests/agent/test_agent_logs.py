@@ -198,3 +198,23 @@ def test_rotation_of_a_log_path(tmp_path):
     follower.collect(ranks, now=1.0)
     assert follower.progress_of(1)["step"] == 2
     follower.close()
+
+
+
+def test_job_progress_after_a_ranks_own_lines_is_not_hidden(tmp_path):
+    """A rank's prefixed eval lines, then the job's shared step lines: the newer progress is reported."""
+    log = tmp_path / "train.log"
+    log.write_text("")
+    ranks = [_rank(101, 0, 0), _rank(102, 1, 1)]
+    follower = LogFollower(extra_paths=(str(log),))
+    follower.collect(ranks, now=1.0)
+    with open(log, "a") as f:
+        f.write("[rank0]: eval step 40 batch 10 | val loss 0.3\n")
+    follower.collect(ranks, now=2.0)
+    assert follower.progress_of(101)["scope"] == "rank"
+    with open(log, "a") as f:
+        f.write("step 41/1000 | loss 0.1\n")
+    follower.collect(ranks, now=3.0)
+    progress = follower.progress_of(101)
+    assert (progress["scope"], progress["step"], progress["step_at"]) == ("job", 41, 3.0)
+    follower.close()
