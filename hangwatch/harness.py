@@ -514,18 +514,8 @@ def watch_case(case, job: Job, client: MonitorClient, *, stall_step: int, timeou
                 if t is not None:
                     run.stall_at = t
                     emit("stall", t)
-        try:
-            j = client.job(job.job_id)
-        except httpx.HTTPError:
-            j = None
-        now = time.time()
-        run.observations.append(Observation(now, j and j.get("verdict"),
-                                            tuple(j.get("culprit_ranks", ())) if j else ()))
+        j, now, last_key = _observe(client, job, run, last_key, emit)
         if j is not None:
-            key = (j.get("verdict"), tuple(j.get("culprit_ranks", ())))
-            if key != last_key:
-                last_key = key
-                emit("change", j)
             ok = j.get("verdict") == case.expect and (
                 case.culprits is None or tuple(sorted(j.get("culprit_ranks", []))) == tuple(case.culprits))
             if ok and found_mono is None:
@@ -538,6 +528,23 @@ def watch_case(case, job: Job, client: MonitorClient, *, stall_step: int, timeou
             emit("timeout", timeout)
             return run
         time.sleep(poll)
+
+
+def _observe(client: MonitorClient, job: Job, run: CaseRun, last_key, emit: Callable[[str, object], None]):
+    """One poll of the job's answer: recorded, and announced when verdict or culprits change."""
+    try:
+        j = client.job(job.job_id)
+    except httpx.HTTPError:
+        j = None
+    now = time.time()
+    run.observations.append(Observation(now, j and j.get("verdict"),
+                                        tuple(j.get("culprit_ranks", ())) if j else ()))
+    if j is not None:
+        key = (j.get("verdict"), tuple(j.get("culprit_ranks", ())))
+        if key != last_key:
+            last_key = key
+            emit("change", j)
+    return j, now, last_key
 
 
 def _watch_quiet(case, job: Job, client: MonitorClient, *, quiet: float, timeout: float, poll: float,
@@ -557,18 +564,8 @@ def _watch_quiet(case, job: Job, client: MonitorClient, *, quiet: float, timeout
             if t is not None:
                 run.stall_at = t
                 emit("stall", t)
-        try:
-            j = client.job(job.job_id)
-        except httpx.HTTPError:
-            j = None
-        now = time.time()
-        run.observations.append(Observation(now, j and j.get("verdict"),
-                                            tuple(j.get("culprit_ranks", ())) if j else ()))
+        j, now, last_key = _observe(client, job, run, last_key, emit)
         if j is not None:
-            key = (j.get("verdict"), tuple(j.get("culprit_ranks", ())))
-            if key != last_key:
-                last_key = key
-                emit("change", j)
             if j.get("verdict") not in allowed:
                 run.alarms.append(run.observations[-1])
         if run.stall_at is not None and now - run.stall_at >= quiet:

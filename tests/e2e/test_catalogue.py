@@ -24,24 +24,12 @@ from hangwatch.harness import (
     start_orphan_listener,
 )
 from tests.e2e.conftest import STALL_STEP
+from tests.e2e.answers import compact, text_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
 FAIL_AT = ("--fail-at-step", str(STALL_STEP))
 ALARMS = ("deadlock", "stalled")
-
-
-def text_of(job: dict) -> str:
-    return "\n".join([job.get("summary", ""), *job.get("evidence", []), *job.get("hints", [])])
-
-
-def compact(job: dict | None) -> str:
-    if job is None:
-        return "(no answer)"
-    keep = {k: job.get(k) for k in ("verdict", "culprit_ranks", "summary", "evidence", "hints")}
-    keep["ranks"] = [{k: r.get(k) for k in ("rank", "node", "state", "cpu_percent", "step", "top_frame",
-                                            "compute_dtype")} for r in job.get("ranks", [])]
-    return json.dumps(keep, indent=1)
 
 
 def watch(client: MonitorClient, job, seconds: float, *, until: str | None = None,

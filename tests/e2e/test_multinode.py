@@ -13,7 +13,6 @@ every process) is removed when a test ends, pass or fail.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterator
@@ -23,26 +22,13 @@ import pytest
 
 from hangwatch.harness import MonitorClient
 from hangwatch.netns import Fabric, NetnsUnavailable, check_available, sweep_stale
+from tests.e2e.answers import compact, text_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 MASTER_PORT = 29500  # each fabric has its own network: no clash with anything else
 MASTER_HOST, WORKER_HOST = 20, 10
 GLOO_OK = {"GLOO_SOCKET_IFNAME": "eth0"}
-
-
-def text_of(job: dict) -> str:
-    return "\n".join([job.get("summary", ""), *job.get("evidence", []), *job.get("hints", [])])
-
-
-def compact(job: dict | None) -> str:
-    if job is None:
-        return "(no answer)"
-    keep = {k: job.get(k) for k in ("verdict", "culprit_ranks", "summary", "evidence", "hints")}
-    keep["ranks"] = [{k: r.get(k) for k in ("rank", "node", "state", "cpu_percent", "step", "top_frame",
-                                            "collective_wait_share")} for r in job.get("ranks", [])]
-    keep["launchers"] = job.get("launchers")
-    return json.dumps(keep, indent=1)
 
 
 @pytest.fixture(scope="session", autouse=True)
