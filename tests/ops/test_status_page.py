@@ -37,6 +37,11 @@ def test_page_shows_the_deadlock_and_its_culprit(live_hang: LiveHang, artifacts:
     groups = stacks.locator("li").all_inner_texts()
     assert len(groups) == 2 and groups[0].startswith("rank 0:") and "all_reduce" in groups[0], groups
     assert groups[1].startswith("rank 1:") and "linger_forever (train.py" in groups[1], groups
+    # Progress over time: the job's step line(s) in an inline SVG, and the marker where it stalled.
+    chart = card.locator("svg.progress")
+    chart.wait_for(timeout=SHOW_TIMEOUT_MS)
+    assert chart.locator("path.series").count() >= 1
+    assert chart.locator("line.since").count() == 1
     page.screenshot(path=str(artifacts / "status-page-deadlock.png"), full_page=True)
 
 
