@@ -110,8 +110,10 @@ MULTINODE_CASES: dict[str, MultiNodeCase] = {
     "mn-healthy": MultiNodeCase("2 nodes x 1 rank, healthy", "healthy", quiet=20.0),
     "mn-firewall": MultiNodeCase("worker's iptables drops the master's new gloo connections",
                                  "rendezvous_hang", (1,)),
+    # Observed: the master's gloo connect fails at once ("Network is unreachable") and rank 0
+    # exits; the evidence then names node-b's GLOO_SOCKET_IFNAME=docker0.
     "mn-ifname": MultiNodeCase("worker's GLOO_SOCKET_IFNAME names an unreachable virtual NIC (docker0)",
-                               "rendezvous_hang"),
+                               "rank_exited", (0,)),
     "mn-missing-node": MultiNodeCase("node rank 1 never starts", "rendezvous_hang"),
     "mn-slow-link": MultiNodeCase("4 Mbit/s link (tbf), all_reduce dominates the step", "healthy", quiet=30.0),
 }
