@@ -156,17 +156,24 @@ def start_monitor(reaper: Reaper, workdir: Path, *, port: int | None = None, tim
         proc = reaper.popen([tool("hangwatch-monitor"), "--host", LOOPBACK, "--port", str(port),
                              "--db", str(workdir / "monitor.db")], stdout=out, stderr=subprocess.STDOUT)
     svc = Service(proc, log, f"http://{LOOPBACK}:{port}")
+    wait_until_ready(proc, svc.url + "/healthz", "monitor", svc.log_tail, timeout)
+    return svc
+
+
+def wait_until_ready(proc: subprocess.Popen, url: str, name: str, log_tail: Callable[[], str],
+                     timeout: float, poll: float = 0.1) -> None:
+    """Until ``url`` answers 200; fails with the server's log if it exits or takes too long."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise RuntimeError(f"monitor exited with {proc.returncode}:\n{svc.log_tail()}")
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log_tail()}")
         try:
-            if httpx.get(svc.url + "/healthz", timeout=1.0).status_code == 200:
-                return svc
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
         except httpx.HTTPError:
             pass
-        time.sleep(0.1)
-    raise RuntimeError(f"monitor not healthy after {timeout}s:\n{svc.log_tail()}")
+        time.sleep(poll)
+    raise RuntimeError(f"{name} not ready after {timeout}s:\n{log_tail()}")
 
 
 def start_agent(reaper: Reaper, workdir: Path, monitor_url: str, *, interval: float = 1.0,

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import yaml
 
-from hangwatch.harness import LOOPBACK, Reaper, free_port
+from hangwatch.harness import LOOPBACK, Reaper, free_port, wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "dashboards" / "hangwatch-alerts.yml"
@@ -82,14 +81,5 @@ def start_prometheus(reaper: Reaper, workdir: Path, monitor_url: str, timeout: f
                              f"--web.listen-address={LOOPBACK}:{port}", "--log.level=warn"],
                             stdout=out, stderr=subprocess.STDOUT)
     prom = Prometheus(proc, f"http://{LOOPBACK}:{port}", log)
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prometheus exited with {proc.returncode}:\n{prom.log_tail()}")
-        try:
-            if httpx.get(prom.url + "/-/ready", timeout=1.0).status_code == 200:
-                return prom
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"prometheus not ready after {timeout}s:\n{prom.log_tail()}")
+    wait_until_ready(proc, prom.url + "/-/ready", "prometheus", prom.log_tail, timeout, poll=0.2)
+    return prom
