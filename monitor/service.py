@@ -16,7 +16,7 @@ import pydantic
 
 import monitor.diagnosis as diagnosis
 from monitor.diagnosis import Diagnosis, JobView
-from monitor.state import MonitorState, WaitSite
+from monitor.state import MonitorState
 from monitor.store import Store, VerdictChange
 from monitor.views import job_view
 from monitor.wire import Report
@@ -69,7 +69,7 @@ class Monitor:
     def ingest(self, report: Report, body: str, received_at: float | None = None) -> None:
         received_at = self.clock() if received_at is None else received_at
         with self._lock:
-            self.state.apply(report, received_at, wait_site=_wait_site_hook())
+            self.state.apply(report, received_at)
             self.reports_total += 1
         self.store.add_report(report.node, received_at, body)
 
@@ -88,7 +88,7 @@ class Monitor:
                 except pydantic.ValidationError:
                     log.warning("skipping a stored report from %s that no longer validates", stored.node)
                     continue
-                self.state.apply(report, stored.received_at, wait_site=_wait_site_hook())
+                self.state.apply(report, stored.received_at)
                 count += 1
             for job_id, change in self.store.latest_verdicts().items():
                 self._last_verdicts[job_id] = (change.verdict, change.culprit_ranks)
@@ -159,14 +159,3 @@ class Monitor:
                 )
                 for n in sorted(self.state.nodes.values(), key=lambda n: n.node)
             ]
-
-
-def _wait_site_hook() -> WaitSite | None:
-    # Looked up at call time: the diagnosis package provides it as its rules land.
-    hook = getattr(diagnosis, "wait_site", None)
-    if hook is None:
-        try:
-            from monitor.diagnosis.stacks import wait_site as hook
-        except ImportError:
-            return None
-    return hook

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from monitor.diagnosis import ExitView, Frame, Stack
+from monitor.diagnosis import ExitView, Frame, Stack, stacks
 from monitor.wire import (
     AgentInfo,
     CollectorHealth,
@@ -201,7 +201,7 @@ class MonitorState:
         # ranks for a while, which must not bring the job back. A live rank does.
         self.forgotten: dict[str, float] = {}
 
-    def apply(self, report: Report, received_at: float, wait_site: WaitSite | None = None) -> set[str]:
+    def apply(self, report: Report, received_at: float, wait_site: WaitSite = stacks.wait_site) -> set[str]:
         """Take in one accepted report; return the ids of the jobs it touched."""
         offset = received_at - report.sent_at
         node = self.nodes.get(report.node)
@@ -272,7 +272,7 @@ class MonitorState:
         rr: RankReport,
         received_at: float,
         offset: float,
-        wait_site: WaitSite | None,
+        wait_site: WaitSite,
     ) -> None:
         job.last_report_at = max(job.last_report_at, received_at)
         job.reported_world_size = rr.world_size
@@ -320,16 +320,17 @@ class MonitorState:
         track.alive = rr.alive
         track.exit = None if rr.alive else _exit_view(track.exit, rr.exit, track.log_errors, received_at, offset)
 
-        if rr.stack is not None:
+        # The agent re-sends its latest stack with every report: only a new one is converted,
+        # classified and sampled (ingest is the monitor's hot path).
+        if rr.stack is not None and (track.last_stack_mark is None or rr.stack.taken_at > track.last_stack_mark):
+            track.last_stack_mark = rr.stack.taken_at
             track.stack = to_stack(rr.stack, offset)
-            track.pending_wait_site = wait_site(track.stack, rr.cpu_percent) if wait_site else None
-            if track.last_stack_mark is None or rr.stack.taken_at > track.last_stack_mark:
-                track.last_stack_mark = rr.stack.taken_at
-                site = (wait_site or _default_wait_site)(track.stack, rr.cpu_percent)
-                samples = track.wait_samples
-                samples.append((track.stack.taken_at, site is not None))
-                while samples and samples[0][0] < track.stack.taken_at - WAIT_SHARE_WINDOW_S:
-                    samples.popleft()
+            site = wait_site(track.stack, rr.cpu_percent)
+            track.pending_wait_site = site
+            samples = track.wait_samples
+            samples.append((track.stack.taken_at, site is not None))
+            while samples and samples[0][0] < track.stack.taken_at - WAIT_SHARE_WINDOW_S:
+                samples.popleft()
         track.sockets_since = _sockets_since(track.sockets_since, rr.sockets, received_at)
         if rr.env:
             track.env = dict(rr.env)
@@ -460,12 +461,6 @@ def _max_int(text: str | None) -> int | None:
     if not all(p.strip().isdigit() for p in parts):
         return None
     return max(int(p) for p in parts)
-
-
-def _default_wait_site(stack: Stack, cpu_percent: float | None) -> str | None:
-    from monitor.diagnosis.stacks import wait_site
-
-    return wait_site(stack, cpu_percent)
 
 
 def _sockets_since(previous: dict[SocketKey, float], sockets: list[SocketReport], received_at: float) -> dict[SocketKey, float]:
