@@ -13,6 +13,7 @@ this node; good enough for a single-node job with none of the usual variables.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -294,6 +295,10 @@ class Discovery:
         except OSError:
             return ""
 
+    @functools.cached_property
+    def _own_namespace(self) -> str | None:
+        return self._pid_namespace(self.self_pid)
+
     def _pid_namespace(self, pid: int | str) -> str | None:
         try:
             return os.readlink(f"{self.proc_root}/{pid}/ns/pid")
@@ -302,7 +307,7 @@ class Discovery:
 
     def _inspect(self, stat: Stat) -> _Seen:
         base = f"{self.proc_root}/{stat.pid}"
-        if self.own_pid_namespace and self._pid_namespace(stat.pid) != self._pid_namespace(self.self_pid):
+        if self.own_pid_namespace and self._pid_namespace(stat.pid) != self._own_namespace:
             return _Seen()
         try:
             with open(f"{base}/cmdline", "rb") as f:
