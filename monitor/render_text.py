@@ -27,24 +27,13 @@ def render_job(job: dict[str, Any], now: float) -> str:
     lines.append(f"  world size {job['world_size']}, {len(job['ranks'])} ranks seen" + (f" on {nodes}" if nodes else ""))
     if job.get("stacks_unavailable_reason"):
         lines.append(f"  stacks unavailable: {job['stacks_unavailable_reason']}")
-    if job["evidence"]:
-        lines.append("  evidence:")
-        lines.extend(f"    - {e}" for e in job["evidence"])
-    if job["hints"]:
-        lines.append("  hints:")
-        lines.extend(f"    > {h}" for h in job["hints"])
-    if job.get("groups"):
-        lines.append("  waiting at:")
-        lines.extend(f"    {_ranks_word(g['ranks'])}: {g['site']}" for g in job["groups"])
-    if job.get("stack_groups"):
-        lines.append("  stacks (innermost first):")
-        lines.extend(f"    {_ranks_word(g['ranks'])}: {' ← '.join(g['frames'])}" for g in job["stack_groups"])
-    if job.get("launchers"):
-        lines.append("  launchers:")
-        lines.extend(f"    {_launcher_line(launcher)}" for launcher in job["launchers"])
-    if job.get("orphans"):
-        lines.append("  leftover processes (parent gone):")
-        lines.extend(f"    {_orphan_line(o)}" for o in job["orphans"])
+    _section(lines, "evidence", [f"- {e}" for e in job["evidence"]])
+    _section(lines, "hints", [f"> {h}" for h in job["hints"]])
+    _section(lines, "waiting at", [f"{_ranks_word(g['ranks'])}: {g['site']}" for g in job.get("groups") or []])
+    _section(lines, "stacks (innermost first)",
+             [f"{_ranks_word(g['ranks'])}: {' ← '.join(g['frames'])}" for g in job.get("stack_groups") or []])
+    _section(lines, "launchers", [_launcher_line(launcher) for launcher in job.get("launchers") or []])
+    _section(lines, "leftover processes (parent gone)", [_orphan_line(o) for o in job.get("orphans") or []])
     lines.append("")
     if job["ranks"]:
         lines.extend("  " + row for row in _rank_table(job["ranks"], set(culprits)))
@@ -114,3 +103,10 @@ def _ago(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
     return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
+
+
+def _section(lines: list[str], title: str, items: list[str]) -> None:
+    """A titled, indented list; nothing at all when it is empty."""
+    if items:
+        lines.append(f"  {title}:")
+        lines.extend(f"    {item}" for item in items)

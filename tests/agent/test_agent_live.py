@@ -12,6 +12,7 @@ import pytest
 
 from monitor.wire import Report
 from tests.agent.conftest import agent_argv, run_agent_once
+from tests.notify_socket import NotifySocket
 
 
 def _by_rank(report: dict, job: str) -> dict[int, dict]:
@@ -151,31 +152,23 @@ def test_own_pid_namespace_leaves_other_namespaces_alone(tmp_path):
 
 def test_agent_tells_systemd_it_is_ready_and_alive(tmp_path, monkeypatch):
     """Under a Type=notify unit: READY=1 after the first scan, WATCHDOG=1 from the sampling loop."""
-    import socket
-
-    notify_path = tmp_path / "notify.sock"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    listener.bind(str(notify_path))
-    listener.settimeout(15.0)
-    monkeypatch.setenv("NOTIFY_SOCKET", str(notify_path))
-    monkeypatch.setenv("WATCHDOG_USEC", "400000")
+    notify = NotifySocket(tmp_path / "notify.sock")
+    for name, value in notify.env(400_000).items():
+        monkeypatch.setenv(name, value)
     proc = subprocess.Popen(agent_argv("--monitor", "http://127.0.0.1:9", "--interval", "0.1", "--no-stacks"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        messages: list[str] = []
-        while sum("WATCHDOG=1" in m for m in messages) < 3:
-            messages.append(listener.recv(4096).decode())
+        messages = notify.wait_until(lambda ms: sum("WATCHDOG=1" in m for m in ms) >= 3)
         ready = [m for m in messages if "READY=1" in m]
         assert len(ready) == 1 and f"MAINPID={proc.pid}" in ready[0] and "watching" in ready[0]
         proc.send_signal(signal.SIGTERM)
-        while not any("STOPPING=1" in m for m in messages):
-            messages.append(listener.recv(4096).decode())
+        notify.wait_until(lambda ms: any("STOPPING=1" in m for m in ms))
         assert proc.wait(timeout=10) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-        listener.close()
+        notify.close()
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,8 @@ import httpx
 import pytest
 from monitor_reports import rank, report
 
+from tests.notify_socket import NotifySocket
+
 EXE = shutil.which("hangwatch-monitor") or str(Path(sys.executable).parent / "hangwatch-monitor")
 
 
@@ -113,29 +115,21 @@ def test_db_dir_that_cannot_be_created_exits_2(tmp_path: Path) -> None:
 
 def test_real_server_tells_systemd_it_is_ready_and_alive(tmp_path: Path) -> None:
     """Under a Type=notify unit: READY=1 once serving, WATCHDOG=1 while the event loop runs."""
-    import socket as sockets
-
-    notify_path = tmp_path / "notify.sock"
-    listener = sockets.socket(sockets.AF_UNIX, sockets.SOCK_DGRAM)
-    listener.bind(str(notify_path))
-    listener.settimeout(15.0)
+    notify = NotifySocket(tmp_path / "notify.sock")
     port = free_port()
-    env = {**os.environ, "NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "1000000"}
-    proc = subprocess.Popen([EXE, "--port", str(port), "--db", str(tmp_path / "m.db")], env=env,
+    proc = subprocess.Popen([EXE, "--port", str(port), "--db", str(tmp_path / "m.db")],
+                            env={**os.environ, **notify.env(1_000_000)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        messages: list[str] = []
-        while not any("WATCHDOG=1" in m for m in messages) or not any("READY=1" in m for m in messages):
-            messages.append(listener.recv(4096).decode())
+        messages = notify.wait_until(lambda ms: any("WATCHDOG=1" in m for m in ms) and any("READY=1" in m for m in ms))
         ready = next(m for m in messages if "READY=1" in m)
         assert f"MAINPID={proc.pid}" in ready
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5.0).status_code == 200
         proc.send_signal(signal.SIGTERM)
-        while not any("STOPPING=1" in m for m in messages):
-            messages.append(listener.recv(4096).decode())
+        notify.wait_until(lambda ms: any("STOPPING=1" in m for m in ms))
         assert proc.wait(timeout=15) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-        listener.close()
+        notify.close()
