@@ -41,6 +41,8 @@ class Activity:
     kind: str  # one of ACTIVITIES
     wait: WaitPoint | None = None
     top_frame: str | None = None
+    # Whether a stack taken since the job's last progress says where the rank is.
+    stack_fresh: bool = False
 
     @property
     def waiting(self) -> bool:
@@ -76,11 +78,12 @@ def classify(rank: RankView, fresh_after: float | None) -> Activity:
             return Activity(rank, "rendezvous", point, top_text)
         moving = (rank.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S
         return Activity(rank, "sending" if moving else "in_collective", point, top_text)
+    fresh = stack is not None
     if rank.cpu_percent is not None and rank.cpu_percent >= BUSY_CPU_PERCENT:
-        return Activity(rank, "computing", top_frame=top_text)
+        return Activity(rank, "computing", top_frame=top_text, stack_fresh=fresh)
     # Busy without CPU: writing a checkpoint or waiting on the disk.
     if (rank.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S or rank.proc_state == "D":
-        return Activity(rank, "writing", top_frame=top_text)
+        return Activity(rank, "writing", top_frame=top_text, stack_fresh=fresh)
     if stack is not None:
         return Activity(rank, "idle", top_frame=top_text)
     return Activity(rank, "unknown", top_frame=top_text)

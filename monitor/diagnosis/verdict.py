@@ -59,7 +59,9 @@ def _still_gathering(ctx: Context) -> bool:
     silent = ctx.cadence.silent_for(ctx.now)
     if silent is None or silent > ctx.cadence.stall_after_s + STACK_WAIT_S:
         return False
-    return any(a.kind == "unknown" for a in ctx.live())
+    # A busy rank without a fresh stack may be evaluating or saving (a phase, not a
+    # hang): its first stuck-rank dump decides, so it is waited for like an unknown rank.
+    return any(a.kind == "unknown" or (a.busy and not a.stack_fresh) for a in ctx.live())
 
 
 def _healthy(ctx: Context) -> Diagnosis:
