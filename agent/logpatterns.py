@@ -183,3 +183,38 @@ def match_dtype(line: str) -> str | None:
             word = m.group("d").lower().removeprefix("torch.")
             return _DTYPE_NAMES.get(word)
     return None
+
+
+# --- phases a log announces: evaluation, checkpointing, compilation ----------------------
+
+# Lines a training loop prints while it legitimately makes no step progress. They only
+# ever buy a bounded grace (the monitor times a phase), so false positives cost a later
+# alarm, never a missed one. "val_loss" inside a step line is harmless: the monitor only
+# counts a phase line read after the job's last progress.
+PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # HF "***** Running Evaluation *****", "eval step 3", Megatron "validation loss at iteration",
+    # nanochat "Validation bpb", Lightning "Validation DataLoader 0", "evaluating on ...".
+    ("evaluation", re.compile(r"(?<![a-z])(?:eval(?:uat\w*)?|validat\w*|val[ _/-]?(?:loss|bpb|acc\w*|ppl|step))"
+                              r"(?![a-z])", re.I)),
+    # HF "Saving model checkpoint to", Megatron "saving checkpoint at iteration", torchtitan
+    # "Saving the checkpoint", DCP "Saving state dict", "writing checkpoint", "checkpointing".
+    ("checkpoint", re.compile(r"\b(?:sav(?:e|ing)|writ(?:e|ing))\b.{0,40}?\b(?:checkpoint|ckpt|state[ _]dict|weights)"
+                              r"|\bcheckpointing\b", re.I)),
+    # "Compiling the model", torch._dynamo / torch._inductor messages during (re)compilation.
+    ("compilation", re.compile(r"\bcompiling\b|torch\._(?:dynamo|inductor)", re.I)),
+)
+
+
+_PHASE_WORDS = ("eval", "val", "sav", "writ", "checkpoint", "compil", "torch._")
+
+
+def match_phase(line: str) -> str | None:
+    """The phase ("evaluation", "checkpoint", "compilation") a log line announces, or None."""
+    low = line.lower()
+    if not any(w in low for w in _PHASE_WORDS):
+        return None  # the common case, cheaply
+    text = ANSI.sub("", line)
+    for phase, pattern in PHASE_PATTERNS:
+        if pattern.search(text):
+            return phase
+    return None

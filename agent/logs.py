@@ -24,6 +24,7 @@ from agent.logpatterns import (
     Progress,
     TracebackTracker,
     match_dtype,
+    match_phase,
     match_progress,
     split_prefixes,
 )
@@ -110,6 +111,7 @@ class _RankLog:
     progress: dict[str, ProgressTracker] = field(default_factory=dict)  # scope -> tracker
     errors: deque = field(default_factory=lambda: deque(maxlen=KEPT_ERRORS))
     dtype: tuple[str, str] | None = None  # (normalised dtype, the line), the latest announced
+    phase: dict | None = None  # the latest phase line: {"phase", "seen_at", "line"}
 
 
 @dataclass
@@ -169,6 +171,11 @@ class LogFollower:
     def errors_of(self, pid: int) -> list[str]:
         state = self._ranks.get(pid)
         return list(state.errors) if state else []
+
+    def phase_of(self, pid: int) -> dict | None:
+        """The latest evaluation/checkpoint/compilation line seen for this rank (a report dict)."""
+        state = self._ranks.get(pid)
+        return dict(state.phase) if state and state.phase else None
 
     def dtype_of(self, pid: int) -> tuple[str, str] | None:
         state = self._ranks.get(pid)
@@ -232,6 +239,12 @@ class LogFollower:
             targets, scope = [r for r in pool if r.identity.local_rank == p.local_rank], "rank"
         else:
             targets, scope = pool, ("rank" if len(file_ranks) == 1 else "job")
+
+        phase = match_phase(p.text) if live else None  # history says nothing about now
+        if phase:
+            seen = {"phase": phase, "seen_at": now, "line": p.text.strip()[:LINE_MAX]}
+            for proc in targets:
+                self._ranks.setdefault(proc.pid, _RankLog()).phase = seen
 
         progress = match_progress(p.text, self.user_pattern)
         if progress:

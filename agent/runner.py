@@ -408,6 +408,7 @@ class Agent:
                     wchar=t.wchar,
                     write_rate=t.write_rate,
                     progress=self.logs.progress_of(pid),
+                    log_phase=self.logs.phase_of(pid),
                     log_errors=self.logs.errors_of(pid),
                     stack=stack,
                     stack_error=stack_error,

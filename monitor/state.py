@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from monitor.diagnosis import ExitView, Frame, Stack, stacks
+from monitor.diagnosis import ExitView, Frame, LogPhase, Stack, stacks
 from monitor.wire import (
     AgentInfo,
     CollectorHealth,
@@ -94,6 +94,7 @@ class RankTrack:
     error_file_message: str | None = None
     compute_dtype: str | None = None
     compute_dtype_line: str | None = None
+    log_phase: LogPhase | None = None
 
     def wait_share(self, now: float) -> float | None:
         """Share of the recent stack samples that waited in a collective; None below the minimum count."""
@@ -340,6 +341,8 @@ class MonitorState:
             track.compute_dtype = rr.compute_dtype
         if rr.compute_dtype_line is not None:
             track.compute_dtype_line = rr.compute_dtype_line
+        if rr.log_phase is not None:
+            track.log_phase = LogPhase(rr.log_phase.phase, rr.log_phase.seen_at + offset, rr.log_phase.line)
         if rr.progress is not None:
             self._apply_progress(job, track, node, rr.progress, received_at, offset)
 

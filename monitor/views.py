@@ -33,6 +33,7 @@ def rank_view(track: RankTrack, now: float | None = None) -> RankView:
         progress_times=tuple(track.progress_times),
         stack=track.stack,
         stack_error=rr.stack_error,
+        log_phase=track.log_phase,
         log_errors=tuple(track.log_errors),
         env=tuple(sorted(track.env.items())),
         sockets=sockets_view(track.sockets_since),

@@ -91,6 +91,15 @@ class ProgressReport(_Strict):
     recent: Annotated[list[tuple[float, int]], Field(max_length=256)] = []
 
 
+class LogPhaseReport(_Strict):
+    """The latest log line announcing a phase that pauses step progress."""
+
+    phase: Literal["evaluation", "checkpoint", "compilation"]
+    # When the agent read the line (its clock, like ProgressReport.step_at).
+    seen_at: float
+    line: LineStr = ""
+
+
 class SocketReport(_Strict):
     """One TCP socket of a process (from /proc/PID/net/tcp{,6} and /proc/PID/fd)."""
 
@@ -139,6 +148,7 @@ class RankReport(_Strict):
     wchar: int | None = None
     write_bytes_per_s: float | None = None
     progress: ProgressReport | None = None
+    log_phase: LogPhaseReport | None = None
     # Error lines from this rank's log (last lines of tracebacks), newest last.
     log_errors: Annotated[list[LineStr], Field(max_length=50)] = []
     stack: StackReport | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from monitor.diagnosis.model import RankView
+from monitor.diagnosis.phases import current_phase, phase_of
 from monitor.diagnosis.stacks import WaitPoint, top_python_frame, wait_point
 
 # Two ranks sharing a core each show ~50%; a rank waiting or sleeping stays near 0-15%.
@@ -43,6 +44,9 @@ class Activity:
     top_frame: str | None = None
     # Whether a stack taken since the job's last progress says where the rank is.
     stack_fresh: bool = False
+    # A phase that pauses progress (evaluation, checkpoint, compilation), from the fresh
+    # stack or from a log line read since the last progress; None when neither says so.
+    phase: str | None = None
 
     @property
     def waiting(self) -> bool:
@@ -79,11 +83,14 @@ def classify(rank: RankView, fresh_after: float | None) -> Activity:
         moving = (rank.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S
         return Activity(rank, "sending" if moving else "in_collective", point, top_text)
     fresh = stack is not None
+    phase = current_phase(stack, rank.log_phase, fresh_after)
     if rank.cpu_percent is not None and rank.cpu_percent >= BUSY_CPU_PERCENT:
-        return Activity(rank, "computing", top_frame=top_text, stack_fresh=fresh)
+        return Activity(rank, "computing", top_frame=top_text, stack_fresh=fresh, phase=phase)
     # Busy without CPU: writing a checkpoint or waiting on the disk.
     if (rank.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S or rank.proc_state == "D":
-        return Activity(rank, "writing", top_frame=top_text, stack_fresh=fresh)
+        return Activity(rank, "writing", top_frame=top_text, stack_fresh=fresh, phase=phase)
     if stack is not None:
-        return Activity(rank, "idle", top_frame=top_text)
-    return Activity(rank, "unknown", top_frame=top_text)
+        # An idle rank's fresh stack outweighs its log: a phase line does not excuse a
+        # rank parked outside any phase (say, one that left the loop after "eval done").
+        return Activity(rank, "idle", top_frame=top_text, stack_fresh=True, phase=phase_of(stack))
+    return Activity(rank, "unknown", top_frame=top_text, phase=phase)

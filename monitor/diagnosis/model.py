@@ -89,6 +89,15 @@ class Socket:
 
 
 @dataclass(frozen=True)
+class LogPhase:
+    """The latest log line that announced a phase pausing step progress."""
+
+    phase: str  # "evaluation", "checkpoint" or "compilation"
+    seen_at: float  # monitor clock
+    line: str = ""
+
+
+@dataclass(frozen=True)
 class RankView:
     rank: int
     node: str
@@ -109,6 +118,7 @@ class RankView:
     progress_times: tuple[float, ...] = ()
     stack: Stack | None = None
     stack_error: str | None = None
+    log_phase: LogPhase | None = None
     log_errors: tuple[str, ...] = ()
     # Selected launch settings from the rank's environment (GLOO_SOCKET_IFNAME, MASTER_ADDR, ...).
     env: tuple[tuple[str, str], ...] = ()

@@ -1,4 +1,4 @@
-"""Phases of a training job that legitimately pause step progress, read from stacks.
+"""Phases of a training job that legitimately pause step progress, read from stacks and logs.
 
 A checkpoint save, an evaluation pass or a compilation holds progress for far
 longer than a step; a rank seen in one gets a longer grace before a stall is
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from monitor.diagnosis.model import Stack
+from monitor.diagnosis.model import LogPhase, Stack
 
 # (phase, pattern on "function file") checked over the main thread's Python frames.
 _PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -31,3 +31,21 @@ def phase_of(stack: Stack | None) -> str | None:
         if any(pattern.search(t) for t in texts):
             return phase
     return None
+
+
+def current_phase(fresh_stack: Stack | None, log_phase: LogPhase | None, last_progress_at: float | None) -> str | None:
+    """The phase a rank is in now: its fresh stack says so, or a log line read after the
+    job's last progress announced it (an "eval ..." line printed with a step counts only
+    once no step follows it)."""
+    phase = phase_of(fresh_stack)
+    logged = fresh_log_phase(log_phase, last_progress_at)
+    if phase is None and logged is not None:
+        phase = logged.phase
+    return phase
+
+
+def fresh_log_phase(log_phase: LogPhase | None, last_progress_at: float | None) -> LogPhase | None:
+    """The log's phase line when it was read after the job's last progress, else None."""
+    if log_phase is None or (last_progress_at is not None and log_phase.seen_at <= last_progress_at):
+        return None
+    return log_phase

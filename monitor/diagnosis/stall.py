@@ -7,7 +7,7 @@ from collections import defaultdict
 from monitor.diagnosis.activity import Activity
 from monitor.diagnosis.context import Context, describe, progress_evidence, ranks_text, wait_verb
 from monitor.diagnosis.model import Diagnosis, WaitGroup
-from monitor.diagnosis.phases import PHASE_GRACE_S, phase_of
+from monitor.diagnosis.phases import PHASE_GRACE_S, fresh_log_phase
 from monitor.diagnosis.stacks import REGULAR_COLLECTIVES
 
 BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
@@ -35,13 +35,14 @@ def _main_group(groups: list[WaitGroup], known_sites: frozenset[str]) -> WaitGro
 
 
 def _doing(a: Activity) -> str:
-    phase = phase_of(a.rank.stack)
+    phase = a.phase
     what = {"checkpoint": "writing a checkpoint", "evaluation": "evaluating", "compilation": "compiling"}.get(
         phase or "", "writing (I/O)" if a.kind == "writing" else "computing"
     )
     rate = a.rank.write_bytes_per_s
     written = f", writing {rate / 1e6:.1f} MB/s" if rate and rate >= 1e5 else ""
-    return f"rank {a.rank.rank} {what} in {a.top_frame or 'an unknown frame'}{written}"
+    where = f"in {a.top_frame}" if a.top_frame else ("(says its log)" if phase else "in an unknown frame")
+    return f"rank {a.rank.rank} {what} {where}{written}"
 
 
 def _bf16_findings(ctx: Context, busy: list[Activity]) -> tuple[list[str], list[str]]:
@@ -137,9 +138,8 @@ def _in_phase(ctx: Context, working: list[Activity]) -> str | None:
     silent = ctx.cadence.silent_for(ctx.now)
     if silent is None or silent > max(PHASE_GRACE_S, ctx.cadence.stall_after_s):
         return None
-    phases = {phase_of(a.rank.stack) for a in working}
-    phases.discard(None)
-    return sorted(phases)[0] if phases else None  # type: ignore[return-value]
+    phases = sorted({a.phase for a in working if a.phase is not None})
+    return phases[0] if phases else None
 
 
 def stall(ctx: Context, since: float | None) -> Diagnosis:
@@ -156,7 +156,9 @@ def stall(ctx: Context, since: float | None) -> Diagnosis:
     working = [a for a in live if not a.waiting]
     phase = _in_phase(ctx, working) if working else None
     if phase is not None:
-        doing = "; ".join(_doing(a) for a in working if phase_of(a.rank.stack))
+        doing = "; ".join(_doing(a) for a in working if a.phase)
+        logged = [(a.rank.rank, fresh_log_phase(a.rank.log_phase, ctx.cadence.last_progress_at)) for a in working]
+        evidence += [f"rank {r}'s log since its last step: {p.line}" for r, p in logged if p is not None][:4]
         return ctx.diagnosis(
             "healthy", (), None,
             f"no step for {ctx.cadence.silent_for(ctx.now):.0f}s, but the job is in a {phase} phase: {doing}",

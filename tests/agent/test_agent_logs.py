@@ -15,6 +15,7 @@ from agent.logpatterns import (
     Progress,
     TracebackTracker,
     compile_user_pattern,
+    match_phase,
     match_progress,
     split_prefixes,
 )
@@ -49,6 +50,33 @@ FIXTURES = Path(__file__).parent.parent / "fixtures" / "agent"
 )
 def test_match_progress(line, expected):
     assert match_progress(line) == expected
+
+
+@pytest.mark.parametrize(
+    "line, phase",
+    [
+        ("***** Running Evaluation *****", "evaluation"),  # Hugging Face Trainer
+        ("[rank0]: eval step 30 batch 3 | val loss 2.3012", "evaluation"),
+        (" validation loss at iteration 100 | lm loss value: 2.1E+00 |", "evaluation"),  # Megatron
+        ("Step 00250 | Validation bpb: 3.2104", "evaluation"),  # nanochat
+        ("Validation DataLoader 0:  40%|████      | 4/10 [00:01<00:01]", "evaluation"),  # Lightning
+        ("{'eval_loss': 2.31, 'eval_runtime': 10.2}", "evaluation"),
+        ("Saving model checkpoint to out/checkpoint-500", "checkpoint"),  # Hugging Face Trainer
+        ("saving checkpoint at iteration     100 to /ckpt", "checkpoint"),  # Megatron
+        ("Saving the checkpoint (or staging if async is enabled).", "checkpoint"),  # torchtitan
+        ("\x1b[32mWriting state dict to /ckpt/step-10\x1b[0m", "checkpoint"),
+        ("Compiling the model... (takes a ~minute)", "compilation"),
+        ("W1122 torch._dynamo hit config.recompile_limit (8)", "compilation"),
+        # step lines, and words that merely contain the letters, announce nothing
+        ("step 00004/05000 (0.08%) | loss: 10.4 | lrm: 1.00 | dt: 512.3ms", None),
+        ("step 3 | loss 2.0 | dtype=bf16 | interval 3", None),
+        ("medieval retrieval of saved weights", None),
+        ("checkpoint saved (40 writes to /tmp/ckpt.pt)", None),  # the phase is over
+        ("", None),
+    ],
+)
+def test_match_phase(line, phase):
+    assert match_phase(line) == phase
 
 
 def test_user_pattern_named_or_first_group():
@@ -217,4 +245,26 @@ def test_job_progress_after_a_ranks_own_lines_is_not_hidden(tmp_path):
     follower.collect(ranks, now=3.0)
     progress = follower.progress_of(101)
     assert (progress["scope"], progress["step"], progress["step_at"]) == ("job", 41, 3.0)
+    follower.close()
+
+
+def test_phase_lines_are_kept_per_rank_but_not_from_history(tmp_path):
+    """Only lines read live count (a backlog says nothing about now); the newest one is kept."""
+    log = tmp_path / "train.log"
+    log.write_text("Saving model checkpoint to old/\n")
+    ranks = [_rank(101, 0, 0), _rank(102, 1, 1)]
+    follower = LogFollower(extra_paths=(str(log),))
+    follower.collect(ranks, now=1.0)
+    assert follower.phase_of(101) is None
+    with open(log, "a") as f:
+        f.write("step 40/1000 | loss 0.2\n[rank1]: eval step 40 batch 1 | val loss 0.3\n")
+    follower.collect(ranks, now=2.0)
+    assert follower.phase_of(101) is None
+    assert follower.phase_of(102) == {"phase": "evaluation", "seen_at": 2.0,
+                                      "line": "eval step 40 batch 1 | val loss 0.3"}
+    with open(log, "a") as f:
+        f.write("Saving model checkpoint to out/checkpoint-40\n")  # unprefixed in a --log: the job's
+    follower.collect(ranks, now=3.0)
+    assert follower.phase_of(101)["phase"] == follower.phase_of(102)["phase"] == "checkpoint"
+    assert follower.phase_of(102)["seen_at"] == 3.0
     follower.close()

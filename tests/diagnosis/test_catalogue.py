@@ -13,6 +13,7 @@ from monitor.diagnosis import (
     Interface,
     JobView,
     LauncherView,
+    LogPhase,
     OrphanView,
     Socket,
     diagnose,
@@ -29,6 +30,7 @@ from tests.diagnosis.builders import (
     py,
     rank,
     saving_checkpoint,
+    sleeping,
     stack,
     steps,
 )
@@ -140,7 +142,15 @@ def test_catalogue(situation, job_view, verdict, culprits, words) -> None:
         assert word in text(result), f"{word!r} missing from:\n{text(result)}"
 
 
+EVAL_LINE = LogPhase("evaluation", NOW - 3, "eval step 30 batch 4 | val loss 2.3012")
+
 NO_ALARM: list[tuple[str, JobView]] = [
+    ("every rank evaluates, known only from its log (no py-spy on the node)",
+     job(rank(0, cpu=45, log_phase=EVAL_LINE), rank(1, cpu=45, log_phase=EVAL_LINE),
+         progress=steps(NOW - 25, 1.0), stacks_unavailable_reason="py-spy not found")),
+    ("every rank evaluates per its log; the stacks, taken in the forward pass, name no phase",
+     job(rank(0, cpu=45, frames=computing(), active=True, log_phase=EVAL_LINE),
+         rank(1, cpu=45, frames=computing(), active=True, log_phase=EVAL_LINE), progress=steps(NOW - 25, 1.0))),
     ("rank 0 saves a checkpoint for 20 s while the others wait at a barrier",
      job(rank(0, cpu=30, frames=saving_checkpoint(), active=True, bytes_per_s=40e6),
          rank(1, frames=collective("barrier", 120)), rank(2, frames=collective("barrier", 120)), progress=STALLED)),
@@ -181,6 +191,13 @@ def test_no_false_alarm(situation, job_view) -> None:
 
 def no_alarm_case(prefix: str) -> JobView:
     return next(c[1] for c in NO_ALARM if c[0].startswith(prefix))
+
+
+def test_log_declared_evaluation_is_healthy_and_shows_the_line() -> None:
+    result = diagnose(no_alarm_case("every rank evaluates, known only from its log"))
+    assert result.verdict == "healthy" and "evaluation phase" in result.summary, text(result)
+    assert "rank 0 evaluating (says its log)" in result.summary
+    assert "rank 1's log since its last step: eval step 30 batch 4 | val loss 2.3012" in result.evidence
 
 
 def test_checkpoint_phase_is_healthy_within_its_grace() -> None:
@@ -244,6 +261,20 @@ EARLY_LIFE: list[tuple[str, JobView, str, tuple[int, ...], tuple[str, ...]]] = [
      job(rank(0, cpu=45, frames=computing(), stack_at=NOW - 30),
          rank(1, cpu=45, frames=computing(), stack_at=NOW - 30), progress=steps(NOW - 20, 1.0)),
      "slow_compute", (), ("no stack yet",)),
+    ("an eval line read before the last step excuses nothing: every rank busy 20 s later is slow compute",
+     job(rank(0, cpu=45, frames=computing(), log_phase=replace(EVAL_LINE, seen_at=NOW - 21)),
+         rank(1, cpu=45, frames=computing(), log_phase=replace(EVAL_LINE, seen_at=NOW - 21)),
+         progress=steps(NOW - 20, 1.0)),
+     "slow_compute", (), ()),
+    ("rank 1 logged an eval line, then parked outside any phase: its stack outweighs its log",
+     job(rank(0, frames=collective("all_reduce", 50)), rank(1, frames=sleeping(), log_phase=EVAL_LINE),
+         progress=steps(NOW - 20, 1.0)),
+     "deadlock", (1,), ()),
+    ("a phase from the log outlasting its grace is a stall again",
+     job(rank(0, cpu=45, frames=computing(), log_phase=replace(EVAL_LINE, seen_at=NOW - 150)),
+         rank(1, cpu=45, frames=computing(), log_phase=replace(EVAL_LINE, seen_at=NOW - 150)),
+         progress=steps(NOW - 200, 1.0)),
+     "slow_compute", (), ()),
     ("gloo connect fails on one node because the other uses a docker interface",
      ifname_crash_job(), "rank_exited", (0,), ("GLOO_SOCKET_IFNAME=docker0", "node-b", "Network is unreachable")),
 ]

@@ -88,6 +88,11 @@ def test_evaluation_pass_is_not_a_hang(torchrun_job, client, wait_for_verdict):
     seen = watch(client, job, 50, until=f"eval step {STALL_STEP} | val loss")
     assert f"eval step {STALL_STEP} | val loss" in job.text(), job.log_tail()
     assert_no_alarm(seen, lambda v, c: v == "healthy")
+    # The pause was recognised as an evaluation, with the rank's own log line as evidence.
+    in_phase = [j for _, j in seen if j and "evaluation phase" in j["summary"]]
+    assert in_phase, f"never called an evaluation phase; verdicts seen in order: {verdicts(seen)}"
+    assert any(f"log since its last step: eval step {STALL_STEP} batch" in line
+               for j in in_phase for line in j["evidence"]), compact(in_phase[-1])
 
 
 def test_slow_first_step_is_not_a_hang(torchrun_job, client):

@@ -44,6 +44,8 @@ def assert_unchanged(client: TestClient, store: Store) -> None:
         (json.dumps({"node": "n", "sent_at": 1.0}).encode(), "schema", "schema_version"),
         (json.dumps(report(ranks=[rank(pid=0)])).encode(), "schema", "ranks.0.pid"),
         (json.dumps(report(node="bad node!")).encode(), "schema", "node"),
+        (json.dumps(report(ranks=[rank(log_phase={"phase": "lunch", "seen_at": 1.0})])).encode(), "schema",
+         "ranks.0.log_phase.phase"),
         (json.dumps(report(schema_version=2)).encode(), "schema", "schema_version"),
         (json.dumps([1, 2]).encode(), "schema", "(body)"),
     ],

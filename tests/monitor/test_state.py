@@ -32,9 +32,12 @@ def test_times_are_shifted_onto_the_monitor_clock() -> None:
         stack=stack(agent_now - 0.5),
         alive=False,
         exit={"at": agent_now - 0.2, "code": 1, "source": "proc"},
+        log_phase={"phase": "evaluation", "seen_at": agent_now - 0.3, "line": "eval step 30 | val loss 2.3"},
     )
     apply(state, report(ranks=[r], sent_at=agent_now), received_at=T0)
     rv = view(state).ranks[0]
+    assert rv.log_phase is not None and rv.log_phase.seen_at == pytest.approx(T0 - 0.3)
+    assert (rv.log_phase.phase, rv.log_phase.line) == ("evaluation", "eval step 30 | val loss 2.3")
     assert rv.progress_times == pytest.approx((T0 - 2, T0 - 1, T0))
     assert rv.stack is not None and rv.stack.taken_at == pytest.approx(T0 - 0.5)
     assert rv.exit is not None and rv.exit.at == pytest.approx(T0 - 0.2)
