@@ -138,6 +138,9 @@ class JobTrack:
     job_step: int | None = None
     job_step_at: float | None = None
     known_wait_sites: set[str] = field(default_factory=set)
+    # (node, pid) of the ranks and launchers of the run that used this id before: their
+    # ended entries, still listed by agents, are not this run's.
+    previous_run_pids: frozenset[tuple[str, int]] = frozenset()
 
     @property
     def world_size(self) -> int:
@@ -224,13 +227,18 @@ class MonitorState:
                 node.collector_errors[health.name] = node.collector_errors.get(health.name, 0) + 1
         self.nodes[report.node] = node
         touched: set[str] = set()
+        # An agent lists an ended process for minutes after it ended: once its rank runs
+        # again under a new pid (a launcher restart), the old entry is history, not news.
+        live_ranks = {(r.job_id, r.rank) for r in report.ranks if r.alive}
         for rank_report in report.ranks:
-            if not rank_report.alive and rank_report.job_id in self.forgotten:
+            if not rank_report.alive and (
+                rank_report.job_id in self.forgotten or (rank_report.job_id, rank_report.rank) in live_ranks
+            ):
                 continue
             self.forgotten.pop(rank_report.job_id, None)
-            job = self.jobs.get(rank_report.job_id)
-            if job is None:
-                job = self.jobs[rank_report.job_id] = JobTrack(rank_report.job_id)
+            job = self._job_for(rank_report.job_id, rank_report.alive)
+            if not rank_report.alive and (report.node, rank_report.pid) in job.previous_run_pids:
+                continue
             self._apply_rank(job, report.node, rank_report, received_at, offset, wait_site)
             node.rank_keys.add((rank_report.job_id, rank_report.rank))
             touched.add(job.job_id)
@@ -250,9 +258,9 @@ class MonitorState:
             if not job_id or (not launcher_report.alive and job_id in self.forgotten):
                 continue
             self.forgotten.pop(job_id, None)
-            job = self.jobs.get(job_id)
-            if job is None:
-                job = self.jobs[job_id] = JobTrack(job_id)
+            job = self._job_for(job_id, launcher_report.alive)
+            if not launcher_report.alive and (report.node, launcher_report.pid) in job.previous_run_pids:
+                continue
             self._apply_launcher(job, report.node, launcher_report, received_at, offset)
             node.launcher_keys.add((job_id, launcher_report.pid))
             touched.add(job_id)
@@ -265,6 +273,18 @@ class MonitorState:
         for job_id in touched:
             self._learn_wait_sites(self.jobs[job_id])
         return touched
+
+    def _job_for(self, job_id: str, alive: bool) -> JobTrack:
+        """The job a report entry belongs to. A live process under the id of a job whose
+        every rank and launcher ended is a new run reusing the id (the same MASTER_PORT):
+        it starts clean instead of inheriting the last run's steps, exits and pace."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            job = self.jobs[job_id] = JobTrack(job_id)
+        elif alive and job.ended_at is not None:
+            old = {(t.node, t.pid) for t in (*job.ranks.values(), *job.launchers.values())}
+            job = self.jobs[job_id] = JobTrack(job_id, previous_run_pids=frozenset(old))
+        return job
 
     def _apply_rank(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from monitor_reports import ALL_REDUCE_FRAMES, frame, progress, rank, report, stack
+from monitor_reports import ALL_REDUCE_FRAMES, frame, launcher, progress, rank, report, stack
 
 from monitor.diagnosis import ExitView, Frame, Stack
 from monitor.state import PROGRESS_POINTS_KEPT, MonitorState
@@ -273,3 +273,50 @@ def test_progress_points_carry_over_a_restarted_rank() -> None:
     restarted = rank(pid=2000, progress=progress(1, 6, [(T0 + 10, 6)]))
     apply(state, report(ranks=[restarted], sent_at=T0 + 10), received_at=T0 + 10)
     assert list(state.jobs["job-a"].ranks[0].progress_points) == [(T0, 5), (T0 + 10, 6)]
+
+
+def test_a_restarted_ranks_old_exit_listed_beside_it_does_not_reset_it() -> None:
+    """The agent lists an ended worker for minutes: the live one under the same rank keeps its facts."""
+    state = MonitorState()
+    dead = rank(rank=1, pid=1001, alive=False, state="Z", exit={"at": T0, "code": 1, "source": "pidfd"})
+    for i in range(4):
+        live = rank(rank=1, pid=2001, state="T", cpu_percent=0.0)
+        apply(state, report(ranks=[dead, live], sent_at=T0 + 1 + i), received_at=T0 + 1 + i)
+    rv = view(state, now=T0 + 4).ranks[0]
+    assert (rv.pid, rv.alive, rv.exit) == (2001, True, None)
+    assert (rv.state_since, rv.idle_since) == (T0 + 1, T0 + 1)
+
+
+def test_a_new_run_reusing_an_ended_jobs_id_starts_clean() -> None:
+    """Same MASTER_ADDR:PORT again after the last run ended: no old steps, exits or launchers."""
+    state = MonitorState()
+    old_ranks = [rank(rank=r, pid=1000 + r, progress=progress(3, 30, [(T0 + 1, 30)])) for r in (0, 1)]
+    old_launcher = launcher(pid=900)
+    apply(state, report(ranks=old_ranks, launchers=[old_launcher], sent_at=T0 + 1), received_at=T0 + 1)
+    ended = [rank(rank=r, pid=1000 + r, alive=False, exit={"at": T0 + 2, "code": 1, "source": "pidfd"})
+             for r in (0, 1)]
+    ended_launcher = launcher(pid=900, alive=False, exit={"at": T0 + 2.1, "code": 1, "source": "pidfd"})
+    apply(state, report(ranks=ended, launchers=[ended_launcher], sent_at=T0 + 3), received_at=T0 + 3)
+    assert state.jobs["job-a"].ended_at is not None
+
+    new = [rank(rank=r, pid=3000 + r) for r in (0, 1)]
+    for i in range(2):  # the agent still lists the old run's processes beside the new ones
+        apply(state, report(ranks=ended + new, launchers=[ended_launcher, launcher(pid=2900)], sent_at=T0 + 10 + i),
+              received_at=T0 + 10 + i)
+    jv = view(state, now=T0 + 12)
+    assert [(r.pid, r.alive, r.exit) for r in jv.ranks] == [(3000, True, None), (3001, True, None)]
+    assert [(lv.pid, lv.alive) for lv in jv.launchers] == [(2900, True)]
+    assert jv.job_progress_times == () and all(r.progress_times == () for r in jv.ranks)
+    assert jv.first_seen_at == T0 + 10
+
+
+def test_a_job_that_ended_keeps_its_history_while_agents_list_it() -> None:
+    """Only a live process starts a new run: the ended job's own late reports change nothing."""
+    state = MonitorState()
+    apply(state, report(ranks=[rank(rank=0, progress=progress(3, 30, [(T0 + 1, 30)]))], sent_at=T0 + 1),
+          received_at=T0 + 1)
+    ended = rank(rank=0, alive=False, exit={"at": T0 + 2, "code": 0, "source": "pidfd"})
+    for i in range(3):
+        apply(state, report(ranks=[ended], sent_at=T0 + 3 + i), received_at=T0 + 3 + i)
+    [rv] = view(state, now=T0 + 6).ranks
+    assert (rv.alive, rv.exit.code, rv.progress_times) == (False, 0, (T0 + 1,))
