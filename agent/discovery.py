@@ -99,6 +99,9 @@ class OrphanProcess:
     pid: int
     starttime: int
     cmdline: str
+    # What discovery knows of it: the rank it was (its job id), or the launcher it is.
+    rank: RankProcess | None = field(default=None, compare=False)
+    launcher: LauncherProcess | None = field(default=None, compare=False)
 
 
 def parse_environ(data: bytes) -> dict[str, str]:
@@ -272,7 +275,7 @@ class Discovery:
             if stat.ppid == 1 and stat.state in ("Z", "X"):
                 pass  # a zombie holds no port and cannot be killed: not worth a line
             elif stat.ppid == 1 and (seen.launcher or seen.carries_rank):
-                orphans.append(OrphanProcess(pid, stat.starttime, seen.cmdline))
+                orphans.append(OrphanProcess(pid, stat.starttime, seen.cmdline, seen.rank, seen.launcher))
             elif stat.ppid == 1:
                 other_ppid1.append((pid, stat.starttime))
             proc = seen.rank

@@ -16,7 +16,7 @@ from agent.exits import ExitWatcher, exit_from_stat
 from agent.errorfile import read_error_file
 from agent.gpus import GpuCollector
 from agent.host import collect_host, collect_interfaces
-from agent.launchers import LauncherTracker
+from agent.launchers import LauncherTracker, launcher_job_id, parse_launcher_args
 from agent.logs import LogFollower
 from agent.procio import WriteRateSampler
 from agent.procstat import CLOCK_TICKS, CpuSampler, ProcessSample
@@ -225,24 +225,41 @@ class Agent:
         PPID-1 process listening on a master port a launcher or rank here wants (the stale
         holder behind EADDRINUSE, whatever its command line)."""
         out = []
-        for o in self.discovery.orphans[:64]:
+        mine = [o for o in self.discovery.orphans if self._orphan_wanted(o)]
+        others = [(o.pid, o.starttime) for o in self.discovery.orphans if o not in mine]
+        for o in mine[:64]:
             try:
                 ports = listening_ports(self.sockets.sockets_of(o.pid))
             except OSError:
                 ports = []
             out.append(orphan_report(o, self._started(o.starttime), ports))
         known = {o["pid"] for o in out}
-        for pid, starttime, ports in self._master_port_holders():
+        # Another job's leftover still counts when it holds a port this job wants.
+        for pid, starttime, ports in self._master_port_holders(self.discovery.other_ppid1 + others):
             if pid not in known and len(out) < 64:
                 proc = OrphanProcess(pid, starttime, self.discovery.cmdline_of(pid))
                 out.append(orphan_report(proc, self._started(starttime), ports))
         self.orphans = out
 
+    def _orphan_wanted(self, orphan: OrphanProcess) -> bool:
+        """With --job, leave out leftovers that belong to another job (those of an unknown
+        job stay: one may hold a port this job wants)."""
+        if not self.config.jobs:
+            return True
+        if orphan.rank is not None:
+            job = orphan.rank.identity.job_id
+        elif orphan.launcher is not None:
+            job = launcher_job_id(parse_launcher_args(orphan.launcher.argv, orphan.launcher.env))
+        else:
+            job = None
+        return job is None or job in self.config.jobs
+
     def _started(self, starttime: int) -> float | None:
         return self.boot_time + starttime / CLOCK_TICKS if self.boot_time is not None else None
 
-    def _master_port_holders(self) -> list[tuple[int, int, list[int]]]:
-        """(pid, starttime, its listening ports) of PPID-1 processes listening on a wanted port.
+    def _master_port_holders(self, candidates: list[tuple[int, int]]) -> list[tuple[int, int, list[int]]]:
+        """(pid, starttime, its listening ports) of the candidates (PPID-1 processes) listening on
+        a wanted port.
 
         Cheap when nothing is wrong: the fds of PPID-1 processes are only read when a LISTEN
         socket on a wanted port belongs to none of our launchers and ranks.
@@ -279,7 +296,7 @@ class Agent:
         if not listening:
             return []
         holders = []
-        for pid, starttime in self.discovery.other_ppid1:
+        for pid, starttime in candidates:
             try:
                 inodes = set(socket_inodes(self.config.proc_root, pid))
             except OSError:

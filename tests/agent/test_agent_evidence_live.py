@@ -287,9 +287,10 @@ def test_real_record_crash_error_file_dtype_and_launcher_exit(tmp_path, receiver
 
 ORPHAN_MAKER = textwrap.dedent(
     """
-    import socket, subprocess, sys
+    import os, socket, subprocess, sys
     child = subprocess.Popen(
-        [sys.executable, "-c", "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen();"
+        [sys.executable, "-c", "import os, socket, time; s = socket.socket(); "
+         "s.bind(('127.0.0.1', int(os.environ.get('LISTEN_PORT', '0')))); s.listen();"
          "print(s.getsockname()[1], flush=True); time.sleep(120)"],
         start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
         text=True,
@@ -318,9 +319,12 @@ def test_orphan_with_rank_environment_and_listening_port(tmp_path):
         Report.model_validate(report)
         orphan = next(o for o in report["orphans"] if o["pid"] == pid)
         assert orphan["listening_ports"] == [listen]
-        assert "import socket" in orphan["cmdline"] and orphan["started_at"]
+        assert "import os, socket" in orphan["cmdline"] and orphan["started_at"]
         # also a rank of the job (a stale worker); the monitor sees the same pid in both
         assert _rank(report, pid)["rank"] == 1
+        # an agent watching another job leaves this job's leftover out
+        other = run_agent_once("--interval", "0.2", "--job", f"127.0.0.1:{port + 1}", "--no-stacks")
+        assert pid not in [o["pid"] for o in other["orphans"]]
     finally:
         _kill_pid(pid)
 
@@ -337,14 +341,19 @@ def test_report_json_round_trip_has_every_new_field(tmp_path):
 
 
 @needs_torchrun
-@pytest.mark.parametrize("rank_env", [True, False], ids=["stale-worker", "plain-listener"])
+@pytest.mark.parametrize("rank_env", ["same-job", "other-job", None],
+                         ids=["stale-worker", "other-jobs-worker", "plain-listener"])
 def test_stale_orphan_holds_master_port_and_torchrun_fails_eaddrinuse(rank_env, tmp_path, receiver, agent_process):
     """The seeds' launch failure: a leftover (PPID 1) still listens on the master port; a new
     torchrun on that port dies with EADDRINUSE. Both sides show in the reports -- the holder
     even without a rank's environment, because it holds a port the launcher wants."""
     script = tmp_path / "orphan.py"
     script.write_text(ORPHAN_MAKER)
-    env = _rank_env(1, rank=0, world=2) if rank_env else {"PATH": os.environ.get("PATH", "")}
+    # A stale worker of the last run on this port (its TCPStore still listening), or any process.
+    free = _free_port()
+    env = {"PATH": os.environ.get("PATH", ""), "LISTEN_PORT": str(free)}
+    if rank_env:  # another job's leftover is reported once it holds the port this job wants
+        env = _rank_env(free if rank_env == "same-job" else free + 1, rank=0, world=2, LISTEN_PORT=str(free))
     maker = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
     pid, port = map(int, maker.stdout.readline().split())
     _stop(maker)
@@ -354,7 +363,7 @@ def test_stale_orphan_holds_master_port_and_torchrun_fails_eaddrinuse(rank_env, 
     launcher = None
     try:
         agent_process("--monitor", receiver.url, "--interval", "0.2", "--job", job, "--no-stacks")
-        if rank_env:  # found before any launcher wants its port
+        if rank_env == "same-job":  # found before any launcher wants its port
             receiver.wait_for(lambda r: any(o["pid"] == pid for o in r["orphans"]))
         launcher = subprocess.Popen(
             [TORCHRUN, "--nnodes=1", "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
