@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from monitor.diagnosis import ExitView, Frame, LogPhase, Stack, stacks
+from monitor.diagnosis.phases import phase_of
 from monitor.wire import (
     AgentInfo,
     CollectorHealth,
@@ -33,6 +34,8 @@ PROGRESS_HISTORY = 64
 PROGRESS_POINTS_KEPT = 120
 LOG_ERRORS_KEPT = 50
 KNOWN_SITES_KEPT = 64
+# Phase marks per job: one per phase episode is enough to tell what a silent stretch was.
+PHASE_MARKS_KEPT = 64
 # How long a forgotten job's dead ranks are ignored (agents stop listing them well before).
 FORGOTTEN_KEPT_S = 24 * 3600.0
 # Stack samples kept per rank for the collective wait share, and over how long.
@@ -95,6 +98,7 @@ class RankTrack:
     compute_dtype: str | None = None
     compute_dtype_line: str | None = None
     log_phase: LogPhase | None = None
+    log_phase_mark: float | None = None  # its seen_at on the agent's clock
 
     def wait_share(self, now: float) -> float | None:
         """Share of the recent stack samples that waited in a collective; None below the minimum count."""
@@ -141,6 +145,18 @@ class JobTrack:
     # (node, pid) of the ranks and launchers of the run that used this id before: their
     # ended entries, still listed by agents, are not this run's.
     previous_run_pids: frozenset[tuple[str, int]] = frozenset()
+    # (monitor time, phase): see JobView.phase_marks.
+    phase_marks: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=PHASE_MARKS_KEPT))
+
+    def mark_phase(self, at: float, phase: str) -> None:
+        """Note the job in ``phase`` at ``at``; repeats within one silent stretch add nothing."""
+        last = self.phase_marks[-1] if self.phase_marks else None
+        progressed = self.last_progress_at
+        if last and last[1] == phase and (progressed is None or last[0] > progressed) and at >= last[0]:
+            return
+        self.phase_marks.append((at, phase))
+        if last and at < last[0]:  # a late report: keep time order
+            self.phase_marks = deque(sorted(self.phase_marks), maxlen=PHASE_MARKS_KEPT)
 
     @property
     def world_size(self) -> int:
@@ -346,6 +362,9 @@ class MonitorState:
         if rr.stack is not None and (track.last_stack_mark is None or rr.stack.taken_at > track.last_stack_mark):
             track.last_stack_mark = rr.stack.taken_at
             track.stack = to_stack(rr.stack, offset)
+            phase = phase_of(track.stack)
+            if phase is not None:
+                job.mark_phase(track.stack.taken_at, phase)
             site = wait_site(track.stack, rr.cpu_percent)
             track.pending_wait_site = site
             samples = track.wait_samples
@@ -362,7 +381,11 @@ class MonitorState:
         if rr.compute_dtype_line is not None:
             track.compute_dtype_line = rr.compute_dtype_line
         if rr.log_phase is not None:
-            track.log_phase = LogPhase(rr.log_phase.phase, rr.log_phase.seen_at + offset, rr.log_phase.line)
+            # The agent re-sends its latest phase line: a new one is known by the agent's clock.
+            if rr.log_phase.seen_at != track.log_phase_mark:
+                track.log_phase_mark = rr.log_phase.seen_at
+                track.log_phase = LogPhase(rr.log_phase.phase, rr.log_phase.seen_at + offset, rr.log_phase.line)
+                job.mark_phase(track.log_phase.seen_at, track.log_phase.phase)
         if rr.progress is not None:
             self._apply_progress(job, track, node, rr.progress, received_at, offset)
 

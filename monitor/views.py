@@ -105,6 +105,7 @@ def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float) -> JobVi
             OrphanView(n.node, o.pid, o.cmdline, tuple(o.listening_ports)) for n in job_nodes for o in n.orphans
         ),
         nodes_reporting=nodes_reporting(nodes, now),
+        phase_marks=tuple(job.phase_marks),
     )
 
 

@@ -1,8 +1,11 @@
 """A job's own pace, learned from its progress lines, and when silence means a stall.
 
 A job with 70-second steps is not stuck after 20 seconds: the threshold scales
-with the usual step interval and with the longest recent one (eval passes,
-checkpoints), and never drops below a floor that covers sampling delays.
+with the usual step interval and with the longest recent one, and never drops
+below a floor that covers sampling delays. Silent stretches during which the job
+was seen evaluating, checkpointing or compiling (``JobView.phase_marks``) are the
+pace of that phase, not of steps: they set how long the next such phase may take
+and leave the step threshold tight.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ class Cadence:
     intervals_seen: int = 0
     # The highest step number the logs showed, if they number their steps.
     highest_step: int | None = None
+    # The longest silent stretch seen per phase ("evaluation": 15.2, ...).
+    phase_longest_s: tuple[tuple[str, float], ...] = ()
+
+    def phase_longest(self, phase: str) -> float | None:
+        return dict(self.phase_longest_s).get(phase)
 
     @property
     def warming_up(self) -> bool:
@@ -58,9 +66,14 @@ class Cadence:
         return silent is not None and silent > self.stall_after_s
 
 
-def _intervals(times: tuple[float, ...]) -> list[float]:
+def _gaps(times: tuple[float, ...]) -> list[tuple[float, float]]:
     ordered = sorted(times)[-(RECENT_INTERVALS + 1) :]
-    return [b - a for a, b in zip(ordered, ordered[1:]) if b > a]
+    return [(a, b) for a, b in zip(ordered, ordered[1:]) if b > a]
+
+
+def _phases_in(gap: tuple[float, float], marks: tuple[tuple[float, str], ...]) -> set[str]:
+    a, b = gap
+    return {phase for at, phase in marks if a < at < b}
 
 
 def job_cadence(job: JobView) -> Cadence:
@@ -75,13 +88,24 @@ def job_cadence(job: JobView) -> Cadence:
     last = max(max(s) for s in sources)
     medians: list[float] = []
     longest: list[float] = []
+    phase_longest: dict[str, float] = {}
     seen = 0
     for times in sources:
-        gaps = _intervals(times)
-        if gaps:
-            medians.append(median(gaps))
-            longest.append(max(gaps))
+        gaps = _gaps(times)
+        step_gaps = []
+        for gap in gaps:
+            phases = _phases_in(gap, job.phase_marks)
+            for phase in phases:
+                phase_longest[phase] = max(phase_longest.get(phase, 0.0), gap[1] - gap[0])
+            if not phases:
+                step_gaps.append(gap[1] - gap[0])
+        # Too few plain steps to learn from: every gap counts (the old, cautious pace).
+        intervals = step_gaps if len(step_gaps) >= WARMUP_INTERVALS else [b - a for a, b in gaps]
+        if intervals:
+            medians.append(median(intervals))
+            longest.append(max(intervals))
             seen = max(seen, len(gaps))
+    phases = tuple(sorted(phase_longest.items()))
     if not medians:
-        return Cadence(last, None, None, 0, highest)
-    return Cadence(last, max(medians), max(longest), seen, highest)
+        return Cadence(last, None, None, 0, highest, phases)
+    return Cadence(last, max(medians), max(longest), seen, highest, phases)

@@ -203,6 +203,10 @@ class JobView:
     # Nodes with a live agent, whatever job they run: a node that reports but has no
     # rank of this job is a node where the job never started.
     nodes_reporting: frozenset[str] = frozenset()
+    # (time, phase) when some rank was seen in a phase that pauses progress (a log line or
+    # a stack), oldest first: which silent stretches of the past were evaluations,
+    # checkpoints or compilations, so steps and each phase get a pace of their own.
+    phase_marks: tuple[tuple[float, str], ...] = ()
 
 
 RankState = Literal[

@@ -11,26 +11,69 @@ import re
 
 from monitor.diagnosis.model import LogPhase, Stack
 
-# (phase, pattern on "function file") checked over the main thread's Python frames.
-_PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("checkpoint", re.compile(r"torch/serialization\.py|torch/distributed/checkpoint|"
-                              r"\b\w*(save|checkpoint|ckpt)\w*\b", re.IGNORECASE)),
-    ("evaluation", re.compile(r"\b\w*(eval|valid|test_step|inference)\w*\b", re.IGNORECASE)),
-    ("compilation", re.compile(r"torch/_dynamo|torch/_inductor|torch/_functorch|triton/compiler")),
+# Library frames that mean a phase wherever they show (file paths from the package root).
+_LIBRARY_PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("checkpoint", re.compile(r"^torch/serialization\.py$|^torch/distributed/checkpoint/|^safetensors/")),
+    # Compiling, not running compiled code: eval_frame.py, output_code.py and the AOT
+    # runtime wrappers are on every step of a compiled model.
+    ("compilation", re.compile(
+        r"^torch/_dynamo/(convert_frame|symbolic_convert|output_graph)\.py$"
+        r"|^torch/_inductor/(compile_fx|graph|scheduler|lowering|async_compile|select_algorithm)\.py$"
+        r"|^torch/_inductor/codegen/"
+        r"|^torch/_functorch/_aot_autograd/(jit_compile_runtime_wrappers|dispatch_and_compile_graph)\.py$"
+        r"|^triton/compiler/")),
 )
+# The user's own functions (never library frames: torch has eval_frame, inference_mode, ...).
+_USER_PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("checkpoint", re.compile(r"\b\w*(save|checkpoint|ckpt)\w*\b", re.IGNORECASE)),
+    ("evaluation", re.compile(r"\b\w*(eval|valid|test_step|inference)\w*\b", re.IGNORECASE)),
+)
+# Trainer libraries' own entry points (Hugging Face Trainer, Lightning, accelerate, DeepSpeed),
+# matched by exact name in library frames outside torch.
+_TRAINER_FUNCTIONS: dict[str, frozenset[str]] = {
+    "evaluation": frozenset({"evaluate", "evaluation_loop", "prediction_loop", "predict", "validate",
+                             "validation_step", "test_step", "run_evaluation", "_evaluation_step"}),
+    "checkpoint": frozenset({"save_checkpoint", "_save_checkpoint", "save_model", "save_pretrained",
+                             "save_state", "save_file"}),
+}
+_TRAINER_FILES = re.compile(r"/loops/(evaluation|prediction)_loop\.py$")
+_PHASE_ORDER = ("checkpoint", "evaluation", "compilation")
 
-# A phase's first occurrence is allowed this long before its silence counts as a stall.
+
+def _is_library(frame) -> bool:
+    parts = frame.file.replace("\\", "/").split("/")
+    return "site-packages" in parts or "dist-packages" in parts
+
+
+# A phase's first occurrence is allowed this long before its silence counts as a stall;
+# a phase seen before may take twice its longest earlier run, if that is longer.
 PHASE_GRACE_S = 120.0
+PHASE_LONGEST_FACTOR = 2.0
+
+
+def phase_grace_s(phase: str, longest_before: float | None) -> float:
+    return max(PHASE_GRACE_S, PHASE_LONGEST_FACTOR * (longest_before or 0.0))
 
 
 def phase_of(stack: Stack | None) -> str | None:
+    """The phase the main thread's Python frames show, if any."""
     if stack is None:
         return None
-    texts = [f"{f.name} {f.short_file}" for f in stack.frames if not f.native]
-    for phase, pattern in _PHASES:
-        if any(pattern.search(t) for t in texts):
-            return phase
-    return None
+    found = set()
+    for f in stack.frames:
+        if f.native:
+            continue
+        if _is_library(f):
+            short = f.short_file
+            found.update(phase for phase, pattern in _LIBRARY_PHASES if pattern.search(short))
+            if not short.startswith("torch/"):
+                found.update(phase for phase, names in _TRAINER_FUNCTIONS.items() if f.name in names)
+                if _TRAINER_FILES.search("/" + short):
+                    found.add("evaluation")
+        else:
+            text = f"{f.name} {f.short_file}"
+            found.update(phase for phase, pattern in _USER_PHASES if pattern.search(text))
+    return next((p for p in _PHASE_ORDER if p in found), None)
 
 
 def current_phase(fresh_stack: Stack | None, log_phase: LogPhase | None, last_progress_at: float | None) -> str | None:

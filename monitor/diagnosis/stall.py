@@ -7,7 +7,7 @@ from collections import defaultdict
 from monitor.diagnosis.activity import Activity
 from monitor.diagnosis.context import Context, describe, progress_evidence, ranks_text, wait_verb
 from monitor.diagnosis.model import Diagnosis, WaitGroup
-from monitor.diagnosis.phases import PHASE_GRACE_S, fresh_log_phase
+from monitor.diagnosis.phases import fresh_log_phase, phase_grace_s
 from monitor.diagnosis.stacks import REGULAR_COLLECTIVES
 
 BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
@@ -136,10 +136,23 @@ def _deadlock(ctx: Context, since: float | None, waiting: list[Activity], idle: 
 def _in_phase(ctx: Context, working: list[Activity]) -> str | None:
     """The phase the ranks not waiting on peers are in, while it is within its grace."""
     silent = ctx.cadence.silent_for(ctx.now)
-    if silent is None or silent > max(PHASE_GRACE_S, ctx.cadence.stall_after_s):
+    if silent is None:
         return None
-    phases = sorted({a.phase for a in working if a.phase is not None})
-    return phases[0] if phases else None
+    for phase in sorted({a.phase for a in working if a.phase is not None}):
+        grace = phase_grace_s(phase, ctx.cadence.phase_longest(phase))
+        if silent <= max(grace, ctx.cadence.stall_after_s):
+            return phase
+    return None
+
+
+def _phase_pace(ctx: Context, phase: str) -> str:
+    longest = ctx.cadence.phase_longest(phase)
+    grace = phase_grace_s(phase, longest)
+    if longest is None:
+        return (f"A first {phase} phase may take up to {grace:.0f}s before it counts as a stall; "
+                "later ones are timed against the longest seen.")
+    return (f"Earlier {phase} phases of this job took up to {longest:.0f}s; this one counts as a stall "
+            f"after {grace:.0f}s.")
 
 
 def stall(ctx: Context, since: float | None) -> Diagnosis:
@@ -163,8 +176,7 @@ def stall(ctx: Context, since: float | None) -> Diagnosis:
             "healthy", (), None,
             f"no step for {ctx.cadence.silent_for(ctx.now):.0f}s, but the job is in a {phase} phase: {doing}",
             evidence,
-            [f"A first {phase} phase may take up to {PHASE_GRACE_S:.0f}s before it counts as a stall; "
-             "later ones are timed against the longest seen."],
+            [_phase_pace(ctx, phase)],
         )
     if waiting and busy:
         culprits = [a.rank.rank for a in busy]

@@ -320,3 +320,26 @@ def test_a_job_that_ended_keeps_its_history_while_agents_list_it() -> None:
         apply(state, report(ranks=[ended], sent_at=T0 + 3 + i), received_at=T0 + 3 + i)
     [rv] = view(state, now=T0 + 6).ranks
     assert (rv.alive, rv.exit.code, rv.progress_times) == (False, 0, (T0 + 1,))
+
+
+EVALUATE_FRAMES = [frame("forward", "/work/train.py", 30), frame("evaluate", "/work/train.py", 150),
+                   frame("<module>", "/work/train.py", 200)]
+
+
+def test_phase_marks_one_per_episode_from_log_lines_and_stacks() -> None:
+    """The job's phase marks: a new phase line or a phase stack marks the silent stretch once."""
+    state = MonitorState()
+
+    def send(i: int, **fields: Any) -> None:
+        apply(state, report(ranks=[rank(**fields)], sent_at=T0 + i), received_at=T0 + i)
+
+    send(0, progress=progress(1, 10, [(T0, 10)]))
+    for i in (1, 2, 3):  # three eval lines in one stretch, re-sent with every report
+        line = {"phase": "evaluation", "seen_at": T0 + i, "line": f"eval batch {i}"}
+        send(i, progress=progress(1, 10, [(T0, 10)]), log_phase=line)
+        send(i, progress=progress(1, 10, [(T0, 10)]), log_phase=line)
+    send(4, progress=progress(2, 11, [(T0 + 4, 11)]))  # a step: the stretch is over
+    send(5, progress=progress(2, 11, [(T0 + 4, 11)]), stack=stack(T0 + 5, EVALUATE_FRAMES))
+    send(6, progress=progress(2, 11, [(T0 + 4, 11)]),
+         stack=stack(T0 + 6, [frame("_save", "/venv/lib/python3.11/site-packages/torch/serialization.py", 1)]))
+    assert view(state).phase_marks == ((T0 + 1, "evaluation"), (T0 + 5, "evaluation"), (T0 + 6, "checkpoint"))
