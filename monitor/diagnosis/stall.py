@@ -174,7 +174,8 @@ def stall(ctx: Context, since: float | None) -> Diagnosis:
         evidence += [f"rank {r}'s log since its last step: {p.line}" for r, p in logged if p is not None][:4]
         return ctx.diagnosis(
             "healthy", (), None,
-            f"no step for {ctx.cadence.silent_for(ctx.now):.0f}s, but the job is in a {phase} phase: {doing}",
+            f"no step for {ctx.cadence.silent_for(ctx.now):.0f}s, but the job is in "
+            f"{'an' if phase[0] in 'aeiou' else 'a'} {phase} phase: {doing}",
             evidence,
             [_phase_pace(ctx, phase)],
         )

@@ -195,7 +195,7 @@ def no_alarm_case(prefix: str) -> JobView:
 
 def test_log_declared_evaluation_is_healthy_and_shows_the_line() -> None:
     result = diagnose(no_alarm_case("every rank evaluates, known only from its log"))
-    assert result.verdict == "healthy" and "evaluation phase" in result.summary, text(result)
+    assert result.verdict == "healthy" and "in an evaluation phase" in result.summary, text(result)
     assert "rank 0 evaluating (says its log)" in result.summary
     assert "rank 1's log since its last step: eval step 30 batch 4 | val loss 2.3012" in result.evidence
 
