@@ -252,7 +252,7 @@ class MonitorState:
             ):
                 continue
             self.forgotten.pop(rank_report.job_id, None)
-            job = self._job_for(rank_report.job_id, rank_report.alive)
+            job = self._job_for(rank_report.job_id, report.node, rank_report.pid, rank_report.alive)
             if not rank_report.alive and (report.node, rank_report.pid) in job.previous_run_pids:
                 continue
             self._apply_rank(job, report.node, rank_report, received_at, offset, wait_site)
@@ -274,7 +274,7 @@ class MonitorState:
             if not job_id or (not launcher_report.alive and job_id in self.forgotten):
                 continue
             self.forgotten.pop(job_id, None)
-            job = self._job_for(job_id, launcher_report.alive)
+            job = self._job_for(job_id, report.node, launcher_report.pid, launcher_report.alive)
             if not launcher_report.alive and (report.node, launcher_report.pid) in job.previous_run_pids:
                 continue
             self._apply_launcher(job, report.node, launcher_report, received_at, offset)
@@ -290,16 +290,18 @@ class MonitorState:
             self._learn_wait_sites(self.jobs[job_id])
         return touched
 
-    def _job_for(self, job_id: str, alive: bool) -> JobTrack:
-        """The job a report entry belongs to. A live process under the id of a job whose
+    def _job_for(self, job_id: str, node: str, pid: int, alive: bool) -> JobTrack:
+        """The job a report entry belongs to. A new live process under the id of a job whose
         every rank and launcher ended is a new run reusing the id (the same MASTER_PORT):
-        it starts clean instead of inheriting the last run's steps, exits and pace."""
+        it starts clean instead of inheriting the last run's steps, exits and pace. (A
+        process the job already had, listed again after it was missed, is not new.)"""
         job = self.jobs.get(job_id)
         if job is None:
             job = self.jobs[job_id] = JobTrack(job_id)
         elif alive and job.ended_at is not None:
             old = {(t.node, t.pid) for t in (*job.ranks.values(), *job.launchers.values())}
-            job = self.jobs[job_id] = JobTrack(job_id, previous_run_pids=frozenset(old))
+            if (node, pid) not in old:
+                job = self.jobs[job_id] = JobTrack(job_id, previous_run_pids=frozenset(old))
         return job
 
     def _apply_rank(

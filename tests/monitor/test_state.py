@@ -343,3 +343,16 @@ def test_phase_marks_one_per_episode_from_log_lines_and_stacks() -> None:
     send(6, progress=progress(2, 11, [(T0 + 4, 11)]),
          stack=stack(T0 + 6, [frame("_save", "/venv/lib/python3.11/site-packages/torch/serialization.py", 1)]))
     assert view(state).phase_marks == ((T0 + 1, "evaluation"), (T0 + 5, "evaluation"), (T0 + 6, "checkpoint"))
+
+
+def test_a_vanished_rank_listed_again_is_the_same_run() -> None:
+    """An agent that missed a rank once (so the job looked ended) and lists it again keeps its history."""
+    state = MonitorState()
+    apply(state, report(ranks=[rank(rank=0, progress=progress(3, 30, [(T0 + 1, 30)]))], sent_at=T0 + 1),
+          received_at=T0 + 1)
+    apply(state, report(ranks=[], sent_at=T0 + 2), received_at=T0 + 2)  # missed: marked vanished
+    assert state.jobs["job-a"].ended_at is not None
+    apply(state, report(ranks=[rank(rank=0, progress=progress(3, 30, [(T0 + 1, 30)]))], sent_at=T0 + 3),
+          received_at=T0 + 3)
+    [rv] = view(state, now=T0 + 4).ranks
+    assert (rv.alive, rv.progress_times, rv.first_seen_at) == (True, (T0 + 1,), T0 + 1)
