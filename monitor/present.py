@@ -24,6 +24,8 @@ def job_dict(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]
     progress = progress_series(track) if track is not None else {}
     return {
         "job_id": view.job_id,
+        # The same job as other nodes named it (a host name here, an address there).
+        "aliases": sorted(track.aliases) if track is not None else [],
         "verdict": d.verdict,
         "culprit_ranks": list(d.culprit_ranks),
         "since": d.since,

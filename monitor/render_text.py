@@ -25,6 +25,8 @@ def render_job(job: dict[str, Any], now: float) -> str:
         lines.append(f"  culprits: {word} {', '.join(str(r) for r in culprits)} (marked * below)")
     nodes = ", ".join(job.get("nodes", []))
     lines.append(f"  world size {job['world_size']}, {len(job['ranks'])} ranks seen" + (f" on {nodes}" if nodes else ""))
+    if job.get("aliases"):
+        lines.append(f"  also reported as {', '.join(job['aliases'])} (another spelling of the master address)")
     if job.get("stacks_unavailable_reason"):
         lines.append(f"  stacks unavailable: {job['stacks_unavailable_reason']}")
     _section(lines, "evidence", [f"- {e}" for e in job["evidence"]])

@@ -101,6 +101,8 @@ class Monitor:
         now = self.clock() if now is None else now
         with self._lock:
             self.state.prune(now, self.job_retention_s)
+            if job_id is not None:
+                job_id = self.state.aliases.get(job_id, job_id)  # another node's spelling of the id
             jobs = [j for j in self.state.jobs.values() if job_id is None or j.job_id == job_id]
             results = []
             for job in jobs:
@@ -141,11 +143,13 @@ class Monitor:
                 self.store.add_verdict(VerdictChange(job_id, now, d.verdict, key[1], d.summary))
 
     def history(self, job_id: str) -> list[VerdictChange]:
+        with self._lock:
+            job_id = self.state.aliases.get(job_id, job_id)
         return self.store.verdict_history(job_id)
 
     def knows_job(self, job_id: str) -> bool:
         with self._lock:
-            return job_id in self.state.jobs
+            return self.state.aliases.get(job_id, job_id) in self.state.jobs
 
     def nodes(self) -> list[NodeSummary]:
         with self._lock:

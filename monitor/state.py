@@ -145,6 +145,8 @@ class JobTrack:
     # (node, pid) of the ranks and launchers of the run that used this id before: their
     # ended entries, still listed by agents, are not this run's.
     previous_run_pids: frozenset[tuple[str, int]] = frozenset()
+    # Other ids its ranks or launchers reported (see MonitorState._canonical_job_id).
+    aliases: set[str] = field(default_factory=set)
     # (monitor time, phase): see JobView.phase_marks.
     phase_marks: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=PHASE_MARKS_KEPT))
 
@@ -220,6 +222,9 @@ class MonitorState:
         # Ended jobs already forgotten, and when: an agent may go on listing their dead
         # ranks for a while, which must not bring the job back. A live rank does.
         self.forgotten: dict[str, float] = {}
+        # Job ids that name a known job's rendezvous another way (a host name on one node,
+        # its address on another): alias -> the id the job was first seen under.
+        self.aliases: dict[str, str] = {}
 
     def apply(self, report: Report, received_at: float, wait_site: WaitSite = stacks.wait_site) -> set[str]:
         """Take in one accepted report; return the ids of the jobs it touched."""
@@ -245,18 +250,18 @@ class MonitorState:
         touched: set[str] = set()
         # An agent lists an ended process for minutes after it ended: once its rank runs
         # again under a new pid (a launcher restart), the old entry is history, not news.
-        live_ranks = {(r.job_id, r.rank) for r in report.ranks if r.alive}
+        ids = {r.job_id: self._canonical_job_id(r.job_id) for r in report.ranks}
+        live_ranks = {(ids[r.job_id], r.rank) for r in report.ranks if r.alive}
         for rank_report in report.ranks:
-            if not rank_report.alive and (
-                rank_report.job_id in self.forgotten or (rank_report.job_id, rank_report.rank) in live_ranks
-            ):
+            job_id = ids[rank_report.job_id]
+            if not rank_report.alive and (job_id in self.forgotten or (job_id, rank_report.rank) in live_ranks):
                 continue
-            self.forgotten.pop(rank_report.job_id, None)
-            job = self._job_for(rank_report.job_id, report.node, rank_report.pid, rank_report.alive)
+            self.forgotten.pop(job_id, None)
+            job = self._job_for(job_id, report.node, rank_report.pid, rank_report.alive)
             if not rank_report.alive and (report.node, rank_report.pid) in job.previous_run_pids:
                 continue
             self._apply_rank(job, report.node, rank_report, received_at, offset, wait_site)
-            node.rank_keys.add((rank_report.job_id, rank_report.rank))
+            node.rank_keys.add((job_id, rank_report.rank))
             touched.add(job.job_id)
         for job_id, rank in previous_keys - node.rank_keys:
             job = self.jobs.get(job_id)
@@ -266,7 +271,7 @@ class MonitorState:
                 touched.add(job_id)
         for launcher_report in report.launchers:
             job_id = (
-                launcher_report.job_id
+                (self._canonical_job_id(launcher_report.job_id) if launcher_report.job_id else None)
                 or self._job_of_workers(report.node, launcher_report.worker_pids)
                 # Its workers gone, a launcher that names no job stays with the job it had.
                 or next((j for j, pid in previous_launchers if pid == launcher_report.pid), None)
@@ -290,6 +295,44 @@ class MonitorState:
             self._learn_wait_sites(self.jobs[job_id])
         return touched
 
+    def _canonical_job_id(self, job_id: str) -> str:
+        """``job_id``, or the known job whose rendezvous it names another way.
+
+        Nodes may spell MASTER_ADDR differently ("node0" on one, 10.0.0.1 on another): two
+        "host:port" ids are one job when the ports match and both hosts name the same
+        reporting node (its name, host name or an interface address). Loopback addresses
+        name every node, so they never join anything.
+        """
+        if job_id in self.jobs:
+            return job_id
+        if job_id in self.aliases:
+            return self.aliases[job_id]
+        parsed = _host_port(job_id)
+        node = self._node_named(parsed[0]) if parsed else None
+        if parsed is None or node is None:
+            return job_id
+        for other in self.jobs:
+            theirs = _host_port(other)
+            if theirs and theirs[1] == parsed[1] and theirs[0] != parsed[0] and self._node_named(theirs[0]) == node:
+                self.aliases[job_id] = other
+                self.jobs[other].aliases.add(job_id)
+                return other
+        return job_id
+
+    def _node_named(self, host: str) -> str | None:
+        host = host.strip("[]").lower()
+        if host in ("localhost", "::1", "ip6-localhost") or host.startswith("127."):
+            return None
+        for n in self.nodes.values():
+            names = {name for name in (n.node.lower(), n.host.hostname.lower()) if name}
+            names |= {name.split(".", 1)[0] for name in names}  # "node0" for "node0.cluster"
+            short = host if host[:1].isdigit() else host.split(".", 1)[0]  # never cut an IP
+            if host in names or short in names:
+                return n.node
+            if any(a.split("/", 1)[0].lower() == host for i in n.host.interfaces for a in i.addresses):
+                return n.node
+        return None
+
     def _job_for(self, job_id: str, node: str, pid: int, alive: bool) -> JobTrack:
         """The job a report entry belongs to. A new live process under the id of a job whose
         every rank and launcher ended is a new run reusing the id (the same MASTER_PORT):
@@ -301,7 +344,7 @@ class MonitorState:
         elif alive and job.ended_at is not None:
             old = {(t.node, t.pid) for t in (*job.ranks.values(), *job.launchers.values())}
             if (node, pid) not in old:
-                job = self.jobs[job_id] = JobTrack(job_id, previous_run_pids=frozenset(old))
+                job = self.jobs[job_id] = JobTrack(job_id, previous_run_pids=frozenset(old), aliases=job.aliases)
         return job
 
     def _apply_rank(
@@ -476,6 +519,9 @@ class MonitorState:
                 del self.jobs[job_id]
                 dropped.append(job_id)
                 self.forgotten[job_id] = now
+                for alias in job.aliases:
+                    self.aliases.pop(alias, None)
+                    self.forgotten[alias] = now
         for name, node in list(self.nodes.items()):
             if now - node.last_report_at > retention_s:
                 del self.nodes[name]
@@ -483,6 +529,14 @@ class MonitorState:
             if now - at > FORGOTTEN_KEPT_S:
                 del self.forgotten[job_id]
         return dropped
+
+
+def _host_port(job_id: str) -> tuple[str, int] | None:
+    """("node0", 29500) from "node0:29500" (or "[fd00::1]:29500"); None for other ids."""
+    host, sep, port = job_id.rpartition(":")
+    if not sep or not host or not port.isdigit() or host in ("local", "slurm"):
+        return None
+    return host, int(port)
 
 
 def to_stack(report: StackReport, offset: float) -> Stack:

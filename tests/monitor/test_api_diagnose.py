@@ -284,3 +284,22 @@ def test_text_shows_the_wait_groups(client: TestClient, clock: FakeClock, monkey
     [job] = diagnose_json(client)["jobs"]
     assert job["groups"] == [{"site": "all_reduce@train.py:50", "ranks": [0, 1, 2]},
                              {"site": "barrier@train.py:80", "ranks": [3]}]
+
+
+def test_one_job_under_two_spellings_of_its_master_is_listed_once_and_found_by_either(
+    client: TestClient, clock: FakeClock
+) -> None:
+    def host(name: str, address: str) -> dict:
+        return {"hostname": name, "interfaces": [{"name": "eth0", "addresses": [f"{address}/24"]}]}
+
+    post(client, report(node="node-a", host=host("node-a", "10.0.0.1"), sent_at=clock.now,
+                        ranks=[rank(job_id="node-a:29500", rank=0, world_size=2)]))
+    post(client, report(node="node-b", host=host("node-b", "10.0.0.2"), sent_at=clock.now,
+                        ranks=[rank(job_id="10.0.0.1:29500", rank=1, world_size=2)]))
+    [job] = diagnose_json(client)["jobs"]
+    assert (job["job_id"], job["aliases"]) == ("node-a:29500", ["10.0.0.1:29500"])
+    assert [(r["rank"], r["node"]) for r in job["ranks"]] == [(0, "node-a"), (1, "node-b")]
+    found = client.get("/diagnose", params={"format": "json", "job": "10.0.0.1:29500"}).json()["jobs"]
+    assert [j["job_id"] for j in found] == ["node-a:29500"]
+    assert client.get("/api/v1/jobs/10.0.0.1:29500/history").status_code == 200
+    assert "also reported as 10.0.0.1:29500" in client.get("/diagnose").text

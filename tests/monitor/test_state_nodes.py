@@ -237,3 +237,37 @@ def test_env_error_file_dtype_and_gpus_reach_the_rank_view() -> None:
     assert rv.gpu_utilization_percent is None
     apply(state, report(ranks=[rank(gpus=r["gpus"])]), T0 + 2)
     assert view(state).ranks[0].gpu_utilization_percent == pytest.approx(75.0)
+
+
+def _host(hostname: str, address: str) -> dict:
+    return {"hostname": hostname, "cpu_count": 8, "cpu_flags": [], "cpu_model": "Test CPU",
+            "interfaces": [{"name": "lo", "addresses": ["127.0.0.1/8"]},
+                           {"name": "eth0", "addresses": [f"{address}/24"]}]}
+
+
+@pytest.mark.parametrize(
+    ("master_on_a", "master_on_b", "one_job"),
+    [
+        ("node-a:29500", "10.0.0.1:29500", True),  # the master's name on one node, its address on the other
+        ("10.0.0.1:29500", "node-a.cluster.example:29500", True),  # a fully qualified name
+        ("node-a:29500", "10.0.0.2:29500", False),  # node-b's own address: another rendezvous
+        ("node-a:29500", "10.0.0.1:29501", False),  # another port
+        ("localhost:29500", "127.0.0.1:29500", False),  # loopback names every node: never joined
+        ("node-a:29500", "10.0.0.99:29500", False),  # an address no reporting node has
+    ],
+)
+def test_job_ids_naming_one_rendezvous_differently_are_one_job(master_on_a, master_on_b, one_job) -> None:
+    state = MonitorState()
+    a = report(node="node-a", host=_host("node-a", "10.0.0.1"),
+               ranks=[rank(job_id=master_on_a, rank=r, world_size=4, pid=100 + r) for r in (0, 1)])
+    b = report(node="node-b", host=_host("node-b", "10.0.0.2"),
+               ranks=[rank(job_id=master_on_b, rank=r, world_size=4, pid=100 + r) for r in (2, 3)])
+    apply(state, a, received_at=T0)
+    apply(state, b, received_at=T0 + 0.5)
+    apply(state, b, received_at=T0 + 1.5)  # an alias, once made, holds
+    if one_job:
+        assert list(state.jobs) == [master_on_a]
+        assert sorted(state.jobs[master_on_a].ranks) == [0, 1, 2, 3]
+        assert state.jobs[master_on_a].aliases == {master_on_b}
+    else:
+        assert sorted(state.jobs) == sorted({master_on_a, master_on_b})
