@@ -400,7 +400,7 @@ class MonitorClient:
         r = self._http.get(self.url + "/diagnose", params={"format": "json", "job": job_id})
         r.raise_for_status()
         for job in r.json().get("jobs", []):
-            if job.get("job_id") == job_id:
+            if job_id == job.get("job_id") or job_id in job.get("aliases", ()):
                 return job
         return None
 

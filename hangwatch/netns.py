@@ -62,6 +62,7 @@ SUBNET = "10.231.0"
 PREFIX = 24
 SWITCH_ADDR = f"{SUBNET}.254"
 NS_PREFIX = "hw-"
+NETNS_ETC = Path("/etc/netns")  # per-namespace /etc files that `ip netns exec` mounts
 _NS_NAME = re.compile(rf"^{NS_PREFIX}(?P<pid>\d+)-[0-9a-f]+-\w+$")
 
 
@@ -107,6 +108,18 @@ def _kill_ns_processes(ns: str) -> None:
 def delete_namespace(ns: str) -> None:
     _kill_ns_processes(ns)
     _run("ip", "netns", "del", ns, check=False)
+    shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+
+
+def write_hosts(ns: str, names: dict[str, str]) -> None:
+    """/etc/hosts as programs in ``ns`` see it: this machine's, plus ``name -> address`` lines.
+    ``ip netns exec`` bind-mounts ``/etc/netns/NS/hosts`` over ``/etc/hosts``, and the node's
+    processes inherit that mount."""
+    folder = NETNS_ETC / ns
+    folder.mkdir(parents=True, exist_ok=True)
+    base = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else "127.0.0.1 localhost\n"
+    lines = [f"{addr} {name}" for name, addr in sorted(names.items())]
+    (folder / "hosts").write_text(base.rstrip("\n") + "\n# hangwatch simulated nodes\n" + "\n".join(lines) + "\n")
 
 
 def sweep_stale() -> list[str]:
@@ -302,6 +315,8 @@ class Fabric:
         _run("ip", "-n", ns, "addr", "add", f"{node.addr}/{PREFIX}", "dev", node.ifname)
         _run("ip", "-n", ns, "link", "set", node.ifname, "up")
         self.nodes[node.name] = node
+        # Nodes resolve each other's names (those added so far), like hosts of a cluster.
+        write_hosts(ns, {n.name: n.addr for n in self.nodes.values()})
         if start:
             self.start_node(node)
         return node

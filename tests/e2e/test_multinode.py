@@ -50,8 +50,9 @@ class Cluster:
         for node in (self.a, self.b):
             node.start_agent(self.fabric.monitor_url)
 
-    def launch(self, node, node_rank: int, *train_args: str, env: dict[str, str] | None = None):
-        job = node.torchrun(list(train_args), nnodes=2, node_rank=node_rank, master_addr=self.a.addr,
+    def launch(self, node, node_rank: int, *train_args: str, env: dict[str, str] | None = None,
+               master_addr: str | None = None):
+        job = node.torchrun(list(train_args), nnodes=2, node_rank=node_rank, master_addr=master_addr or self.a.addr,
                             master_port=MASTER_PORT, env=GLOO_OK if env is None else env)
         self.jobs[node.name] = job
         return job
@@ -114,6 +115,21 @@ def test_two_nodes_healthy(cluster: Cluster):
     assert {(r["rank"], r["node"]) for r in got["ranks"]} == {(0, "node-a"), (1, "node-b")}, compact(got)
     bad = [j for j in cluster.watch(10) if j is None or j["verdict"] != "healthy"]
     assert not bad, compact(bad[0])
+
+
+def test_master_named_by_address_on_one_node_and_by_name_on_the_other_is_one_job(cluster: Cluster):
+    """node-a's torchrun says --master-addr=10.231.0.20, node-b's says --master-addr=node-a (its
+    hosts file): two job ids for one rendezvous, shown as one job under either id."""
+    cluster.launch(cluster.a, 0, "--steps", "100000")
+    cluster.launch(cluster.b, 1, "--steps", "100000", master_addr="node-a")
+    cluster.jobs["node-a"].wait_for_step(10, timeout=60)
+    got = cluster.wait_for_verdict("healthy", culprits=[])
+    named = f"node-a:{MASTER_PORT}"
+    assert {got["job_id"], *got["aliases"]} == {cluster.job_id, named}, compact(got)
+    assert {(r["rank"], r["node"]) for r in got["ranks"]} == {(0, "node-a"), (1, "node-b")}, compact(got)
+    listed = cluster.client.diagnose()["jobs"]
+    assert [j["job_id"] for j in listed] == [got["job_id"]], [j["job_id"] for j in listed]
+    assert cluster.client.job(named)["job_id"] == got["job_id"]
 
 
 def test_worker_firewall_drops_master_gloo_connections(cluster: Cluster):
