@@ -130,6 +130,10 @@ def sweep_stale() -> list[str]:
         if m and not psutil.pid_exists(int(m.group("pid"))):
             delete_namespace(ns)
             gone.append(ns)
+    for folder in NETNS_ETC.glob(f"{NS_PREFIX}*") if NETNS_ETC.is_dir() else ():
+        m = _NS_NAME.match(folder.name)
+        if m and not psutil.pid_exists(int(m.group("pid"))):
+            shutil.rmtree(folder, ignore_errors=True)
     return gone
 
 
