@@ -200,12 +200,16 @@ PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # "Saving the checkpoint", DCP "Saving state dict", "writing checkpoint", "checkpointing".
     ("checkpoint", re.compile(r"\b(?:sav(?:e|ing)|writ(?:e|ing))\b.{0,40}?\b(?:checkpoint|ckpt|state[ _]dict|weights)"
                               r"|\bcheckpointing\b", re.I)),
-    # "Compiling the model", torch._dynamo / torch._inductor messages during (re)compilation.
-    ("compilation", re.compile(r"\bcompiling\b|torch\._(?:dynamo|inductor)", re.I)),
+    # "Compiling the model...", "Recompiling ...". (torch._dynamo's own warnings are not
+    # enough: "hit config.cache_size_limit" means it stopped compiling.)
+    ("compilation", re.compile(r"\b(?:re)?compiling\b", re.I)),
 )
+# Lines that name a phase without being in it: skipped or disabled phases, and traceback
+# lines ('File ".../torch/_dynamo/eval_frame.py"').
+NOT_A_PHASE = re.compile(r"\bskip\w*|\bdisabl\w*|\bno (?:eval|validation)|^\s*File \"", re.I)
 
 
-_PHASE_WORDS = ("eval", "val", "sav", "writ", "checkpoint", "compil", "torch._")
+_PHASE_WORDS = ("eval", "val", "sav", "writ", "checkpoint", "compil")
 
 
 def match_phase(line: str) -> str | None:
@@ -214,6 +218,8 @@ def match_phase(line: str) -> str | None:
     if not any(w in low for w in _PHASE_WORDS):
         return None  # the common case, cheaply
     text = ANSI.sub("", line)
+    if NOT_A_PHASE.search(text):
+        return None
     for phase, pattern in PHASE_PATTERNS:
         if pattern.search(text):
             return phase

@@ -111,7 +111,10 @@ class _RankLog:
     progress: dict[str, ProgressTracker] = field(default_factory=dict)  # scope -> tracker
     errors: deque = field(default_factory=lambda: deque(maxlen=KEPT_ERRORS))
     dtype: tuple[str, str] | None = None  # (normalised dtype, the line), the latest announced
-    phase: dict | None = None  # the latest phase line: {"phase", "seen_at", "line"}
+    # The latest phase line printed after the rank's last new step ({"phase", "seen_at",
+    # "line"}); a new step clears it. Line order decides, not read time: a step and the
+    # "Running Evaluation" after it often arrive in one read and share a timestamp.
+    phase: dict | None = None
 
 
 @dataclass
@@ -251,7 +254,12 @@ class LogFollower:
             for proc in targets:
                 state = self._ranks.setdefault(proc.pid, _RankLog())
                 tracker = state.progress.setdefault(scope, ProgressTracker(scope))
+                known = {t.step for t in state.progress.values() if t.events}
                 tracker.add(progress, now, entry.tailer.path, p.text, live)
+                if progress.step not in known:
+                    # A new step number (even on a line that also prints "val_loss"): no
+                    # phase now. "eval step 40 batch 3" repeats the step, so it stays.
+                    state.phase = None
             return []
 
         dtype = match_dtype(p.text)

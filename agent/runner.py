@@ -375,12 +375,8 @@ class Agent:
 
     def _schedule_stacks(self, alive: list[Tracked], now: float) -> None:
         for t in alive:
-            progress = self.logs.progress_of(t.proc.pid)
-            stuck = looks_stuck(now, progress, t.low_cpu_since)
-            phase = self.logs.phase_of(t.proc.pid)
-            # A phase line read after the last step: the rank is evaluating or saving now.
-            in_phase = phase is not None and (progress is None or phase["seen_at"] > (progress["step_at"] or 0.0))
-            self.stacks.schedule(t.proc.pid, now, stuck, t.sample.state if t.sample else None, in_phase)
+            stuck = looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since)
+            self.stacks.schedule(t.proc.pid, now, stuck, t.sample.state if t.sample else None)
         if self.stacks.status != "ok":
             self.health.fail("stacks", self.stacks.status)
         elif self.stacks.recent_failures >= 3:

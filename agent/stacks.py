@@ -139,10 +139,6 @@ LOW_CPU_PERCENT = 10.0
 STUCK_DUMP_EVERY_S = 3.0
 BACKGROUND_DUMP_EVERY_S = 20.0
 FIRST_DUMP_AFTER_S = 2.0
-# In a phase its log announced (evaluation, checkpoint, compilation) a rank is busy on
-# purpose, often for minutes: plain dumps show the phase, and a native one now and then
-# still catches a wait that shows only in native frames (NCCL's cudaStreamSynchronize).
-PHASE_NATIVE_EVERY_S = 15.0
 
 
 def usual_step_interval(recent: list[tuple[float, int]]) -> float | None:
@@ -174,7 +170,7 @@ class DumpPlan:
     stuck_since: float | None = None  # start of the current stuck episode
 
 
-def next_dump(now: float, plan: DumpPlan, stuck: bool, in_phase: bool = False) -> str | None:
+def next_dump(now: float, plan: DumpPlan, stuck: bool) -> str | None:
     """"python", "native" or None: which dump this rank needs now. Updates the episode."""
     if not stuck:
         plan.stuck_since = None
@@ -184,16 +180,14 @@ def next_dump(now: float, plan: DumpPlan, stuck: bool, in_phase: bool = False) -
             else plan.last_dump_at + BACKGROUND_DUMP_EVERY_S
         )
         return "python" if now >= due else None
-    first = plan.stuck_since is None
-    if first:
+    if plan.stuck_since is None:
         plan.stuck_since = now
-    if not first and plan.last_dump_at is not None and now - plan.last_dump_at < STUCK_DUMP_EVERY_S:
-        return None
-    if in_phase and plan.last_native_at is not None and now - plan.last_native_at < PHASE_NATIVE_EVERY_S:
-        return "python"
-    # Stuck ranks get native dumps: an async Work.wait or DDP's reducer shows only in
-    # native frames, and the monitor keeps just the newest stack.
-    return "native"
+        return "native"
+    # Stuck ranks always get native dumps: an async Work.wait or DDP's reducer shows
+    # only in native frames, and the monitor keeps just the newest stack.
+    if plan.last_dump_at is None or now - plan.last_dump_at >= STUCK_DUMP_EVERY_S:
+        return "native"
+    return None
 
 
 class StackSampler:
@@ -211,7 +205,7 @@ class StackSampler:
         self._plans: dict[int, DumpPlan] = {}
         self.recent_failures = 0  # consecutive failed dumps, for collector health
 
-    def schedule(self, pid: int, now: float, stuck: bool, state: str | None, in_phase: bool = False) -> None:
+    def schedule(self, pid: int, now: float, stuck: bool, state: str | None) -> None:
         plan = self._plans.setdefault(pid, DumpPlan(discovered_at=now))
         if self.status != "ok":
             with self._lock:
@@ -222,7 +216,7 @@ class StackSampler:
         with self._lock:
             if pid in self._busy:
                 return
-        kind = next_dump(now, plan, stuck, in_phase)
+        kind = next_dump(now, plan, stuck)
         if kind is None:
             return
         plan.last_dump_at = now

@@ -225,6 +225,8 @@ class MonitorState:
         # Job ids that name a known job's rendezvous another way (a host name on one node,
         # its address on another): alias -> the id the job was first seen under.
         self.aliases: dict[str, str] = {}
+        # (node, pid) of forgotten jobs' processes, by id: a new run under the id skips them.
+        self.forgotten_pids: dict[str, frozenset[tuple[str, int]]] = {}
 
     def apply(self, report: Report, received_at: float, wait_site: WaitSite = stacks.wait_site) -> set[str]:
         """Take in one accepted report; return the ids of the jobs it touched."""
@@ -254,11 +256,13 @@ class MonitorState:
         live_ranks = {(ids[r.job_id], r.rank) for r in report.ranks if r.alive}
         for rank_report in report.ranks:
             job_id = ids[rank_report.job_id]
-            if not rank_report.alive and (job_id in self.forgotten or (job_id, rank_report.rank) in live_ranks):
+            if not rank_report.alive and (
+                job_id in self.forgotten or rank_report.job_id in self.forgotten or (job_id, rank_report.rank) in live_ranks
+            ):
                 continue
             self.forgotten.pop(job_id, None)
             job = self._job_for(job_id, report.node, rank_report.pid, rank_report.alive)
-            if not rank_report.alive and (report.node, rank_report.pid) in job.previous_run_pids:
+            if not rank_report.alive and self._is_history(job, report.node, rank_report):
                 continue
             self._apply_rank(job, report.node, rank_report, received_at, offset, wait_site)
             node.rank_keys.add((job_id, rank_report.rank))
@@ -295,6 +299,15 @@ class MonitorState:
             self._learn_wait_sites(self.jobs[job_id])
         return touched
 
+    @staticmethod
+    def _is_history(job: JobTrack, node: str, rr: RankReport) -> bool:
+        """An ended process that no longer is the rank: the last run's, or one its launcher
+        replaced (on this node or, after an elastic restart, on another)."""
+        if (node, rr.pid) in job.previous_run_pids:
+            return True
+        current = job.ranks.get(rr.rank)
+        return current is not None and current.alive and (current.node, current.pid) != (node, rr.pid)
+
     def _canonical_job_id(self, job_id: str) -> str:
         """``job_id``, or the known job whose rendezvous it names another way.
 
@@ -323,15 +336,24 @@ class MonitorState:
         host = host.strip("[]").lower()
         if host in ("localhost", "::1", "ip6-localhost") or host.startswith("127."):
             return None
+        found = set()
         for n in self.nodes.values():
             names = {name for name in (n.node.lower(), n.host.hostname.lower()) if name}
-            names |= {name.split(".", 1)[0] for name in names}  # "node0" for "node0.cluster"
-            short = host if host[:1].isdigit() else host.split(".", 1)[0]  # never cut an IP
-            if host in names or short in names:
-                return n.node
-            if any(a.split("/", 1)[0].lower() == host for i in n.host.interfaces for a in i.addresses):
-                return n.node
-        return None
+            # "node0" names "node0.cluster" (and the reverse) when only one side is a full
+            # name; two full names must match whole.
+            short = {name.split(".", 1)[0] for name in names}
+            full_known = any("." in name for name in names)
+            if "." not in host:
+                matched = host in short
+            else:
+                matched = host in names or (not full_known and not host[:1].isdigit()
+                                            and host.split(".", 1)[0] in names)
+            if matched:
+                found.add(n.node)
+            elif any(a.split("/", 1)[0].lower() == host for i in n.host.interfaces for a in i.addresses):
+                found.add(n.node)
+        # An address several nodes have (docker0's 172.17.0.1) names none of them.
+        return found.pop() if len(found) == 1 else None
 
     def _job_for(self, job_id: str, node: str, pid: int, alive: bool) -> JobTrack:
         """The job a report entry belongs to. A new live process under the id of a job whose
@@ -340,7 +362,7 @@ class MonitorState:
         process the job already had, listed again after it was missed, is not new.)"""
         job = self.jobs.get(job_id)
         if job is None:
-            job = self.jobs[job_id] = JobTrack(job_id)
+            job = self.jobs[job_id] = JobTrack(job_id, previous_run_pids=self.forgotten_pids.get(job_id, frozenset()))
         elif alive and job.ended_at is not None:
             old = {(t.node, t.pid) for t in (*job.ranks.values(), *job.launchers.values())}
             if (node, pid) not in old:
@@ -425,7 +447,9 @@ class MonitorState:
             track.compute_dtype = rr.compute_dtype
         if rr.compute_dtype_line is not None:
             track.compute_dtype_line = rr.compute_dtype_line
-        if rr.log_phase is not None:
+        if rr.log_phase is None:
+            track.log_phase = None  # the agent saw a step since: the phase is over
+        else:
             # The agent re-sends its latest phase line: a new one is known by the agent's clock.
             if rr.log_phase.seen_at != track.log_phase_mark:
                 track.log_phase_mark = rr.log_phase.seen_at
@@ -518,16 +542,18 @@ class MonitorState:
             if now - job.last_report_at > retention_s or (ended_at is not None and now - ended_at > retention_s):
                 del self.jobs[job_id]
                 dropped.append(job_id)
-                self.forgotten[job_id] = now
-                for alias in job.aliases:
-                    self.aliases.pop(alias, None)
-                    self.forgotten[alias] = now
+                pids = frozenset((t.node, t.pid) for t in (*job.ranks.values(), *job.launchers.values()))
+                for name in (job_id, *job.aliases):
+                    self.aliases.pop(name, None)
+                    self.forgotten[name] = now
+                    self.forgotten_pids[name] = pids
         for name, node in list(self.nodes.items()):
             if now - node.last_report_at > retention_s:
                 del self.nodes[name]
         for job_id, at in list(self.forgotten.items()):
             if now - at > FORGOTTEN_KEPT_S:
                 del self.forgotten[job_id]
+                self.forgotten_pids.pop(job_id, None)
         return dropped
 
 

@@ -73,7 +73,8 @@ def _gaps(times: tuple[float, ...]) -> list[tuple[float, float]]:
 
 def _phases_in(gap: tuple[float, float], marks: tuple[tuple[float, str], ...]) -> set[str]:
     a, b = gap
-    return {phase for at, phase in marks if a < at < b}
+    # A mark read together with the step that opened the gap belongs to the gap.
+    return {phase for at, phase in marks if a <= at < b}
 
 
 def job_cadence(job: JobView) -> Cadence:

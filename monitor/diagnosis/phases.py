@@ -40,9 +40,18 @@ _TRAINER_FILES = re.compile(r"/loops/(evaluation|prediction)_loop\.py$")
 _PHASE_ORDER = ("checkpoint", "evaluation", "compilation")
 
 
-def _is_library(frame) -> bool:
+_LIBRARY_ROOTS = ("torch", "triton")
+
+
+def _library_path(frame) -> str | None:
+    """The frame's path from its package root ("torch/_dynamo/eval_frame.py") when it is
+    library code: installed, or a torch/triton source tree; None for the user's own code."""
     parts = frame.file.replace("\\", "/").split("/")
-    return "site-packages" in parts or "dist-packages" in parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            return "/".join(parts[parts.index(marker) + 1 :])
+    roots = [i for i, p in enumerate(parts[:-1]) if p in _LIBRARY_ROOTS]
+    return "/".join(parts[roots[-1] :]) if roots else None
 
 
 # A phase's first occurrence is allowed this long before its silence counts as a stall;
@@ -63,8 +72,8 @@ def phase_of(stack: Stack | None) -> str | None:
     for f in stack.frames:
         if f.native:
             continue
-        if _is_library(f):
-            short = f.short_file
+        short = _library_path(f)
+        if short is not None:
             found.update(phase for phase, pattern in _LIBRARY_PHASES if pattern.search(short))
             if not short.startswith("torch/"):
                 found.update(phase for phase, names in _TRAINER_FUNCTIONS.items() if f.name in names)
@@ -88,7 +97,9 @@ def current_phase(fresh_stack: Stack | None, log_phase: LogPhase | None, last_pr
 
 
 def fresh_log_phase(log_phase: LogPhase | None, last_progress_at: float | None) -> LogPhase | None:
-    """The log's phase line when it was read after the job's last progress, else None."""
-    if log_phase is None or (last_progress_at is not None and log_phase.seen_at <= last_progress_at):
+    """The log's phase line when it was read with or after the job's last progress, else None."""
+    # The agent reports a phase line only while no step followed it, so one read together
+    # with the last step (the same timestamp) came after it.
+    if log_phase is None or (last_progress_at is not None and log_phase.seen_at < last_progress_at):
         return None
     return log_phase

@@ -66,7 +66,12 @@ def test_match_progress(line, expected):
         ("Saving the checkpoint (or staging if async is enabled).", "checkpoint"),  # torchtitan
         ("\x1b[32mWriting state dict to /ckpt/step-10\x1b[0m", "checkpoint"),
         ("Compiling the model... (takes a ~minute)", "compilation"),
-        ("W1122 torch._dynamo hit config.recompile_limit (8)", "compilation"),
+        ("Recompiling function forward in /work/model.py:40", "compilation"),
+        # named but not entered: skipped phases, tracebacks, torch._dynamo giving up on compiling
+        ("Skipping evaluation: no eval dataset", None),
+        ("checkpointing disabled for this run", None),
+        ('  File "/venv/lib/python3.11/site-packages/torch/_dynamo/eval_frame.py", line 632, in _fn', None),
+        ("W1122 torch._dynamo hit config.recompile_limit (8)", None),
         # step lines, and words that merely contain the letters, announce nothing
         ("step 00004/05000 (0.08%) | loss: 10.4 | lrm: 1.00 | dt: 512.3ms", None),
         ("step 3 | loss 2.0 | dtype=bf16 | interval 3", None),
@@ -267,4 +272,26 @@ def test_phase_lines_are_kept_per_rank_but_not_from_history(tmp_path):
     follower.collect(ranks, now=3.0)
     assert follower.phase_of(101)["phase"] == follower.phase_of(102)["phase"] == "checkpoint"
     assert follower.phase_of(102)["seen_at"] == 3.0
+    follower.close()
+
+
+def test_a_new_step_ends_the_phase_even_when_read_in_the_same_poll(tmp_path):
+    """Line order decides: a step then "Running Evaluation" (one read) is a phase; the reverse is not."""
+    log = tmp_path / "train.log"
+    log.write_text("")
+    ranks = [_rank(101, 0, 0)]
+    follower = LogFollower(extra_paths=(str(log),))
+    follower.collect(ranks, now=1.0)
+    with open(log, "a") as f:
+        f.write("step 10/100 | loss 2.0\n***** Running Evaluation *****\n")
+    follower.collect(ranks, now=2.0)
+    assert follower.phase_of(101)["seen_at"] == follower.progress_of(101)["step_at"] == 2.0
+    with open(log, "a") as f:
+        f.write("eval step 10 batch 1 | val loss 2.1\n")  # the same step again: still evaluating
+    follower.collect(ranks, now=3.0)
+    assert follower.phase_of(101)["line"] == "eval step 10 batch 1 | val loss 2.1"
+    with open(log, "a") as f:
+        f.write("Saving model checkpoint to out/\nstep 11/100 | loss 1.9 | val_loss 2.1\n")
+    follower.collect(ranks, now=4.0)
+    assert follower.phase_of(101) is None
     follower.close()

@@ -94,20 +94,3 @@ def test_dump_schedule_background_then_stuck_episode():
     # episode ends, and a new one gets its own native dump at once
     assert next_dump(54.0, plan, stuck=False) is None
     assert next_dump(55.0, plan, stuck=True) == "native"
-
-
-def test_dump_schedule_in_a_phase_the_log_announced():
-    """Evaluating for minutes: plain dumps every 3 s, a native one every 15 s."""
-    plan = DumpPlan(discovered_at=0.0)
-    assert next_dump(10.0, plan, stuck=True, in_phase=True) == "native"  # none taken yet
-    plan.last_dump_at = plan.last_native_at = 10.0
-    assert next_dump(12.0, plan, stuck=True, in_phase=True) is None
-    kinds = []
-    for now in (13.0, 16.0, 19.0, 22.0, 25.0):
-        kinds.append(next_dump(now, plan, stuck=True, in_phase=True))
-        plan.last_dump_at = now
-        if kinds[-1] == "native":
-            plan.last_native_at = now
-    assert kinds == ["python", "python", "python", "python", "native"]
-    # the phase over but no step yet: native again every 3 s
-    assert next_dump(28.0, plan, stuck=True) == "native"

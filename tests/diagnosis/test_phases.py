@@ -39,6 +39,9 @@ def lib(name: str, path: str) -> object:
         ((lib("__enter__", "torch/autograd/grad_mode.py"), lib("inference_mode", "torch/autograd/grad_mode.py"),
           py("train_step")), None),
         ((lib("_validate_output_list_for_rank", "torch/distributed/distributed_c10d.py"), py("train_step")), None),
+        # torch built from source (no site-packages in the path) is still library code
+        ((py("_fn", "/opt/pytorch/torch/_dynamo/eval_frame.py"), py("train_step"), py("main")), None),
+        ((py("compile_fx", "/opt/pytorch/torch/_inductor/compile_fx.py"), py("main")), "compilation"),
         (computing(), None),
         (collective("all_reduce", 50), None),
     ],
@@ -99,3 +102,17 @@ def test_a_first_long_evaluation_outlasting_its_grace_is_slow_compute() -> None:
     busy = [rank(r, cpu=90, frames=computing(), active=True, log_phase=LONG_EVAL) for r in (0, 1)]
     result = diagnose(job(*busy, progress=steps(NOW - 160, 1.0), phase_marks=((NOW - 150, "evaluation"),)))
     assert result.verdict == "slow_compute", result.summary
+
+
+def test_a_phase_line_read_with_the_step_before_it_marks_that_gap() -> None:
+    """The agent reads "step 9" and "Running Evaluation" in one poll: the mark shares the step's time."""
+    progress = steps(NOW - 40, 1.0, count=10) + steps(NOW, 1.0, count=10)  # a 31 s gap after NOW - 40
+    cadence = job_cadence(job(rank(0), progress=progress, phase_marks=((NOW - 40, "evaluation"),)))
+    assert cadence.phase_longest("evaluation") == 31.0 and cadence.longest_interval_s == 1.0
+
+
+def test_a_log_phase_read_with_the_last_step_counts() -> None:
+    same_poll = LogPhase("evaluation", NOW - 20, "***** Running Evaluation *****")
+    busy = [rank(r, cpu=90, frames=computing(), active=True, log_phase=same_poll) for r in (0, 1)]
+    result = diagnose(job(*busy, progress=steps(NOW - 20, 1.0)))
+    assert result.verdict == "healthy" and "evaluation phase" in result.summary, result.summary

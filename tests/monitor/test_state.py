@@ -356,3 +356,26 @@ def test_a_vanished_rank_listed_again_is_the_same_run() -> None:
           received_at=T0 + 3)
     [rv] = view(state, now=T0 + 4).ranks
     assert (rv.alive, rv.progress_times, rv.first_seen_at) == (True, (T0 + 1,), T0 + 1)
+
+
+def test_a_dead_entry_from_another_node_does_not_replace_the_live_rank() -> None:
+    """After an elastic restart rank 1 runs on node-b; node-a still lists its old, dead rank 1."""
+    state = MonitorState()
+    old = rank(rank=1, pid=300, alive=False, exit={"at": T0, "code": 1, "source": "pidfd"})
+    for i in range(3):
+        apply(state, report(node="node-b", ranks=[rank(rank=1, pid=500)], sent_at=T0 + 1 + i), received_at=T0 + 1 + i)
+        apply(state, report(node="node-a", ranks=[old], sent_at=T0 + 1.5 + i), received_at=T0 + 1.5 + i)
+    [rv] = view(state, now=T0 + 4).ranks
+    assert (rv.node, rv.pid, rv.alive, rv.first_seen_at) == ("node-b", 500, True, T0 + 1)
+
+
+def test_a_forgotten_jobs_dead_ranks_stay_out_of_the_next_run_under_its_id() -> None:
+    state = MonitorState()
+    apply(state, report(ranks=[rank(rank=0, pid=100)], sent_at=T0), received_at=T0)
+    dead = rank(rank=0, pid=100, alive=False, exit={"at": T0 + 1, "code": 1, "source": "pidfd"})
+    apply(state, report(ranks=[dead], sent_at=T0 + 1), received_at=T0 + 1)
+    assert state.prune(T0 + 700, retention_s=600) == ["job-a"]
+    # the agent lists the dead rank beside the new run's live one (a different rank here)
+    apply(state, report(ranks=[rank(rank=1, pid=200), dead], sent_at=T0 + 701), received_at=T0 + 701)
+    jv = view(state, now=T0 + 702)
+    assert [(r.rank, r.pid, r.alive) for r in jv.ranks] == [(1, 200, True)]

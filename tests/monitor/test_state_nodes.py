@@ -254,13 +254,20 @@ def _host(hostname: str, address: str) -> dict:
         ("node-a:29500", "10.0.0.1:29501", False),  # another port
         ("localhost:29500", "127.0.0.1:29500", False),  # loopback names every node: never joined
         ("node-a:29500", "10.0.0.99:29500", False),  # an address no reporting node has
+        ("node-a.site-1:29500", "node-a.site-2:29500", False),  # two full names must match whole
+        ("node-a:29500", "172.17.0.1:29500", False),  # docker0's address: on both nodes
     ],
 )
 def test_job_ids_naming_one_rendezvous_differently_are_one_job(master_on_a, master_on_b, one_job) -> None:
     state = MonitorState()
-    a = report(node="node-a", host=_host("node-a", "10.0.0.1"),
+    host_a, host_b = _host("node-a", "10.0.0.1"), _host("node-b", "10.0.0.2")
+    for host in (host_a, host_b):
+        host["interfaces"].append({"name": "docker0", "addresses": ["172.17.0.1/16"]})
+    if master_on_a.startswith("node-a.site-1"):
+        host_a["hostname"] = "node-a.site-1"
+    a = report(node="node-a", host=host_a,
                ranks=[rank(job_id=master_on_a, rank=r, world_size=4, pid=100 + r) for r in (0, 1)])
-    b = report(node="node-b", host=_host("node-b", "10.0.0.2"),
+    b = report(node="node-b", host=host_b,
                ranks=[rank(job_id=master_on_b, rank=r, world_size=4, pid=100 + r) for r in (2, 3)])
     apply(state, a, received_at=T0)
     apply(state, b, received_at=T0 + 0.5)
