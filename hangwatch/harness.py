@@ -513,7 +513,8 @@ def watch_case(case, job: Job, client: MonitorClient, *, stall_step: int, timeou
             emit("signal", pids[1])
         if run.stall_at is None:
             if case.expect == "finished":
-                if job.finished():
+                # The job is over when its ranks are: torchrun itself exits a moment later.
+                if job.finished() or (pids and not any(_running(pid) for pid in pids.values())):
                     run.stall_at = time.time()
                     emit("stall", run.stall_at)
             else:
@@ -535,6 +536,14 @@ def watch_case(case, job: Job, client: MonitorClient, *, stall_step: int, timeou
             emit("timeout", timeout)
             return run
         time.sleep(poll)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for its parent (a launcher that has not reaped it yet)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _observe(client: MonitorClient, job: Job, run: CaseRun, last_key, emit: Callable[[str, object], None]):
