@@ -148,6 +148,22 @@ def _rank(pid, rank, local_rank, job="j"):
     return RankProcess(pid, 1, 1, RankIdentity(job, rank, 2, local_rank, "torchrun"), "python t.py")
 
 
+class SharedLog:
+    """A --log file followed for ranks 0 and 1 (pids 101, 102), read once at ``now`` 1.0."""
+
+    def __init__(self, tmp_path, backlog: str = "") -> None:
+        self.path = tmp_path / "train.log"
+        self.path.write_text(backlog)
+        self.ranks = [_rank(101, 0, 0), _rank(102, 1, 1)]
+        self.follower = LogFollower(extra_paths=(str(self.path),))
+        self.follower.collect(self.ranks, now=1.0)
+
+    def append(self, text: str, now: float) -> None:
+        with open(self.path, "a") as f:
+            f.write(text)
+        self.follower.collect(self.ranks, now=now)
+
+
 def test_follower_on_real_torchrun_log_attributes_by_prefix(tmp_path):
     """A launcher log (--log): [defaultN] is the local rank, [rankN] the global rank."""
     log = tmp_path / "train.log"
@@ -236,40 +252,25 @@ def test_rotation_of_a_log_path(tmp_path):
 
 def test_job_progress_after_a_ranks_own_lines_is_not_hidden(tmp_path):
     """A rank's prefixed eval lines, then the job's shared step lines: the newer progress is reported."""
-    log = tmp_path / "train.log"
-    log.write_text("")
-    ranks = [_rank(101, 0, 0), _rank(102, 1, 1)]
-    follower = LogFollower(extra_paths=(str(log),))
-    follower.collect(ranks, now=1.0)
-    with open(log, "a") as f:
-        f.write("[rank0]: eval step 40 batch 10 | val loss 0.3\n")
-    follower.collect(ranks, now=2.0)
-    assert follower.progress_of(101)["scope"] == "rank"
-    with open(log, "a") as f:
-        f.write("step 41/1000 | loss 0.1\n")
-    follower.collect(ranks, now=3.0)
-    progress = follower.progress_of(101)
+    log = SharedLog(tmp_path)
+    log.append("[rank0]: eval step 40 batch 10 | val loss 0.3\n", now=2.0)
+    assert log.follower.progress_of(101)["scope"] == "rank"
+    log.append("step 41/1000 | loss 0.1\n", now=3.0)
+    progress = log.follower.progress_of(101)
     assert (progress["scope"], progress["step"], progress["step_at"]) == ("job", 41, 3.0)
-    follower.close()
+    log.follower.close()
 
 
 def test_phase_lines_are_kept_per_rank_but_not_from_history(tmp_path):
     """Only lines read live count (a backlog says nothing about now); the newest one is kept."""
-    log = tmp_path / "train.log"
-    log.write_text("Saving model checkpoint to old/\n")
-    ranks = [_rank(101, 0, 0), _rank(102, 1, 1)]
-    follower = LogFollower(extra_paths=(str(log),))
-    follower.collect(ranks, now=1.0)
+    log = SharedLog(tmp_path, backlog="Saving model checkpoint to old/\n")
+    follower = log.follower
     assert follower.phase_of(101) is None
-    with open(log, "a") as f:
-        f.write("step 40/1000 | loss 0.2\n[rank1]: eval step 40 batch 1 | val loss 0.3\n")
-    follower.collect(ranks, now=2.0)
+    log.append("step 40/1000 | loss 0.2\n[rank1]: eval step 40 batch 1 | val loss 0.3\n", now=2.0)
     assert follower.phase_of(101) is None
     assert follower.phase_of(102) == {"phase": "evaluation", "seen_at": 2.0,
                                       "line": "eval step 40 batch 1 | val loss 0.3"}
-    with open(log, "a") as f:
-        f.write("Saving model checkpoint to out/checkpoint-40\n")  # unprefixed in a --log: the job's
-    follower.collect(ranks, now=3.0)
+    log.append("Saving model checkpoint to out/checkpoint-40\n", now=3.0)  # unprefixed in a --log: the job's
     assert follower.phase_of(101)["phase"] == follower.phase_of(102)["phase"] == "checkpoint"
     assert follower.phase_of(102)["seen_at"] == 3.0
     follower.close()
@@ -277,21 +278,12 @@ def test_phase_lines_are_kept_per_rank_but_not_from_history(tmp_path):
 
 def test_a_new_step_ends_the_phase_even_when_read_in_the_same_poll(tmp_path):
     """Line order decides: a step then "Running Evaluation" (one read) is a phase; the reverse is not."""
-    log = tmp_path / "train.log"
-    log.write_text("")
-    ranks = [_rank(101, 0, 0)]
-    follower = LogFollower(extra_paths=(str(log),))
-    follower.collect(ranks, now=1.0)
-    with open(log, "a") as f:
-        f.write("step 10/100 | loss 2.0\n***** Running Evaluation *****\n")
-    follower.collect(ranks, now=2.0)
+    log = SharedLog(tmp_path)
+    follower = log.follower
+    log.append("step 10/100 | loss 2.0\n***** Running Evaluation *****\n", now=2.0)
     assert follower.phase_of(101)["seen_at"] == follower.progress_of(101)["step_at"] == 2.0
-    with open(log, "a") as f:
-        f.write("eval step 10 batch 1 | val loss 2.1\n")  # the same step again: still evaluating
-    follower.collect(ranks, now=3.0)
+    log.append("eval step 10 batch 1 | val loss 2.1\n", now=3.0)  # the same step again: still evaluating
     assert follower.phase_of(101)["line"] == "eval step 10 batch 1 | val loss 2.1"
-    with open(log, "a") as f:
-        f.write("Saving model checkpoint to out/\nstep 11/100 | loss 1.9 | val_loss 2.1\n")
-    follower.collect(ranks, now=4.0)
+    log.append("Saving model checkpoint to out/\nstep 11/100 | loss 1.9 | val_loss 2.1\n", now=4.0)
     assert follower.phase_of(101) is None
     follower.close()
