@@ -38,8 +38,7 @@ _TRAINER_FUNCTIONS: dict[str, frozenset[str]] = {
 }
 _TRAINER_FILES = re.compile(r"/loops/(evaluation|prediction)_loop\.py$")
 _PHASE_ORDER = ("checkpoint", "evaluation", "compilation")
-
-
+# Package roots whose source trees count as library code even outside site-packages.
 _LIBRARY_ROOTS = ("torch", "triton")
 
 
@@ -86,9 +85,8 @@ def phase_of(stack: Stack | None) -> str | None:
 
 
 def current_phase(fresh_stack: Stack | None, log_phase: LogPhase | None, last_progress_at: float | None) -> str | None:
-    """The phase a rank is in now: its fresh stack says so, or a log line read after the
-    job's last progress announced it (an "eval ..." line printed with a step counts only
-    once no step follows it)."""
+    """The phase a rank is in now: its fresh stack says so, or its log announced one that
+    no new step has ended (the agent drops a phase line once a new step follows it)."""
     phase = phase_of(fresh_stack)
     logged = fresh_log_phase(log_phase, last_progress_at)
     if phase is None and logged is not None:
