@@ -189,8 +189,8 @@ def match_dtype(line: str) -> str | None:
 
 # Lines a training loop prints while it legitimately makes no step progress. They only
 # ever buy a bounded grace (the monitor times a phase), so false positives cost a later
-# alarm, never a missed one. "val_loss" inside a step line is harmless: the monitor only
-# counts a phase line read after the job's last progress.
+# alarm, never a missed one. "val_loss" inside a step line is harmless: a new step ends
+# the phase (agent/logs.py keeps a phase line only until the next step).
 PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # HF "***** Running Evaluation *****", "eval step 3", Megatron "validation loss at iteration",
     # nanochat "Validation bpb", Lightning "Validation DataLoader 0", "evaluating on ...".
@@ -207,8 +207,6 @@ PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 # Lines that name a phase without being in it: skipped or disabled phases, and traceback
 # lines ('File ".../torch/_dynamo/eval_frame.py"').
 NOT_A_PHASE = re.compile(r"\bskip\w*|\bdisabl\w*|\bno (?:eval|validation)|^\s*File \"", re.I)
-
-
 _PHASE_WORDS = ("eval", "val", "sav", "writ", "checkpoint", "compil")
 
 

@@ -225,8 +225,13 @@ class Agent:
         PPID-1 process listening on a master port a launcher or rank here wants (the stale
         holder behind EADDRINUSE, whatever its command line)."""
         out = []
-        mine = [o for o in self.discovery.orphans if self._orphan_wanted(o)]
-        others = [(o.pid, o.starttime) for o in self.discovery.orphans if o not in mine]
+        mine: list[OrphanProcess] = []
+        others: list[tuple[int, int]] = []
+        for o in self.discovery.orphans:
+            if self._orphan_wanted(o):
+                mine.append(o)
+            else:
+                others.append((o.pid, o.starttime))
         for o in mine[:64]:
             try:
                 ports = listening_ports(self.sockets.sockets_of(o.pid))

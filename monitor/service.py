@@ -102,7 +102,7 @@ class Monitor:
         with self._lock:
             self.state.prune(now, self.job_retention_s)
             if job_id is not None:
-                job_id = self.state.aliases.get(job_id, job_id)  # another node's spelling of the id
+                job_id = self.state.resolve(job_id)  # another node's spelling of the id
             jobs = [j for j in self.state.jobs.values() if job_id is None or j.job_id == job_id]
             results = []
             for job in jobs:
@@ -144,12 +144,12 @@ class Monitor:
 
     def history(self, job_id: str) -> list[VerdictChange]:
         with self._lock:
-            job_id = self.state.aliases.get(job_id, job_id)
+            job_id = self.state.resolve(job_id)
         return self.store.verdict_history(job_id)
 
     def knows_job(self, job_id: str) -> bool:
         with self._lock:
-            return self.state.aliases.get(job_id, job_id) in self.state.jobs
+            return self.state.resolve(job_id) in self.state.jobs
 
     def nodes(self) -> list[NodeSummary]:
         with self._lock:

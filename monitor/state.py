@@ -308,6 +308,10 @@ class MonitorState:
         current = job.ranks.get(rr.rank)
         return current is not None and current.alive and (current.node, current.pid) != (node, rr.pid)
 
+    def resolve(self, job_id: str) -> str:
+        """The id the monitor keeps a job under, given any id its nodes reported."""
+        return self.aliases.get(job_id, job_id)
+
     def _canonical_job_id(self, job_id: str) -> str:
         """``job_id``, or the known job whose rendezvous it names another way.
 
@@ -316,10 +320,8 @@ class MonitorState:
         reporting node (its name, host name or an interface address). Loopback addresses
         name every node, so they never join anything.
         """
-        if job_id in self.jobs:
-            return job_id
-        if job_id in self.aliases:
-            return self.aliases[job_id]
+        if job_id in self.jobs or job_id in self.aliases:
+            return self.resolve(job_id)
         parsed = _host_port(job_id)
         node = self._node_named(parsed[0]) if parsed else None
         if parsed is None or node is None:
