@@ -239,7 +239,7 @@ class MonitorState:
             last_report_at=received_at,
             offset=offset,
             agent=report.agent,
-            host=report.host,
+            host=report.host or (node.host if node else HostReport()),
             collectors=tuple(report.collectors),
             orphans=tuple(report.orphans),
             collector_errors=dict(node.collector_errors) if node else {},
@@ -440,7 +440,8 @@ class MonitorState:
             samples.append((track.stack.taken_at, site is not None))
             while samples and samples[0][0] < track.stack.taken_at - WAIT_SHARE_WINDOW_S:
                 samples.popleft()
-        track.sockets_since = _sockets_since(track.sockets_since, rr.sockets, received_at)
+        if rr.sockets is not None:  # None: a delta report, sockets unchanged
+            track.sockets_since = _sockets_since(track.sockets_since, rr.sockets, received_at)
         if rr.env:
             track.env = dict(rr.env)
         if rr.error_file is not None and rr.error_file.message:

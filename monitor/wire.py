@@ -156,7 +156,8 @@ class RankReport(_Strict):
     # Launch settings that explain hangs (GLOO_SOCKET_IFNAME, GLOO_PORT_RANGE,
     # NCCL_SOCKET_IFNAME, MASTER_ADDR, MASTER_PORT, ...), from /proc/PID/environ.
     env: Annotated[dict[ShortStr, Annotated[str, Field(max_length=1024)]], Field(max_length=32)] = {}
-    sockets: Annotated[list[SocketReport], Field(max_length=256)] = []
+    # null in a delta report: unchanged since the last report (see ``Report.delta``).
+    sockets: Annotated[list[SocketReport], Field(max_length=256)] | None = []
     error_file: ErrorFileReport | None = None
     # The compute dtype the log announces (e.g. "torch.bfloat16"), and the line that says it.
     compute_dtype: ShortStr | None = None
@@ -229,8 +230,14 @@ class Report(_Strict):
     node: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")]
     sent_at: float
     agent: AgentInfo = AgentInfo()
-    host: HostReport = HostReport()
+    # null in a delta report: unchanged since the last report.
+    host: HostReport | None = HostReport()
     collectors: Annotated[list[CollectorHealth], Field(max_length=64)] = []
     ranks: Annotated[list[RankReport], Field(max_length=4096)] = []
     launchers: Annotated[list[LauncherReport], Field(max_length=256)] = []
     orphans: Annotated[list[OrphanReport], Field(max_length=256)] = []
+    # A delta report carries only what changed since the node's last report the monitor
+    # took (agent/delta.py): a stack only when it is a new dump, only new progress points,
+    # and null host/sockets, empty env/cmdline when unchanged. The monitor keeps the rest.
+    # Agents send deltas only to a monitor whose answer says ``"delta": true``.
+    delta: bool = False
