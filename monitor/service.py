@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 import pydantic
@@ -19,7 +20,7 @@ from monitor.diagnosis import Diagnosis, JobView
 from monitor.state import MonitorState
 from monitor.store import Store, VerdictChange
 from monitor.views import job_view
-from monitor.wire import Report
+from monitor.fastwire import decode_report
 
 log = logging.getLogger("hangwatch.monitor")
 
@@ -66,7 +67,7 @@ class Monitor:
 
     # --- ingest ---
 
-    def ingest(self, report: Report, body: str, received_at: float | None = None) -> None:
+    def ingest(self, report: Any, body: str, received_at: float | None = None) -> None:
         received_at = self.clock() if received_at is None else received_at
         with self._lock:
             self.state.apply(report, received_at)
@@ -84,7 +85,7 @@ class Monitor:
         with self._lock:
             for stored in self.store.recent_reports(since):
                 try:
-                    report = Report.model_validate_json(stored.body)
+                    report = decode_report(stored.body)
                 except pydantic.ValidationError:
                     log.warning("skipping a stored report from %s that no longer validates", stored.node)
                     continue

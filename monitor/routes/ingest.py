@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from monitor.routes.deps import MonitorDep, SettingsDep
-from monitor.wire import Report
+from monitor.fastwire import decode_report
 
 router = APIRouter()
 
@@ -46,7 +46,7 @@ async def post_report(request: Request, monitor: MonitorDep, settings: SettingsD
     body = b"".join(chunks)
 
     try:
-        report = Report.model_validate_json(body)
+        report = decode_report(body)
     except pydantic.ValidationError as exc:
         errors = exc.errors(include_url=False, include_context=False, include_input=False)
         if any(e["type"] == "json_invalid" for e in errors):

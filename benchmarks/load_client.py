@@ -1,0 +1,144 @@
+"""The load side of the scale benchmark: simulated nodes posting to a real monitor over HTTP/1.1.
+
+A minimal keep-alive HTTP client on asyncio streams, because the load generator shares the
+machine with the monitor it measures: every CPU-microsecond it spends is one the monitor
+does not get. Each node keeps its own connection (like one agent per node), sends one report
+a second at its own phase, and, like the agent, sends the newest report rather than catching
+up when a post ran long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+from simulated_nodes import SimulatedNode
+
+from agent.delta import DeltaState
+
+POST_TIMEOUT_S = 10.0
+
+
+@dataclass
+class LoadStats:
+    sent: int = 0
+    accepted: int = 0
+    shed: int = 0  # 503 answers
+    failed: int = 0  # connection errors, timeouts, other statuses
+    full_reports: int = 0
+    bytes_sent: int = 0
+    latencies: list[float] = field(default_factory=list)  # seconds, of accepted posts in the window
+
+    def merge(self, other: LoadStats) -> None:
+        for name in ("sent", "accepted", "shed", "failed", "full_reports", "bytes_sent"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.latencies.extend(other.latencies)
+
+
+class HttpConnection:
+    """One keep-alive connection; reconnects after any error."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        assert self._reader is not None
+        head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n"
+        if body:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        self._writer.write(head.encode() + b"\r\n" + body)
+        try:
+            header = await self._reader.readuntil(b"\r\n\r\n")
+            status = int(header.split(b" ", 2)[1])
+            length = 0
+            chunked = False
+            for line in header.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+                elif name.strip().lower() == b"transfer-encoding" and b"chunked" in value.lower():
+                    chunked = True
+            payload = await self._read_chunked() if chunked else await self._reader.readexactly(length)
+        except BaseException:
+            self.close()
+            raise
+        return status, payload
+
+    async def _read_chunked(self) -> bytes:
+        assert self._reader is not None
+        parts = []
+        while True:
+            size = int((await self._reader.readuntil(b"\r\n")).strip().split(b";")[0], 16)
+            if size == 0:
+                await self._reader.readuntil(b"\r\n")
+                return b"".join(parts)
+            parts.append(await self._reader.readexactly(size))
+            await self._reader.readexactly(2)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._reader = self._writer = None
+
+
+async def run_node(node: SimulatedNode, host: str, port: int, protocol: str, start: float, window: tuple[float, float],
+                   end: float, stats: LoadStats) -> None:
+    conn = HttpConnection(host, port)
+    delta = DeltaState()
+    slot = start + random.random()
+    while slot < end:
+        await asyncio.sleep(max(0.0, slot - time.time()))
+        now = time.time()
+        full = node.report(now)
+        body_dict, baseline = delta.compact(full) if protocol == "delta" else (full, None)
+        body = json.dumps(body_dict, separators=(",", ":")).encode()
+        in_window = window[0] <= now < window[1]
+        if in_window:
+            stats.sent += 1
+            stats.bytes_sent += len(body)
+            stats.full_reports += not body_dict.get("delta")
+        try:
+            status, answer = await asyncio.wait_for(conn.request("POST", "/api/v1/reports", body), POST_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
+            conn.close()
+            delta.lost()
+            stats.failed += in_window
+            status = None
+        took = time.time() - now
+        if status == 202:
+            if baseline is not None:
+                delta.delivered(baseline, json.loads(answer))
+            if in_window:
+                stats.accepted += 1
+                stats.latencies.append(took)
+        elif status is not None:
+            delta.lost()
+            if in_window:
+                stats.shed += status == 503
+                stats.failed += status != 503
+        # Like the agent: the next report is the newest one, at the next whole interval.
+        slot += max(1, int(time.time() - slot) + 1) if time.time() > slot + 1 else 1
+    conn.close()
+
+
+def run_shard(nodes: list[SimulatedNode], host: str, port: int, protocol: str, start: float,
+              window: tuple[float, float], end: float) -> LoadStats:
+    """Run these nodes until ``end`` (wall clock) in one event loop; the stats of the measured window."""
+    stats = LoadStats()
+
+    async def main() -> None:
+        await asyncio.gather(*(run_node(n, host, port, protocol, start, window, end, stats) for n in nodes))
+
+    try:
+        import uvloop
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
+    return stats

@@ -1,0 +1,280 @@
+"""How many ranks one monitor holds: simulated agents against a real uvicorn monitor.
+
+    python benchmarks/monitor_scale.py --nodes 1250 [--ranks-per-job 64] [--protocol delta]
+        [--duration 60] [--warmup 15] [--monitor-cpus 0,1] [--load-procs 1] [--json out.json]
+
+Starts a real ``hangwatch-monitor`` (optionally pinned with ``taskset``), feeds it ``--nodes``
+simulated nodes of 8 ranks (one report a second each, built by ``simulated_nodes`` from the
+wire schema; ``--protocol full`` replays what pre-delta agents send), probes the read
+endpoints the way people and Prometheus do, and injects a deadlock into one job a third of
+the way into the measured window. It prints:
+
+- achieved reports/s and the share accepted, shed (503) or failed;
+- latency percentiles per endpoint (ingest, ``/diagnose`` in its views, ``/metrics``, the page);
+- the monitor's CPU (share of the cores it may use) and peak RSS, and its CPU-milliseconds per
+  node report, a figure that stays stable when the load generator shares the machine;
+- the database's size and its growth, per hour;
+- seconds from the injected deadlock to the right verdict and culprit.
+
+It asserts nothing: figures go in benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from load_client import HttpConnection, LoadStats, run_shard  # noqa: E402
+from simulated_nodes import RANKS_PER_NODE, check_against_schema, cluster  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# (name, path, seconds between probes)
+PROBES = (
+    ("diagnose json (all jobs)", "/diagnose?format=json", 2.0),
+    ("diagnose json (one job)", "/diagnose?format=json&job={job}", 0.5),
+    ("diagnose json (summary)", "/diagnose?format=json&view=summary", 1.0),
+    ("diagnose text (problems)", "/diagnose?problems=1", 2.0),
+    ("metrics", "/metrics", 5.0),
+    ("page", "/", 2.0),
+)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def db_bytes(db: Path) -> int:
+    return sum(p.stat().st_size for p in db.parent.glob(db.name + "*") if p.is_file())
+
+
+def start_monitor(port: int, db: Path, cpus: str | None, extra: list[str]) -> subprocess.Popen:
+    exe = str(Path(sys.executable).with_name("hangwatch-monitor"))
+    cmd = [exe, "--port", str(port), "--db", str(db), "--log-level", "warning", *extra]
+    if cpus:
+        cmd = ["taskset", "-c", cpus, *cmd]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(db.with_suffix(".log"), "w"))
+
+
+async def wait_ready(port: int, deadline: float) -> None:
+    while time.time() < deadline:
+        try:
+            conn = HttpConnection("127.0.0.1", port)
+            status, _ = await conn.request("GET", "/healthz")
+            conn.close()
+            if status == 200:
+                return
+        except OSError:
+            pass
+        await asyncio.sleep(0.2)
+    raise SystemExit("monitor did not come up")
+
+
+async def probe(port: int, name: str, path: str, every: float, until: float, window: tuple[float, float],
+                latencies: dict[str, list[float]], sizes: dict[str, int]) -> None:
+    conn = HttpConnection("127.0.0.1", port)
+    while time.time() < until:
+        started = time.time()
+        try:
+            status, body = await asyncio.wait_for(conn.request("GET", path), 30)
+            if path == "/" and status == 200:  # the page is its HTML and its script
+                status, _ = await asyncio.wait_for(conn.request("GET", "/static/app.js"), 30)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            conn.close()
+            status, body = None, b""
+        took = time.time() - started
+        if window[0] <= started < window[1]:
+            latencies.setdefault(name, []).append(took if status == 200 else float("inf"))
+            sizes[name] = len(body)
+        await asyncio.sleep(max(0.0, every - took))
+    conn.close()
+
+
+async def watch_deadlock(port: int, job: str, culprit: int, inject_at: float, until: float) -> float | None:
+    conn = HttpConnection("127.0.0.1", port)
+    try:
+        while time.time() < until:
+            await asyncio.sleep(0.25)
+            if time.time() < inject_at:
+                continue
+            try:
+                status, body = await asyncio.wait_for(conn.request("GET", f"/diagnose?format=json&job={job}"), 30)
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+                conn.close()
+                continue
+            jobs = json.loads(body).get("jobs", []) if status == 200 else []
+            if jobs and jobs[0]["verdict"] == "deadlock" and jobs[0]["culprit_ranks"] == [culprit]:
+                return time.time() - inject_at
+        return None
+    finally:
+        conn.close()
+
+
+async def observe(pid: int, port: int, db: Path, window: tuple[float, float], end: float, job: str, culprit: int,
+                  inject_at: float) -> dict:
+    latencies: dict[str, list[float]] = {}
+    sizes: dict[str, int] = {}
+    probes = [asyncio.create_task(probe(port, name, path.format(job=job), every, end, window, latencies, sizes))
+              for name, path, every in PROBES]
+    detect = asyncio.create_task(watch_deadlock(port, job, culprit, inject_at, end))
+    await asyncio.sleep(max(0.0, window[0] - time.time()))
+    cpu0, db0, peak = cpu_seconds(pid), db_bytes(db), 0
+    while time.time() < window[1]:
+        peak = max(peak, rss_bytes(pid))
+        await asyncio.sleep(1.0)
+    cpu1, db1 = cpu_seconds(pid), db_bytes(db)
+    detected = await detect
+    await asyncio.gather(*probes)
+    conn = HttpConnection("127.0.0.1", port)
+    _, metrics = await conn.request("GET", "/metrics")
+    conn.close()
+    own = [line for line in metrics.decode().splitlines() if line.startswith("hangwatch_monitor_")]
+    return {"cpu_s": cpu1 - cpu0, "db_start": db0, "db_end": db1, "rss_peak": peak, "latencies": latencies,
+            "sizes": sizes, "detected_s": detected, "monitor_metrics": own}
+
+
+def shard_main(conn, nodes, port, protocol, start, window, end) -> None:  # type: ignore[no-untyped-def]
+    stats = run_shard(nodes, "127.0.0.1", port, protocol, start, window, end)
+    conn.send(stats)
+    conn.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=125, help="simulated nodes of 8 ranks (default 125)")
+    parser.add_argument("--ranks-per-job", type=int, default=64)
+    parser.add_argument("--protocol", choices=("delta", "full"), default="delta")
+    parser.add_argument("--duration", type=float, default=60.0, help="measured seconds")
+    parser.add_argument("--warmup", type=float, default=15.0)
+    parser.add_argument("--monitor-cpus", help="taskset CPU list for the monitor, e.g. 0,1")
+    parser.add_argument("--load-cpus", help="taskset CPU list for the load generator, e.g. 2-15")
+    parser.add_argument("--load-procs", type=int, default=1, help="load generator processes")
+    parser.add_argument("--port", type=int, default=18787)
+    parser.add_argument("--monitor-arg", action="append", default=[], help="extra hangwatch-monitor argument")
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args()
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    nodes = cluster(args.nodes, args.ranks_per_job)
+    check_against_schema(nodes[-1], time.time())
+    nodes = cluster(args.nodes, args.ranks_per_job)
+    tmp = Path(tempfile.mkdtemp(prefix="hangwatch-scale-"))
+    db = tmp / "monitor.db"
+    monitor = start_monitor(args.port, db, args.monitor_cpus, args.monitor_arg)
+    try:
+        asyncio.run(wait_ready(args.port, time.time() + 30))
+        start = time.time() + 1.0
+        window = (start + args.warmup, start + args.warmup + args.duration)
+        end = window[1] + 2.0
+        inject_at = window[0] + args.duration / 3
+        victim = nodes[0].job_id
+        culprit = 1
+        for n in nodes:
+            if n.job_id == victim:
+                n.deadlocked_at, n.culprit_rank = inject_at, culprit
+        ctx = multiprocessing.get_context("fork")
+        pipes, procs = [], []
+        for i in range(args.load_procs):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=shard_main, args=(child, nodes[i::args.load_procs], args.port, args.protocol,
+                                                        start, window, end))
+            proc.start()
+            if args.load_cpus:
+                subprocess.run(["taskset", "-pc", args.load_cpus, str(proc.pid)], stdout=subprocess.DEVNULL, check=False)
+            pipes.append(parent)
+            procs.append(proc)
+        observed = asyncio.run(observe(monitor.pid, args.port, db, window, end, victim, culprit, inject_at))
+        stats = LoadStats()
+        for parent, proc in zip(pipes, procs):
+            stats.merge(parent.recv())
+            proc.join()
+    finally:
+        monitor.terminate()
+        monitor.wait(timeout=30)
+    figures = summarise(args, stats, observed, db)
+    shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+def ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "timeout" if value == float("inf") else f"{value * 1000:.0f} ms"
+
+
+def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict, db: Path) -> dict:
+    duration = args.duration
+    cores = len(args.monitor_cpus.split(",")) if args.monitor_cpus and "-" not in args.monitor_cpus else os.cpu_count()
+    cpu_share = observed["cpu_s"] / duration / (cores or 1)
+    per_report_ms = observed["cpu_s"] * 1000 / stats.accepted if stats.accepted else None
+    growth_h = (observed["db_end"] - observed["db_start"]) / duration * 3600
+    figures = {
+        "ranks": args.nodes * RANKS_PER_NODE, "nodes": args.nodes, "protocol": args.protocol,
+        "reports_per_s": stats.accepted / duration, "offered_per_s": stats.sent / duration,
+        "shed": stats.shed, "failed": stats.failed, "mean_report_bytes": stats.bytes_sent / max(1, stats.sent),
+        "full_reports": stats.full_reports,
+        "ingest_p50_ms": (percentile(stats.latencies, 0.5) or 0) * 1000,
+        "ingest_p99_ms": (percentile(stats.latencies, 0.99) or 0) * 1000,
+        "endpoints": {name: {"p50_ms": (percentile(v, 0.5) or 0) * 1000, "p99_ms": (percentile(v, 0.99) or 0) * 1000,
+                             "count": len(v), "bytes": observed["sizes"].get(name)}
+                      for name, v in observed["latencies"].items()},
+        "monitor_cpu_share": cpu_share, "monitor_cores": cores, "cpu_ms_per_report": per_report_ms,
+        "rss_peak_mib": observed["rss_peak"] / 2**20, "db_mib": observed["db_end"] / 2**20,
+        "db_growth_mib_per_h": growth_h / 2**20, "deadlock_detected_s": observed["detected_s"],
+        "monitor_metrics": observed["monitor_metrics"],
+    }
+    print(f"ranks {figures['ranks']} ({args.nodes} nodes x {RANKS_PER_NODE}, jobs of {args.ranks_per_job}), "
+          f"protocol {args.protocol}, {duration:.0f} s measured")
+    print(f"reports/s accepted {figures['reports_per_s']:.0f} of {figures['offered_per_s']:.0f} offered "
+          f"(shed {stats.shed}, failed {stats.failed}); mean report {figures['mean_report_bytes'] / 1024:.1f} KiB, "
+          f"{stats.full_reports} full")
+    print(f"ingest p50 {ms(percentile(stats.latencies, 0.5))} p99 {ms(percentile(stats.latencies, 0.99))}")
+    for name, values in observed["latencies"].items():
+        size = observed["sizes"].get(name)
+        print(f"{name:28s} p50 {ms(percentile(values, 0.5)):>9s} p99 {ms(percentile(values, 0.99)):>9s} "
+              f"({len(values)} probes, {size / 1024 if size else 0:.0f} KiB)")
+    print(f"monitor CPU {cpu_share * 100:.0f}% of {cores} cores; "
+          f"{per_report_ms if per_report_ms is not None else float('nan'):.2f} CPU-ms per node report; "
+          f"peak RSS {figures['rss_peak_mib']:.0f} MiB")
+    print(f"database {figures['db_mib']:.1f} MiB, growth {figures['db_growth_mib_per_h']:.0f} MiB/h")
+    detected = observed["detected_s"]
+    print(f"injected deadlock: {'found in %.1f s' % detected if detected is not None else 'NOT found'}")
+    for line in observed["monitor_metrics"]:
+        if not line.startswith("#"):
+            print("  " + line)
+    return figures
+
+
+if __name__ == "__main__":
+    sys.exit(main())
