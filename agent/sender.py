@@ -4,7 +4,13 @@ The sampling loop hands over each report and never waits on the network. When
 the monitor is down (connection error, 5xx) the sender backs off exponentially
 (up to 30 s) and then sends whatever report is newest: stale reports are
 replaced, never queued. A 4xx means the monitor rejects what we send: it is
-logged once per distinct answer, and sending goes on.
+logged once per distinct answer, and sending goes on. A 503 with ``Retry-After`` is a
+monitor shedding load: the sender waits as told (not the growing backoff) and then sends
+the newest report.
+
+Once the monitor says it takes them (``"delta": true`` in its answer), reports carry only
+what changed since the last one it took (agent/delta.py); anything that may not have
+landed makes the next report full again.
 """
 
 from __future__ import annotations
@@ -16,12 +22,16 @@ import time
 
 import httpx
 
+from agent.delta import DeltaState
+
 log = logging.getLogger(__name__)
 
 REPORTS_PATH = "/api/v1/reports"
 TIMEOUT_S = 2.0
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
+# The longest Retry-After honoured: a monitor asking for more is treated as down.
+RETRY_AFTER_MAX_S = 30.0
 
 
 def reports_url(monitor: str) -> str:
@@ -43,6 +53,9 @@ class Sender:
         self._down_logged = False
         self.sent = 0
         self.failed = 0
+        self.delta = DeltaState()
+        # Seconds the monitor asked to wait (503 + Retry-After), for the sending thread.
+        self.retry_after: float | None = None
         self._thread = threading.Thread(target=self._run, name="sender", daemon=True)
 
     def start(self) -> None:
@@ -62,23 +75,31 @@ class Sender:
 
     def post(self, report: dict) -> bool:
         """Send one report now; True when the monitor took it. Sets sent_at at sending time."""
-        body = dict(report, sent_at=time.time())
+        compact, baseline = self.delta.compact(report)
+        body = dict(compact, sent_at=time.time())
+        self.retry_after = None
         try:
             response = self.client.post(
                 self.url, content=json.dumps(body), headers={"content-type": "application/json"}
             )
         except httpx.HTTPError as e:
+            self.delta.lost()
             self._note_down(f"{type(e).__name__}: {e}")
             return False
         if response.status_code >= 500:
+            self.delta.lost()
+            if response.status_code == 503:
+                self.retry_after = _retry_after(response.headers.get("retry-after"))
             self._note_down(f"HTTP {response.status_code}")
             return False
         if response.status_code >= 400:
+            self.delta.lost()
             key = f"{response.status_code} {response.text[:500]}"
             if key not in self._logged_rejections:
                 self._logged_rejections.add(key)
                 log.error("monitor rejected the report: %s", key)
             return True  # retrying the same shape would not help
+        self.delta.delivered(baseline, _json_or_none(response))
         if self._down_logged:
             log.info("monitor reachable again at %s", self.url)
             self._down_logged = False
@@ -103,8 +124,28 @@ class Sender:
             if self.post(report):
                 backoff = 0.0
                 continue
-            backoff = next_backoff(backoff)
+            # A shedding monitor says when to come back; a failing one gets the growing backoff.
+            backoff = self.retry_after if self.retry_after is not None else next_backoff(backoff)
             with self._cond:
                 if self._latest is None:
                     self._latest = report  # nothing newer yet: retry this one
                 self._cond.wait_for(lambda: self._stop, timeout=backoff)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (the delay form; a date is not worth parsing here)."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    if seconds is None or not 0 <= seconds <= RETRY_AFTER_MAX_S:
+        return None
+    return seconds
+
+
+def _json_or_none(response: httpx.Response) -> dict | None:
+    try:
+        data = response.json()
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None

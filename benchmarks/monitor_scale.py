@@ -28,7 +28,6 @@ import multiprocessing
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile

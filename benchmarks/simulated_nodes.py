@@ -16,7 +16,6 @@ collective wait, except the culprit rank, which sits in user code.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 

@@ -12,6 +12,8 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from agent.sdnotify import Notifier
+from monitor.answers import AnswerCache
+from monitor.load import LoadGuard
 from monitor.metrics import build_registry
 from monitor.routes import diagnose, ingest, metrics, page
 from monitor.routes.page import STATIC_DIR
@@ -27,16 +29,24 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
 
     State is rebuilt from the store's recent reports here, so a restarted monitor keeps its picture.
     """
-    monitor = Monitor(store, job_retention_s=settings.job_retention_s, clock=clock)
+    monitor = Monitor(
+        store,
+        job_retention_s=settings.job_retention_s,
+        clock=clock,
+        snapshot_interval_s=settings.snapshot_interval_s,
+        fresh_read_ranks=settings.fresh_read_ranks,
+        tick_interval_s=settings.tick_interval_s,
+    )
+    guard = LoadGuard(shed_lag_s=settings.shed_lag_s, shed_keep_s=settings.shed_keep_s)
     replayed = monitor.replay()
     if replayed:
         log.info("replayed %d stored reports", replayed)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        tasks = []
+        tasks = [asyncio.create_task(guard.watch_loop())]
         if settings.tick_interval_s > 0:
-            tasks.append(asyncio.create_task(_tick_forever(monitor, settings.tick_interval_s)))
+            tasks.append(asyncio.create_task(_tick_forever(monitor, guard, settings.tick_interval_s)))
         notifier = Notifier.from_env()
         if notifier.enabled:
             tasks.append(asyncio.create_task(_keep_watchdog_fed(notifier)))
@@ -54,6 +64,8 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
     app = FastAPI(title="hangwatch monitor", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.monitor = monitor
+    app.state.load_guard = guard
+    app.state.answers = AnswerCache()
     app.state.registry = build_registry(monitor)
     for module in (ingest, diagnose, metrics, page):
         app.include_router(module.router)
@@ -68,10 +80,15 @@ async def _keep_watchdog_fed(notifier: Notifier) -> None:
         await asyncio.sleep(0.5)
 
 
-async def _tick_forever(monitor: Monitor, interval_s: float) -> None:
+async def _tick_forever(monitor: Monitor, guard: LoadGuard, interval_s: float) -> None:
+    """A diagnosis pass every ``interval_s``, a few jobs at a time so requests are served in between."""
     while True:
-        await asyncio.sleep(interval_s)
+        started = time.monotonic()
         try:
-            monitor.tick()
+            for _ in monitor.tick_steps():
+                await asyncio.sleep(0)
+            guard.forget(set(monitor.state.nodes))
         except Exception:
             log.exception("background diagnosis failed")
+        # A pass that took longer than the interval is followed at once, never stacked up.
+        await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))

@@ -15,7 +15,7 @@ import uvicorn
 
 from monitor.app import create_app
 from monitor.settings import Settings, SettingsError
-from monitor.store import Store
+from monitor.store import open_store
 
 PROG = "hangwatch-monitor"
 EXIT_USAGE = 2
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _quiet_exit)
     try:
-        store = Store(settings.db, settings.report_retention_s, settings.reports_per_node)
+        store = open_store(settings)
     except sqlite3.Error as exc:
         print(f"{PROG}: error: cannot open database {settings.db}: {exc}", file=sys.stderr)
         return EXIT_USAGE

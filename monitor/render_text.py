@@ -14,6 +14,16 @@ def render_text(jobs: list[dict[str, Any]], now: float) -> str:
     return "\n".join(render_job(job, now) for job in jobs)
 
 
+def render_monitor_status(status: dict[str, Any]) -> str:
+    """A first line about the monitor itself, only while it is past capacity."""
+    if not status.get("overloaded") and not status.get("reports_shed_last_minute"):
+        return ""
+    age = status.get("verdicts_age_s")
+    aged = f"; verdicts from a pass {age:.1f}s ago" if age is not None else ""
+    return (f"hangwatch: monitor over capacity (event loop {status['loop_lag_s']:.2f}s behind): "
+            f"{status['reports_shed_last_minute']} reports shed in the last minute{aged}\n\n")
+
+
 def render_job(job: dict[str, Any], now: float) -> str:
     since = ""
     if job["since"] is not None:

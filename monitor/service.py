@@ -9,18 +9,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pydantic
 
 import monitor.diagnosis as diagnosis
 from monitor.diagnosis import Diagnosis, JobView
+from monitor.fastwire import decode_report
 from monitor.state import MonitorState
 from monitor.store import Store, VerdictChange
 from monitor.views import job_view
-from monitor.fastwire import decode_report
 
 log = logging.getLogger("hangwatch.monitor")
 
@@ -45,51 +46,95 @@ class NodeSummary:
     stack_failures: int = 0
 
 
+@dataclass(frozen=True)
+class IngestAnswer:
+    # Ask the agent for a full report next time: it sent a delta this monitor cannot build
+    # on (a restart, a forgotten node) or the node's snapshot is due.
+    send_full: bool
+
+
 class Monitor:
+    """State, diagnosis and persistence behind every route.
+
+    Diagnosis runs in passes: the background tick diagnoses every job (verdicts change
+    with time alone), and a read re-diagnoses only the jobs reports changed since, while
+    they are few (``fresh_read_ranks``); past that, reads answer from the last pass, at
+    most one tick old. Reads thus cost the same whether 10 or 10,000 ranks report.
+    With the tick off (``tick_interval_s`` 0, the tests) every read diagnoses anew.
+    """
+
     def __init__(
         self,
         store: Store,
         job_retention_s: float = 600.0,
         clock: Callable[[], float] = time.time,
         diagnose: Callable[[JobView], Diagnosis] | None = None,
+        snapshot_interval_s: float = 60.0,
+        fresh_read_ranks: int = 4096,
+        tick_interval_s: float = 0.0,
     ) -> None:
         self.store = store
         self.job_retention_s = job_retention_s
         self.clock = clock
         self._diagnose = diagnose
+        self.snapshot_interval_s = snapshot_interval_s
+        self.fresh_read_ranks = fresh_read_ranks
+        self.tick_interval_s = tick_interval_s
         self.state = MonitorState()
         # Routes run on the event loop, but the lock keeps the state whole should any
         # caller (a threadpool route, a test) come from another thread.
         self._lock = threading.RLock()
         self.reports_total = 0
+        self.full_reports_total = 0
         self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
         self._last_verdicts: dict[str, tuple[str, tuple[int, ...]]] = {}
+        # The latest diagnosis of each job, and the jobs reports changed since theirs.
+        self._results: dict[str, JobResult] = {}
+        self._dirty: set[str] = set()
+        self.last_pass_at: float | None = None
+        self.last_pass_s = 0.0
+        # When each node's next snapshot is due; the nodes heard from since this process started.
+        self._snapshot_due: dict[str, float] = {}
+        self._heard: set[str] = set()
 
     # --- ingest ---
 
-    def ingest(self, report: Any, body: str, received_at: float | None = None) -> None:
+    def ingest(self, report: Any, body: bytes | str, received_at: float | None = None) -> IngestAnswer:
+        """Apply one decoded report (``monitor.fastwire``); ``body`` is kept as a snapshot when due."""
         received_at = self.clock() if received_at is None else received_at
+        node = report.node
         with self._lock:
-            self.state.apply(report, received_at)
+            touched = self.state.apply(report, received_at)
+            self._dirty |= touched
             self.reports_total += 1
-        self.store.add_report(report.node, received_at, body)
+            first_here = node not in self._heard
+            self._heard.add(node)
+            due = self._snapshot_due.get(node)
+            snapshot_due = due is None or received_at >= due
+            if not report.delta:
+                self.full_reports_total += 1
+                if snapshot_due:
+                    self.store.add_snapshot(node, received_at, body)
+                    self._snapshot_due[node] = received_at + self.snapshot_interval_s * _spread(node)
+        return IngestAnswer(send_full=bool(report.delta) and (first_here or snapshot_due))
 
     def reject(self, reason: str) -> None:
         with self._lock:
             self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
     def replay(self) -> int:
-        """Rebuild state from the stored recent reports, oldest first; return how many were replayed."""
-        since = self.clock() - self.store.report_retention_s
+        """Rebuild state from the stored snapshots, oldest first; return how many were replayed."""
+        since = self.clock() - self.store.snapshot_retention_s
         count = 0
         with self._lock:
-            for stored in self.store.recent_reports(since):
+            for stored in self.store.recent_snapshots(since):
                 try:
                     report = decode_report(stored.body)
                 except pydantic.ValidationError:
                     log.warning("skipping a stored report from %s that no longer validates", stored.node)
                     continue
                 self.state.apply(report, stored.received_at)
+                self._snapshot_due[stored.node] = stored.received_at + self.snapshot_interval_s * _spread(stored.node)
                 count += 1
             for job_id, change in self.store.latest_verdicts().items():
                 self._last_verdicts[job_id] = (change.verdict, change.culprit_ranks)
@@ -98,32 +143,64 @@ class Monitor:
     # --- diagnosis ---
 
     def results(self, now: float | None = None, job_id: str | None = None) -> list[JobResult]:
-        """Diagnose every known job (or one) at ``now``; most recently active job first."""
+        """The diagnosis of every known job (or one); most recently active job first."""
         now = self.clock() if now is None else now
         with self._lock:
-            self.state.prune(now, self.job_retention_s)
+            if self.tick_interval_s <= 0:
+                self.state.prune(now, self.job_retention_s)
             if job_id is not None:
                 job_id = self.state.resolve(job_id)  # another node's spelling of the id
-            jobs = [j for j in self.state.jobs.values() if job_id is None or j.job_id == job_id]
-            results = []
-            for job in jobs:
-                view = job_view(job, self.state.nodes, now)
-                results.append(
-                    JobResult(
-                        view=view,
-                        diagnosis=self._run_diagnosis(view),
-                        last_report_at=job.last_report_at,
-                        last_progress_at=job.last_progress_at,
-                        cpu_seconds={r: t.latest.cpu_seconds for r, t in job.ranks.items()},
-                    )
-                )
-            self._record_changes(results, now)
+            ids = [j for j in self.state.jobs if job_id is None or j == job_id]
+            self._diagnose_jobs(self._due_for_read(ids, now), now)
+            results = [self._results[j] for j in ids]
         results.sort(key=lambda r: (-r.last_report_at, r.view.job_id))
         return results
 
+    def _due_for_read(self, ids: list[str], now: float) -> list[str]:
+        if self.tick_interval_s <= 0:
+            return ids
+        missing = [j for j in ids if j not in self._results]
+        changed = [j for j in ids if j in self._dirty and j in self._results]
+        if sum(len(self.state.jobs[j].ranks) for j in changed) <= self.fresh_read_ranks:
+            return missing + changed
+        return missing
+
     def tick(self, now: float | None = None) -> None:
-        """Diagnose everything once so verdict changes are recorded even while nobody asks."""
-        self.results(now)
+        """One diagnosis pass over every job, so verdict changes are recorded even while nobody asks."""
+        for _ in self.tick_steps(now):
+            pass
+
+    def tick_steps(self, now: float | None = None, jobs_per_step: int = 8) -> Iterator[None]:
+        """``tick`` in steps of a few jobs: the event loop runs other work between them."""
+        now = self.clock() if now is None else now
+        started = time.perf_counter()
+        with self._lock:
+            self.state.prune(now, self.job_retention_s)
+            for gone in set(self._results) - set(self.state.jobs):
+                del self._results[gone]
+            self._dirty &= set(self.state.jobs)
+            ids = list(self.state.jobs)
+        for i in range(0, len(ids), jobs_per_step):
+            with self._lock:
+                self._diagnose_jobs([j for j in ids[i:i + jobs_per_step] if j in self.state.jobs], now)
+            yield
+        self.last_pass_at = now
+        self.last_pass_s = time.perf_counter() - started
+
+    def _diagnose_jobs(self, ids: Iterable[str], now: float) -> None:
+        for job_id in ids:
+            job = self.state.jobs[job_id]
+            view = job_view(job, self.state.nodes, now)
+            result = JobResult(
+                view=view,
+                diagnosis=self._run_diagnosis(view),
+                last_report_at=job.last_report_at,
+                last_progress_at=job.last_progress_at,
+                cpu_seconds={r: t.latest.cpu_seconds for r, t in job.ranks.items()},
+            )
+            self._results[job_id] = result
+            self._dirty.discard(job_id)
+            self._record_change(result, now)
 
     def _run_diagnosis(self, view: JobView) -> Diagnosis:
         diagnose = self._diagnose or diagnosis.diagnose
@@ -134,14 +211,13 @@ class Monitor:
             log.exception("diagnosis failed for job %s", view.job_id)
             return Diagnosis("stalled", (), None, "diagnosis failed inside the monitor (see its log)")
 
-    def _record_changes(self, results: list[JobResult], now: float) -> None:
-        for result in results:
-            d = result.diagnosis
-            key = (d.verdict, tuple(d.culprit_ranks))
-            job_id = result.view.job_id
-            if self._last_verdicts.get(job_id) != key:
-                self._last_verdicts[job_id] = key
-                self.store.add_verdict(VerdictChange(job_id, now, d.verdict, key[1], d.summary))
+    def _record_change(self, result: JobResult, now: float) -> None:
+        d = result.diagnosis
+        key = (d.verdict, tuple(d.culprit_ranks))
+        job_id = result.view.job_id
+        if self._last_verdicts.get(job_id) != key:
+            self._last_verdicts[job_id] = key
+            self.store.add_verdict(VerdictChange(job_id, now, d.verdict, key[1], d.summary))
 
     def history(self, job_id: str) -> list[VerdictChange]:
         with self._lock:
@@ -164,3 +240,8 @@ class Monitor:
                 )
                 for n in sorted(self.state.nodes.values(), key=lambda n: n.node)
             ]
+
+
+def _spread(node: str) -> float:
+    """A factor in [0.8, 1.2) fixed per node, so snapshots of 1,000 nodes do not all fall due together."""
+    return 0.8 + 0.4 * (zlib.crc32(node.encode()) % 1000) / 1000

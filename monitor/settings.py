@@ -37,10 +37,23 @@ class Settings:
     db: Path = field(default_factory=default_db_path)
     # Bodies above this are refused with 413 (checked on Content-Length and while streaming).
     max_body_bytes: int = 8 * 1024 * 1024
-    # Stored reports older than this are pruned; a restart replays what is left.
-    report_retention_s: float = 900.0
-    # Cap on stored reports per node, whatever their age (15 min at one report a second).
-    reports_per_node: int = 900
+    # A node's full report is stored (and asked of delta agents) at most this often; a
+    # restart replays the newest snapshots of each node.
+    snapshot_interval_s: float = 60.0
+    # Snapshots older than this are pruned; so are all but the newest few per node.
+    snapshot_retention_s: float = 900.0
+    snapshots_per_node: int = 3
+    # Verdict changes (each job's history) are kept this long.
+    verdict_retention_s: float = 30 * 86400.0
+    # A read (/diagnose, /metrics) re-diagnoses the jobs that changed since the last pass
+    # only while they hold at most this many ranks in all; past that it answers from the
+    # pass of the background tick (at most one tick old), so reads cost the same at any scale.
+    fresh_read_ranks: int = 4096
+    # When the event loop runs this far behind, reports from nodes the monitor heard from
+    # within shed_keep_s are refused with 503 and Retry-After: the newest report per node
+    # wins, every node's picture stays fresh within a few seconds, diagnosis goes on.
+    shed_lag_s: float = 0.5
+    shed_keep_s: float = 5.0
     # Jobs whose ranks all ended, or that no agent mentions any more, are forgotten after this.
     job_retention_s: float = 600.0
     # Background diagnosis that records verdict changes; 0 turns it off (tests drive it by hand).
@@ -84,11 +97,14 @@ class Settings:
             raise SettingsError(f"port must be between 1 and 65535, not {self.port}")
         if self.max_body_bytes < 1024:
             raise SettingsError("max_body_bytes must be at least 1024")
-        for name in ("report_retention_s", "job_retention_s"):
+        for name in ("snapshot_interval_s", "snapshot_retention_s", "verdict_retention_s", "job_retention_s",
+                     "shed_lag_s", "shed_keep_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")
-        if self.reports_per_node < 1:
-            raise SettingsError("reports_per_node must be at least 1")
+        if self.snapshots_per_node < 1:
+            raise SettingsError("snapshots_per_node must be at least 1")
+        if self.fresh_read_ranks < 0:
+            raise SettingsError("fresh_read_ranks must not be negative")
         if self.tick_interval_s < 0:
             raise SettingsError("tick_interval_s must not be negative")
         if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):

@@ -1,8 +1,16 @@
-"""SQLite persistence: accepted reports (for replay after a restart) and verdict changes.
+"""SQLite persistence: node snapshots (for replay after a restart) and verdict changes.
+
+Not every report is stored: at 10,000 ranks that is megabytes a second for nothing. Each
+node's full report is kept as a snapshot at most once per snapshot interval (the monitor
+asks agents for one when due), the newest few per node, compressed; a restart replays them.
+Verdict changes are the job's history and are kept for ``verdict_retention_s``.
+The database's size is thus bounded by configuration: nodes x snapshots per node x a
+compressed full report, plus the verdict changes of the retention period.
 
 Writes go through one writer thread fed by a queue, so a slow disk never stalls
-the event loop and SQLite sees a single writer. Reads use their own connection
-and first wait for queued writes, so a read always sees what was accepted before it.
+the event loop and SQLite sees a single writer; whatever is queued is committed in one
+transaction. Reads use their own connection and first wait for queued writes, so a read
+always sees what was accepted before it.
 """
 
 from __future__ import annotations
@@ -12,19 +20,21 @@ import queue
 import sqlite3
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS reports (
+CREATE TABLE IF NOT EXISTS snapshots (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     node TEXT NOT NULL,
     received_at REAL NOT NULL,
-    body TEXT NOT NULL
+    body BLOB NOT NULL  -- zlib-compressed report JSON
 );
-CREATE INDEX IF NOT EXISTS reports_by_node ON reports (node, id);
-CREATE INDEX IF NOT EXISTS reports_by_time ON reports (received_at);
+CREATE INDEX IF NOT EXISTS snapshots_by_node ON snapshots (node, id);
+CREATE INDEX IF NOT EXISTS snapshots_by_time ON snapshots (received_at);
 CREATE TABLE IF NOT EXISTS verdicts (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id TEXT NOT NULL,
@@ -34,6 +44,14 @@ CREATE TABLE IF NOT EXISTS verdicts (
     summary TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS verdicts_by_job ON verdicts (job_id, id);
+CREATE INDEX IF NOT EXISTS verdicts_by_time ON verdicts (at);
+"""
+# Databases written before snapshots kept every report in ``reports``: each node's newest
+# becomes its snapshot, and the table goes.
+_MIGRATE_REPORTS = """
+INSERT INTO snapshots (node, received_at, body)
+    SELECT node, received_at, body FROM reports WHERE id IN (SELECT MAX(id) FROM reports GROUP BY node);
+DROP TABLE reports;
 """
 
 
@@ -41,7 +59,7 @@ CREATE INDEX IF NOT EXISTS verdicts_by_job ON verdicts (job_id, id);
 class StoredReport:
     node: str
     received_at: float
-    body: str
+    body: bytes
 
 
 @dataclass(frozen=True)
@@ -61,21 +79,27 @@ class Store:
     def __init__(
         self,
         path: Path | str,
-        report_retention_s: float = 900.0,
-        reports_per_node: int = 900,
+        snapshot_retention_s: float = 900.0,
+        snapshots_per_node: int = 3,
+        verdict_retention_s: float = 30 * 86400.0,
         prune_every_s: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = Path(path)
-        self.report_retention_s = report_retention_s
-        self.reports_per_node = reports_per_node
+        self.snapshot_retention_s = snapshot_retention_s
+        self.snapshots_per_node = snapshots_per_node
+        self.verdict_retention_s = verdict_retention_s
         self._prune_every_s = prune_every_s
         self._clock = clock
         self._reader = self._connect()
         self._reader.executescript(_SCHEMA)
+        if self._reader.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'reports'").fetchone():
+            with self._reader:
+                self._reader.executescript(_MIGRATE_REPORTS)
         self._reader_lock = threading.Lock()
         self._queue: queue.Queue[object] = queue.Queue()
         self._error: BaseException | None = None
+        self.snapshots_written = 0
         self._writer = threading.Thread(target=self._write_loop, name="hangwatch-store", daemon=True)
         self._writer.start()
         self._closed = False
@@ -89,12 +113,17 @@ class Store:
 
     # --- writes (queued) ---
 
-    def add_report(self, node: str, received_at: float, body: str) -> None:
-        self._submit(
-            lambda c: c.execute(
-                "INSERT INTO reports (node, received_at, body) VALUES (?, ?, ?)", (node, received_at, body)
-            )
-        )
+    def add_snapshot(self, node: str, received_at: float, body: bytes | str) -> None:
+        """Keep ``body`` (a full report as received) as the node's newest snapshot."""
+        raw = body.encode() if isinstance(body, str) else body
+
+        def write(c: sqlite3.Connection) -> None:
+            # Compressed here, on the writer thread: zlib releases the GIL, the event loop does not wait.
+            c.execute("INSERT INTO snapshots (node, received_at, body) VALUES (?, ?, ?)",
+                      (node, received_at, zlib.compress(raw, 1)))
+            self.snapshots_written += 1
+
+        self._submit(write)
 
     def add_verdict(self, change: VerdictChange) -> None:
         self._submit(
@@ -111,6 +140,11 @@ class Store:
     def flush(self) -> None:
         """Wait until every queued write is committed."""
         self._queue.join()
+
+    @property
+    def backlog(self) -> int:
+        """Writes queued and not yet committed."""
+        return self._queue.qsize()
 
     def close(self) -> None:
         if self._closed:
@@ -160,13 +194,13 @@ class Store:
             conn.close()
 
     def _prune(self, conn: sqlite3.Connection, now: float) -> None:
-        conn.execute("DELETE FROM reports WHERE received_at < ?", (now - self.report_retention_s,))
-        for (node,) in conn.execute("SELECT DISTINCT node FROM reports").fetchall():
-            conn.execute(
-                "DELETE FROM reports WHERE node = ? AND id <= "
-                "(SELECT id FROM reports WHERE node = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                (node, node, self.reports_per_node),
-            )
+        conn.execute("DELETE FROM snapshots WHERE received_at < ?", (now - self.snapshot_retention_s,))
+        conn.execute(
+            "DELETE FROM snapshots WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER "
+            "(PARTITION BY node ORDER BY id DESC) AS newer FROM snapshots) WHERE newer > ?)",
+            (self.snapshots_per_node,),
+        )
+        conn.execute("DELETE FROM verdicts WHERE at < ?", (now - self.verdict_retention_s,))
 
     @property
     def last_error(self) -> BaseException | None:
@@ -174,18 +208,19 @@ class Store:
 
     # --- reads ---
 
-    def recent_reports(self, since: float) -> Iterator[StoredReport]:
-        """Stored reports received after ``since``, oldest first, each node capped to its newest N."""
+    def recent_snapshots(self, since: float) -> Iterator[StoredReport]:
+        """Snapshots taken after ``since``, oldest first, each node capped to its newest N."""
         self.flush()
         with self._reader_lock:
             rows = self._reader.execute(
-                "SELECT node, received_at, body FROM reports r WHERE received_at >= ? AND id > COALESCE("
-                "(SELECT id FROM reports WHERE node = r.node ORDER BY id DESC LIMIT 1 OFFSET ?), 0) "
-                "ORDER BY received_at, id",
-                (since, self.reports_per_node),
+                "SELECT node, received_at, body FROM (SELECT node, received_at, body, id, ROW_NUMBER() OVER "
+                "(PARTITION BY node ORDER BY id DESC) AS newer FROM snapshots WHERE received_at >= ?) "
+                "WHERE newer <= ? ORDER BY received_at, id",
+                (since, self.snapshots_per_node),
             ).fetchall()
         for node, received_at, body in rows:
-            yield StoredReport(node, received_at, body)
+            # Rows migrated from the old ``reports`` table are uncompressed text.
+            yield StoredReport(node, received_at, body.encode() if isinstance(body, str) else zlib.decompress(body))
 
     def verdict_history(self, job_id: str, limit: int = 500) -> list[VerdictChange]:
         self.flush()
@@ -207,7 +242,14 @@ class Store:
             ).fetchall()
         return {j: VerdictChange(j, at, v, tuple(json.loads(c)), s) for j, at, v, c, s in rows}
 
-    def count_reports(self) -> int:
+    def count_snapshots(self) -> int:
         self.flush()
         with self._reader_lock:
-            return int(self._reader.execute("SELECT COUNT(*) FROM reports").fetchone()[0])
+            return int(self._reader.execute("SELECT COUNT(*) FROM snapshots").fetchone()[0])
+
+
+def open_store(settings: Any, clock: Callable[[], float] = time.time) -> Store:
+    """The store with the retention ``settings`` (a ``monitor.settings.Settings``) asks for."""
+    return Store(settings.db, snapshot_retention_s=settings.snapshot_retention_s,
+                 snapshots_per_node=settings.snapshots_per_node, verdict_retention_s=settings.verdict_retention_s,
+                 clock=clock)

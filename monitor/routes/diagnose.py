@@ -1,33 +1,87 @@
-"""``GET /diagnose`` (text or JSON) and a job's verdict history."""
+"""``GET /diagnose`` (text or JSON, full or summary, filtered and paged) and a job's verdict history."""
 
 from __future__ import annotations
 
-from typing import Literal
+import asyncio
+import json
+import time
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from monitor.present import diagnose_dict
-from monitor.render_text import render_text
+from monitor.answers import answer_bytes, select
+from monitor.render_text import render_monitor_status, render_text
 from monitor.routes.deps import MonitorDep
+from monitor.service import Monitor
 
 router = APIRouter()
+# Rendering yields to the event loop after this many uncached jobs, so a big answer does not stall ingest.
+JOBS_PER_STEP = 16
+
+
+def monitor_status(request: Request, monitor: Monitor) -> dict[str, Any]:
+    """The monitor's own health, beside the jobs: is it keeping up, and how old are its verdicts."""
+    guard = request.app.state.load_guard
+    now = monitor.clock()
+    return {
+        "overloaded": guard.overloaded,
+        "loop_lag_s": round(guard.lag_s, 3),
+        "reports_shed_last_minute": guard.shed_recently(time.monotonic()),
+        "diagnosis_pass_at": monitor.last_pass_at,
+        "diagnosis_pass_s": round(monitor.last_pass_s, 3),
+        "verdicts_age_s": round(now - monitor.last_pass_at, 3) if monitor.last_pass_at is not None else None,
+        "nodes": len(monitor.state.nodes),
+        "jobs": len(monitor.state.jobs),
+    }
 
 
 @router.get("/diagnose")
 async def get_diagnose(
-    monitor: MonitorDep, format: Literal["text", "json"] = "text", job: str | None = None
+    request: Request,
+    monitor: MonitorDep,
+    format: Literal["text", "json"] = "text",
+    job: str | None = None,
+    view: Literal["full", "summary"] = "full",
+    problems: bool = False,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int | None, Query(ge=1)] = None,
 ) -> Response:
     now = monitor.clock()
-    # Routes, ingest and the tick all run on the event loop: the state is not changing under us.
-    data = diagnose_dict(monitor.results(now, job_id=job), monitor.state.jobs)
-    if format == "json":
-        return JSONResponse(data, headers={"Cache-Control": "no-store"})
-    text = render_text(data["jobs"], now)
-    if job is not None and not data["jobs"]:
+    results = monitor.results(now, job_id=job)
+    chosen, total = select(results, problems, offset, limit)
+    status = monitor_status(request, monitor)
+    cache = request.app.state.answers
+    cache.forget_missing(monitor.state.jobs)
+    headers = {"Cache-Control": "no-store"}
+    if format == "json" or view == "summary":
+        pieces = []
+        for i, result in enumerate(chosen):
+            pieces.append(cache.job_bytes(result, monitor.state.jobs.get(result.view.job_id), view))
+            if i % JOBS_PER_STEP == JOBS_PER_STEP - 1:
+                await asyncio.sleep(0)
+        body = answer_bytes(pieces, total, status)
+        if format == "json":
+            return Response(body, media_type="application/json", headers=headers)
+        jobs = json.loads(body)["jobs"]
+        return PlainTextResponse(render_monitor_status(status) + render_summary_text(jobs), headers=headers)
+    jobs = [json.loads(cache.job_bytes(r, monitor.state.jobs.get(r.view.job_id), "full")) for r in chosen]
+    text = render_monitor_status(status) + render_text(jobs, now)
+    if job is not None and not jobs:
         text = f"hangwatch: no job {job!r}\n"
-    return PlainTextResponse(text, headers={"Cache-Control": "no-store"})
+    return PlainTextResponse(text, headers=headers)
+
+
+def render_summary_text(jobs: list[dict[str, Any]]) -> str:
+    if not jobs:
+        return "hangwatch: no jobs\n"
+    lines = []
+    for j in jobs:
+        culprits = f" culprits {','.join(str(r) for r in j['culprit_ranks'])}" if j["culprit_ranks"] else ""
+        lines.append(f"{j['job_id']}  {j['verdict'].upper()}{culprits}  {j['ranks_seen']}/{j['world_size']} ranks"
+                     f"  {j['summary']}")
+    return "\n".join(lines) + "\n"
 
 
 @router.get("/api/v1/jobs/{job_id}/history")

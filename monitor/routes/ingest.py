@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pydantic
@@ -10,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from monitor.routes.deps import MonitorDep, SettingsDep
 from monitor.fastwire import decode_report
+from monitor.load import peek_node
 
 router = APIRouter()
 
@@ -45,6 +47,15 @@ async def post_report(request: Request, monitor: MonitorDep, settings: SettingsD
         chunks.append(chunk)
     body = b"".join(chunks)
 
+    guard = request.app.state.load_guard
+    if guard.should_shed(peek_node(body), time.monotonic()):
+        # Past capacity: this node reported moments ago, its next report will do.
+        return JSONResponse(
+            {"accepted": False, "detail": "monitor overloaded: send the newest report later"},
+            status_code=503,
+            headers={"Retry-After": str(max(1, round(guard.shed_keep_s / 2)))},
+        )
+
     try:
         report = decode_report(body)
     except pydantic.ValidationError as exc:
@@ -55,8 +66,12 @@ async def post_report(request: Request, monitor: MonitorDep, settings: SettingsD
         monitor.reject("schema")
         return _refuse(422, _describe(errors), errors=[_error(e) for e in errors[:MAX_ERRORS_SHOWN]])
 
-    monitor.ingest(report, body.decode("utf-8"))
-    return JSONResponse({"accepted": True, "ranks": len(report.ranks)}, status_code=202)
+    answer = monitor.ingest(report, body)
+    guard.accepted(report.node, time.monotonic())
+    # "delta": this monitor takes delta reports (agent/delta.py); "send_full": make the next one full.
+    return JSONResponse(
+        {"accepted": True, "ranks": len(report.ranks), "delta": True, "send_full": answer.send_full}, status_code=202
+    )
 
 
 def _refuse(status: int, detail: str, **extra: Any) -> JSONResponse:

@@ -8,7 +8,7 @@ from monitor_testkit import FakeClock, TestClient
 
 from monitor.app import create_app
 from monitor.settings import Settings
-from monitor.store import Store
+from monitor.store import Store, open_store
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def settings(db_path: Path) -> Settings:
 
 @pytest.fixture
 def store(settings: Settings, clock: FakeClock) -> Iterator[Store]:
-    store = Store(settings.db, settings.report_retention_s, settings.reports_per_node, clock=clock)
+    store = open_store(settings, clock)
     yield store
     store.close()
 

@@ -68,7 +68,7 @@ def test_json_has_the_contract_shape(client: TestClient, clock: FakeClock, stub:
     post(client, report(ranks=[rank(rank=0, progress=p), rank(rank=1, progress=p)], sent_at=clock.now))
     clock.advance(10)
     data = diagnose_json(client)
-    assert set(data) == {"jobs"}
+    assert set(data) == {"jobs", "total_jobs", "monitor"}
     [job] = data["jobs"]
     for key, kind in JOB_KEYS.items():
         assert isinstance(job[key], kind), key

@@ -22,17 +22,17 @@ def test_accepts_a_valid_report(client: TestClient, clock: FakeClock, store: Sto
     body = report(ranks=[rank(rank=0), rank(rank=1)], sent_at=clock.now)
     response = client.post(URL, json=body)
     assert response.status_code == 202
-    assert response.json() == {"accepted": True, "ranks": 2}
+    assert response.json() == {"accepted": True, "ranks": 2, "delta": True, "send_full": False}
     [job] = jobs(client)
     assert job["job_id"] == "job-a"
     assert [r["rank"] for r in job["ranks"]] == [0, 1]
-    assert store.count_reports() == 1
+    assert store.count_snapshots() == 1
     assert monitor_of(client).reports_total == 1
 
 
 def assert_unchanged(client: TestClient, store: Store) -> None:
     assert jobs(client) == []
-    assert store.count_reports() == 0
+    assert store.count_snapshots() == 0
     assert monitor_of(client).reports_total == 0
 
 

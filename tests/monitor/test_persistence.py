@@ -1,4 +1,4 @@
-"""The SQLite store: a restarted monitor keeps its picture; old reports are pruned."""
+"""The SQLite store: a restarted monitor keeps its picture from node snapshots; old ones are pruned."""
 
 from __future__ import annotations
 
@@ -14,12 +14,8 @@ from monitor.app import create_app
 from monitor.diagnosis import Diagnosis, JobView
 from monitor.service import Monitor
 from monitor.settings import Settings
-from monitor.store import Store, VerdictChange
+from monitor.store import Store, VerdictChange, open_store
 from monitor.wire import Report
-
-
-def open_store(settings: Settings, clock: FakeClock) -> Store:
-    return Store(settings.db, settings.report_retention_s, settings.reports_per_node, clock=clock)
 
 
 def test_a_restarted_monitor_sees_the_job(settings: Settings, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,8 +47,10 @@ def test_a_restarted_monitor_sees_the_job(settings: Settings, clock: FakeClock, 
                 before["jobs"][0]["ranks"][0]["seconds_since_progress"] + 30
             )
             view = monitor_of(client).results()[0].view
-            assert view.ranks[0].state_since == clock.now - 30 - 1  # replayed with the original receive times
+            # One snapshot per node and interval: the first report was kept, with its receive time.
+            assert view.ranks[0].state_since == clock.now - 33
             assert view.ranks[0].first_seen_at == clock.now - 33
+            assert view.ranks[0].proc_state == "R"
             # The verdict did not change across the restart, so it is not recorded twice.
             monitor_of(client).tick()
             history = client.get("/api/v1/jobs/job-a/history").json()["history"]
@@ -68,7 +66,7 @@ def test_replay_skips_reports_older_than_the_retention(settings: Settings, clock
             client.post("/api/v1/reports", json=report(ranks=[rank(job_id="old")], sent_at=clock.now))
     finally:
         store.close()
-    clock.advance(settings.report_retention_s + 1)
+    clock.advance(settings.snapshot_retention_s + 1)
     store = open_store(settings, clock)
     try:
         assert monitor_of_app(settings, store, clock).results() == []
@@ -81,15 +79,15 @@ def monitor_of_app(settings: Settings, store: Store, clock: FakeClock) -> Monito
 
 
 def test_store_prunes_by_age_and_per_node_cap(tmp_path: Path, clock: FakeClock) -> None:
-    store = Store(tmp_path / "m.db", report_retention_s=100, reports_per_node=3, clock=clock)
+    store = Store(tmp_path / "m.db", snapshot_retention_s=100, snapshots_per_node=3, clock=clock)
     try:
         for i in range(6):
-            store.add_report("a", clock.now + i, f'{{"i": {i}}}')
-        store.add_report("b", clock.now - 500, "{}")
+            store.add_snapshot("a", clock.now + i, f'{{"i": {i}}}')
+        store.add_snapshot("b", clock.now - 500, "{}")
         store.prune(clock.now + 6)
         store.flush()
-        rows = list(store.recent_reports(since=0))
-        assert [(r.node, r.body) for r in rows] == [("a", '{"i": 3}'), ("a", '{"i": 4}'), ("a", '{"i": 5}')]
+        rows = list(store.recent_snapshots(since=0))
+        assert [(r.node, r.body) for r in rows] == [("a", b'{"i": 3}'), ("a", b'{"i": 4}'), ("a", b'{"i": 5}')]
     finally:
         store.close()
     conn = sqlite3.connect(tmp_path / "m.db")
@@ -98,7 +96,7 @@ def test_store_prunes_by_age_and_per_node_cap(tmp_path: Path, clock: FakeClock) 
 
 
 def test_verdict_history_round_trip(tmp_path: Path) -> None:
-    store = Store(tmp_path / "m.db")
+    store = Store(tmp_path / "m.db", clock=lambda: 10.0)
     try:
         store.add_verdict(VerdictChange("j", 1.0, "healthy", (), "ok"))
         store.add_verdict(VerdictChange("j", 2.0, "deadlock", (0, 2), "stuck"))
@@ -117,8 +115,8 @@ def test_a_stored_report_that_no_longer_validates_is_skipped(
 ) -> None:
     store = open_store(settings, clock)
     try:
-        store.add_report("n", clock.now, '{"schema_version": 99}')
-        store.add_report("n", clock.now, json.dumps(report(sent_at=clock.now)))
+        store.add_snapshot("n", clock.now, '{"schema_version": 99}')
+        store.add_snapshot("n", clock.now, json.dumps(report(sent_at=clock.now)))
         monitor = monitor_of_app(settings, store, clock)
         assert [r.view.job_id for r in monitor.results()] == ["job-a"]
         assert "no longer validates" in caplog.text
@@ -144,7 +142,7 @@ def test_diagnosis_is_given_a_whole_job_view(settings: Settings, clock: FakeCloc
         store.close()
 
 
-def test_replay_restores_launchers_sockets_and_wait_share(settings: Settings, clock: FakeClock) -> None:
+def test_replay_restores_launchers_sockets_and_stacks(settings: Settings, clock: FakeClock) -> None:
     syn = socket("10.0.0.2:41000", "10.0.0.1:29500", "SYN_SENT")
     start = clock.now
     store = open_store(settings, clock)
@@ -170,6 +168,7 @@ def test_replay_restores_launchers_sockets_and_wait_share(settings: Settings, cl
         [lv] = waiting.launchers
         assert (lv.node, lv.first_seen_at) == ("node-b", start)
         assert [(s.state, s.since) for s in lv.sockets] == [("SYN_SENT", start)]
-        assert views["busy"].ranks[0].collective_wait_share == 1.0
+        # The stack of the snapshot is back; the wait share needs fresh samples after a restart.
+        assert views["busy"].ranks[0].stack is not None
     finally:
         store.close()

@@ -1,0 +1,96 @@
+"""``GET /diagnose?format=json`` as bytes, built from the latest diagnoses without redoing work.
+
+Each job's JSON is rendered once per diagnosis of that job (orjson) and kept until the job is
+diagnosed again, so the answer for thousands of jobs is mostly a join of cached pieces. Views:
+
+- ``full`` (the default): every field of the contract, ranks included;
+- ``summary``: one small object per job (verdict, culprits, summary, sizes), no ranks: what
+  a page or a script polling a whole cluster needs.
+
+``problems`` keeps only jobs whose verdict is an alarm; ``offset``/``limit`` page through the
+jobs in the answer's order. ``total_jobs`` counts the jobs before paging.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from monitor.present import job_dict
+from monitor.service import JobResult
+from monitor.state import JobTrack
+
+QUIET_VERDICTS = frozenset({"healthy", "finished"})
+VIEWS = ("full", "summary")
+
+
+def summary_dict(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]:
+    view, d = result.view, result.diagnosis
+    return {
+        "job_id": view.job_id,
+        "aliases": sorted(track.aliases) if track is not None else [],
+        "verdict": d.verdict,
+        "culprit_ranks": list(d.culprit_ranks),
+        "since": d.since,
+        "summary": d.summary,
+        "world_size": view.world_size,
+        "ranks_seen": len(view.ranks),
+        "nodes": len(view.hosts),
+        "last_report_at": result.last_report_at,
+        "last_progress_at": result.last_progress_at,
+        "job_step": view.job_step,
+        "now": view.now,
+    }
+
+
+def dumps(data: Any) -> bytes:
+    try:
+        return orjson.dumps(data)
+    except TypeError:
+        # orjson refuses integers past 64 bits; the standard library writes them.
+        return json.dumps(data).encode()
+
+
+@dataclass
+class _Rendered:
+    result: JobResult
+    body: bytes
+
+
+class AnswerCache:
+    """Rendered jobs, per view, valid while the job's latest diagnosis is the one rendered."""
+
+    def __init__(self) -> None:
+        self._rendered: dict[str, dict[str, _Rendered]] = {view: {} for view in VIEWS}
+
+    def job_bytes(self, result: JobResult, track: JobTrack | None, view: str) -> bytes:
+        cache = self._rendered[view]
+        hit = cache.get(result.view.job_id)
+        if hit is not None and hit.result is result:
+            return hit.body
+        data = job_dict(result, track) if view == "full" else summary_dict(result, track)
+        body = dumps(data)
+        cache[result.view.job_id] = _Rendered(result, body)
+        return body
+
+    def forget_missing(self, live: Mapping[str, JobTrack]) -> None:
+        for cache in self._rendered.values():
+            for job_id in set(cache) - set(live):
+                del cache[job_id]
+
+
+def select(
+    results: Sequence[JobResult], problems: bool, offset: int, limit: int | None
+) -> tuple[list[JobResult], int]:
+    """The page of jobs to answer with, and how many jobs matched before paging."""
+    chosen = [r for r in results if not problems or r.diagnosis.verdict not in QUIET_VERDICTS]
+    return chosen[offset : offset + limit if limit is not None else None], len(chosen)
+
+
+def answer_bytes(jobs: Sequence[bytes], total_jobs: int, monitor_status: dict[str, Any]) -> bytes:
+    return b'{"jobs":[' + b",".join(jobs) + b'],"total_jobs":' + str(total_jobs).encode() + \
+        b',"monitor":' + dumps(monitor_status) + b"}"
