@@ -47,7 +47,8 @@ RANKS_PER_NODE = 8
 STEP_S = 0.5
 # The agent's background plain dump of a healthy rank, and of a rank that looks stuck.
 BACKGROUND_DUMP_EVERY_S = 10.0
-STUCK_DUMP_EVERY_S = 2.0
+STUCK_DUMP_EVERY_S = 3.0
+STUCK_AFTER_S = 3.0
 RECENT_KEPT = 32
 
 
@@ -123,6 +124,9 @@ class SimulatedNode:
         due = self._next_dump.get(rank)
         if due is None:
             due = self._next_dump[rank] = now + random.uniform(0, BACKGROUND_DUMP_EVERY_S)
+        if stuck and self.deadlocked_at is not None and due > self.deadlocked_at + STUCK_AFTER_S + STUCK_DUMP_EVERY_S:
+            # Like the agent: a rank idle for STUCK_AFTER_S past its last step gets dumped at once.
+            due = self._next_dump[rank] = self.deadlocked_at + STUCK_AFTER_S
         if now < due:
             return
         frames = LINGER if culprit else ALL_REDUCE if stuck else COMPUTE

@@ -70,7 +70,7 @@ class Monitor:
         clock: Callable[[], float] = time.time,
         diagnose: Callable[[JobView], Diagnosis] | None = None,
         snapshot_interval_s: float = 60.0,
-        fresh_read_ranks: int = 4096,
+        fresh_read_ranks: int = 512,
         tick_interval_s: float = 0.0,
     ) -> None:
         self.store = store

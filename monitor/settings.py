@@ -48,7 +48,7 @@ class Settings:
     # A read (/diagnose, /metrics) re-diagnoses the jobs that changed since the last pass
     # only while they hold at most this many ranks in all; past that it answers from the
     # pass of the background tick (at most one tick old), so reads cost the same at any scale.
-    fresh_read_ranks: int = 4096
+    fresh_read_ranks: int = 512
     # When the event loop runs this far behind, reports from nodes the monitor heard from
     # within shed_keep_s are refused with 503 and Retry-After: the newest report per node
     # wins, every node's picture stays fresh within a few seconds, diagnosis goes on.
