@@ -220,6 +220,9 @@ def main() -> int:
         monitor.terminate()
         monitor.wait(timeout=30)
     figures = summarise(args, stats, observed, db)
+    log_lines = db.with_suffix(".log").read_text(errors="replace").splitlines()
+    if log_lines:
+        print(f"monitor log: {len(log_lines)} lines, the last ones:", *log_lines[-5:], sep="\n  ")
     shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))

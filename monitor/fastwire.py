@@ -90,7 +90,7 @@ def struct_for(model: type[BaseModel]) -> type[msgspec.Struct]:
             fields.append((name, annotation, default))
     # Required fields first, as msgspec (like dataclasses) wants; kw_only keeps names the interface.
     fields.sort(key=lambda f: len(f) == 3)
-    struct = msgspec.defstruct(model.__name__, fields, frozen=True, kw_only=True, module=__name__)
+    struct = msgspec.defstruct(model.__name__, fields, frozen=True, kw_only=True, module=__name__, gc=False)
     _STRUCTS[model] = struct
     return struct
 

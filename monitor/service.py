@@ -25,6 +25,12 @@ from monitor.views import job_view
 
 log = logging.getLogger("hangwatch.monitor")
 
+# A healthy job that progressed within ADVANCING_S cannot be stalled yet (no stall rule fires
+# before MIN_STALL_S, 5 s, of silence), so until something in its lifecycle changes, its
+# diagnosis is refreshed only every REFRESH_S: at 10,000 ranks that is most of the work saved.
+ADVANCING_S = 2.0
+REFRESH_S = 5.0
+
 REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema")
 
 
@@ -91,6 +97,8 @@ class Monitor:
         # The latest diagnosis of each job, and the jobs reports changed since theirs.
         self._results: dict[str, JobResult] = {}
         self._dirty: set[str] = set()
+        # The job's lifecycle_revision at its latest diagnosis.
+        self._revisions: dict[str, int] = {}
         self.last_pass_at: float | None = None
         self.last_pass_s = 0.0
         # When each node's next snapshot is due; the nodes heard from since this process started.
@@ -160,30 +168,47 @@ class Monitor:
         if self.tick_interval_s <= 0:
             return ids
         missing = [j for j in ids if j not in self._results]
-        changed = [j for j in ids if j in self._dirty and j in self._results]
+        changed = [j for j in ids if j in self._dirty and j in self._results and self._needs_diagnosis(j, now)]
         if sum(len(self.state.jobs[j].ranks) for j in changed) <= self.fresh_read_ranks:
             return missing + changed
         return missing
+
+    def _needs_diagnosis(self, job_id: str, now: float) -> bool:
+        """False for a healthy job that is visibly advancing and whose lifecycle did not change."""
+        result = self._results.get(job_id)
+        if result is None or result.diagnosis.verdict != "healthy" or now - result.view.now >= REFRESH_S:
+            return True
+        job = self.state.jobs[job_id]
+        if self._revisions.get(job_id) != job.lifecycle_revision:
+            return True
+        progressed = job.last_progress_at
+        return progressed is None or now - progressed > ADVANCING_S
 
     def tick(self, now: float | None = None) -> None:
         """One diagnosis pass over every job, so verdict changes are recorded even while nobody asks."""
         for _ in self.tick_steps(now):
             pass
 
-    def tick_steps(self, now: float | None = None, jobs_per_step: int = 8) -> Iterator[None]:
-        """``tick`` in steps of a few jobs: the event loop runs other work between them."""
+    def tick_steps(self, now: float | None = None, step_s: float = 0.002) -> Iterator[None]:
+        """``tick`` in steps of about ``step_s`` of work (at least one job each): the event
+        loop serves requests between them, each of which waits for at most one step per await."""
         now = self.clock() if now is None else now
         started = time.perf_counter()
         with self._lock:
             self.state.prune(now, self.job_retention_s)
             for gone in set(self._results) - set(self.state.jobs):
                 del self._results[gone]
+                self._revisions.pop(gone, None)
             self._dirty &= set(self.state.jobs)
             ids = list(self.state.jobs)
-        for i in range(0, len(ids), jobs_per_step):
+        step_started = time.perf_counter()
+        for job_id in ids:
             with self._lock:
-                self._diagnose_jobs([j for j in ids[i:i + jobs_per_step] if j in self.state.jobs], now)
-            yield
+                if job_id in self.state.jobs and self._needs_diagnosis(job_id, now):
+                    self._diagnose_jobs([job_id], now)
+            if time.perf_counter() - step_started >= step_s:
+                yield
+                step_started = time.perf_counter()
         self.last_pass_at = now
         self.last_pass_s = time.perf_counter() - started
 
@@ -199,6 +224,7 @@ class Monitor:
                 cpu_seconds={r: t.latest.cpu_seconds for r, t in job.ranks.items()},
             )
             self._results[job_id] = result
+            self._revisions[job_id] = job.lifecycle_revision
             self._dirty.discard(job_id)
             self._record_change(result, now)
 

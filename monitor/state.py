@@ -149,6 +149,10 @@ class JobTrack:
     aliases: set[str] = field(default_factory=set)
     # (monitor time, phase): see JobView.phase_marks.
     phase_marks: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=PHASE_MARKS_KEPT))
+    # Counts changes that can turn a verdict at once: a rank or launcher appearing, ending,
+    # vanishing or changing process state, the world size, a launcher's errors. The monitor
+    # re-diagnoses a healthy, advancing job right away only when this moved (service.py).
+    lifecycle_revision: int = 0
 
     def mark_phase(self, at: float, phase: str) -> None:
         """Note the job in ``phase`` at ``at``; repeats within one silent stretch add nothing."""
@@ -272,6 +276,7 @@ class MonitorState:
             track = job.ranks.get(rank) if job else None
             if job and track and track.node == report.node and track.alive:
                 _mark_vanished(track)
+                job.lifecycle_revision += 1
                 touched.add(job_id)
         for launcher_report in report.launchers:
             job_id = (
@@ -294,6 +299,7 @@ class MonitorState:
             launcher = job.launchers.get((report.node, pid)) if job else None
             if job and launcher and launcher.alive:
                 _mark_vanished(launcher)
+                job.lifecycle_revision += 1
                 touched.add(job_id)
         for job_id in touched:
             self._learn_wait_sites(self.jobs[job_id])
@@ -381,7 +387,9 @@ class MonitorState:
         wait_site: WaitSite,
     ) -> None:
         job.last_report_at = max(job.last_report_at, received_at)
-        job.reported_world_size = rr.world_size
+        if job.reported_world_size != rr.world_size:
+            job.reported_world_size = rr.world_size
+            job.lifecycle_revision += 1
         track = job.ranks.get(rr.rank)
         if track is None or track.pid != rr.pid:
             # A new process for this rank (first sight, or restarted by its launcher):
@@ -403,6 +411,7 @@ class MonitorState:
                 fresh.first_seen_at = track.first_seen_at
             previous_observed = None
             track = job.ranks[rr.rank] = fresh
+            job.lifecycle_revision += 1
         else:
             previous_observed = track.observed_at
         track.node = node
@@ -412,6 +421,7 @@ class MonitorState:
 
         if rr.state != track.proc_state:
             track.proc_state = rr.state
+            job.lifecycle_revision += 1
             track.state_since = received_at
         if rr.cpu_percent is not None:
             if rr.cpu_percent < IDLE_CPU_PERCENT:
@@ -423,6 +433,8 @@ class MonitorState:
                 track.idle_since = None
 
         track.log_errors = _merge_lines(track.log_errors, rr.log_errors, LOG_ERRORS_KEPT)
+        if track.alive != rr.alive:
+            job.lifecycle_revision += 1
         track.alive = rr.alive
         track.exit = None if rr.alive else _exit_view(track.exit, rr.exit, track.log_errors, received_at, offset)
 
@@ -480,10 +492,14 @@ class MonitorState:
             track = job.launchers[(node, lr.pid)] = LauncherTrack(
                 job_id=job.job_id, node=node, pid=lr.pid, first_seen_at=received_at, observed_at=received_at, latest=lr
             )
+            job.lifecycle_revision += 1
         track.latest = lr
         track.observed_at = received_at
+        errors = _merge_lines(track.log_errors, lr.log_errors, LOG_ERRORS_KEPT)
+        if errors != track.log_errors or track.alive != lr.alive or track.vanished:
+            job.lifecycle_revision += 1
         track.vanished = False
-        track.log_errors = _merge_lines(track.log_errors, lr.log_errors, LOG_ERRORS_KEPT)
+        track.log_errors = errors
         track.alive = lr.alive
         track.exit = None if lr.alive else _exit_view(track.exit, lr.exit, track.log_errors, received_at, offset)
         if lr.stack is not None:

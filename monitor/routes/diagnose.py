@@ -17,8 +17,8 @@ from monitor.routes.deps import MonitorDep
 from monitor.service import Monitor
 
 router = APIRouter()
-# Rendering yields to the event loop after this many uncached jobs, so a big answer does not stall ingest.
-JOBS_PER_STEP = 16
+# Rendering yields to the event loop after about this much work, so a big answer does not stall ingest.
+STEP_S = 0.002
 
 
 def monitor_status(request: Request, monitor: Monitor) -> dict[str, Any]:
@@ -57,10 +57,12 @@ async def get_diagnose(
     headers = {"Cache-Control": "no-store"}
     if format == "json" or view == "summary":
         pieces = []
-        for i, result in enumerate(chosen):
+        step_started = time.perf_counter()
+        for result in chosen:
             pieces.append(cache.job_bytes(result, monitor.state.jobs.get(result.view.job_id), view))
-            if i % JOBS_PER_STEP == JOBS_PER_STEP - 1:
+            if time.perf_counter() - step_started >= STEP_S:
                 await asyncio.sleep(0)
+                step_started = time.perf_counter()
         body = answer_bytes(pieces, total, status)
         if format == "json":
             return Response(body, media_type="application/json", headers=headers)
