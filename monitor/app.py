@@ -10,13 +10,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
-from fastapi.staticfiles import StaticFiles
 
 from agent.sdnotify import Notifier
 from monitor.answers import AnswerCache
 from monitor.load import LoadGuard
 from monitor.routes import diagnose, ingest, metrics, page
-from monitor.routes.page import STATIC_DIR
 from monitor.service import Monitor
 from monitor.settings import Settings
 from monitor.store import Store
@@ -71,7 +69,6 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
     app.state.answers = AnswerCache()
     for module in (ingest, diagnose, metrics, page):
         app.include_router(module.router)
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
 
 

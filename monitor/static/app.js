@@ -1,9 +1,12 @@
-// Status page: polls /diagnose?format=json every 2 s and redraws. Every value from the
-// server goes in through textContent, never innerHTML: stack frames and log lines come
-// from the monitored processes.
+// Status page: polls /diagnose every 2 s and redraws. Every value from the server goes in
+// through textContent, never innerHTML: stack frames and log lines come from the monitored
+// processes. A cluster-wide monitor may hold thousands of jobs: the page lists them all from
+// the summary view, and shows in full only the jobs with a problem (at most FULL_CARDS_MAX)
+// and the one picked in the list (#job-ID), each fetched on its own.
 "use strict";
 
 const POLL_MS = 2000;
+const FULL_CARDS_MAX = 20;
 const TONE = {
   healthy: "ok", finished: "info", straggler: "warn", slow_compute: "warn",
   deadlock: "bad", rank_exited: "bad", rank_stopped: "bad", rendezvous_hang: "bad", stalled: "bad",
@@ -253,7 +256,7 @@ async function fetchHistory(jobId, h) {
     h.pending = false;
     h.fetchedAt = Date.now();
   }
-  if (lastData && histories.get(jobId) === h) render(lastData);
+  if (lastData && histories.get(jobId) === h) render(lastData.summary, lastData.detailed);
 }
 
 // A bar of verdict spans (widths by duration) and the latest changes, newest first.
@@ -298,18 +301,53 @@ function jobCard(job) {
   );
 }
 
-function render(data) {
-  lastData = data;
-  const jobs = orderJobs(data.jobs);
+function render(summary, detailed) {
+  lastData = { summary, detailed };
+  const listed = orderJobs(summary.jobs);
   const overview = document.getElementById("overview");
-  overview.replaceChildren(...jobs.map((job) =>
+  overview.replaceChildren(...listed.map((job) =>
     el("a", { href: `#job-${job.job_id}` }, verdictBadge(job.verdict), job.job_id)));
   const main = document.getElementById("jobs");
-  if (jobs.length === 0) {
+  const cards = orderJobs(detailed).map(jobCard);
+  const total = summary.total_jobs ?? listed.length;
+  if (total === 0) {
     main.replaceChildren(el("p", { class: "empty" }, "No jobs reported yet. Start hangwatch-agent on the training nodes."));
+  } else if (cards.length < total) {
+    const rest = total - cards.length;
+    main.replaceChildren(...cards, el("p", { class: "empty" },
+      `${rest} more ${rest === 1 ? "job" : "jobs"} without a problem: pick one in the list above to see it in full.`));
   } else {
-    main.replaceChildren(...jobs.map(jobCard));
+    main.replaceChildren(...cards);
   }
+}
+
+function monitorNote(status) {
+  if (!status || (!status.overloaded && !status.reports_shed_last_minute)) return "";
+  return ` · monitor over capacity: ${status.reports_shed_last_minute} reports shed in the last minute, ` +
+    `verdicts ${status.verdicts_age_s === null ? "?" : status.verdicts_age_s.toFixed(1)}s old`;
+}
+
+async function fetchJson(url) {
+  const response = await fetch(url, { cache: "no-store" });
+  if (!response.ok) throw new Error(`HTTP ${response.status}`);
+  return response.json();
+}
+
+function pickedJob() {
+  const hash = typeof location === "undefined" ? "" : decodeURIComponent(location.hash || "");
+  return hash.startsWith("#job-") ? hash.slice(5) : null;
+}
+
+async function fetchJobs() {
+  const summary = await fetchJson("/diagnose?format=json&view=summary");
+  const total = summary.total_jobs ?? summary.jobs.length;
+  if (total <= FULL_CARDS_MAX) return [summary, (await fetchJson("/diagnose?format=json")).jobs];
+  const detailed = (await fetchJson(`/diagnose?format=json&problems=1&limit=${FULL_CARDS_MAX}`)).jobs;
+  const picked = pickedJob();
+  if (picked && !detailed.some((job) => job.job_id === picked)) {
+    detailed.push(...(await fetchJson(`/diagnose?format=json&job=${encodeURIComponent(picked)}`)).jobs);
+  }
+  return [summary, detailed];
 }
 
 function setStatus(text, isError) {
@@ -320,12 +358,10 @@ function setStatus(text, isError) {
 
 async function poll() {
   try {
-    const response = await fetch("/diagnose?format=json", { cache: "no-store" });
-    if (!response.ok) throw new Error(`HTTP ${response.status}`);
-    const data = await response.json();
-    render(data);
-    refreshHistories(data.jobs);
-    setStatus(`updated ${new Date().toLocaleTimeString()}`, false);
+    const [summary, detailed] = await fetchJobs();
+    render(summary, detailed);
+    refreshHistories(detailed);
+    setStatus(`updated ${new Date().toLocaleTimeString()}${monitorNote(summary.monitor)}`, Boolean(monitorNote(summary.monitor)));
   } catch (err) {
     setStatus(`cannot reach the monitor (${err.message}); retrying`, true);
   } finally {
@@ -333,4 +369,11 @@ async function poll() {
   }
 }
 
+if (typeof window !== "undefined" && window.addEventListener) {
+  // Picking a job in the list shows it in full at once, not at the next poll.
+  window.addEventListener("hashchange", () => fetchJobs().then(([summary, detailed]) => {
+    render(summary, detailed);
+    refreshHistories(detailed);
+  }).catch(() => {}));
+}
 poll();
