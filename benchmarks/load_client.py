@@ -19,7 +19,8 @@ from simulated_nodes import SimulatedNode
 
 from agent.delta import DeltaState
 
-POST_TIMEOUT_S = 10.0
+# The agent's own timeout (agent/sender.py): a slower answer is a failed post for it too.
+POST_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -104,6 +105,7 @@ async def run_node(node: SimulatedNode, host: str, port: int, protocol: str, sta
             stats.sent += 1
             stats.bytes_sent += len(body)
             stats.full_reports += not body_dict.get("delta")
+        retry_after = 0.0
         try:
             status, answer = await asyncio.wait_for(conn.request("POST", "/api/v1/reports", body), POST_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
@@ -123,8 +125,11 @@ async def run_node(node: SimulatedNode, host: str, port: int, protocol: str, sta
             if in_window:
                 stats.shed += status == 503
                 stats.failed += status != 503
+            if status == 503:
+                retry_after = 2.0  # what the monitor's Retry-After says by default
         # Like the agent: the next report is the newest one, at the next whole interval.
-        slot += max(1, int(time.time() - slot) + 1) if time.time() > slot + 1 else 1
+        late = time.time() + retry_after - slot
+        slot += int(late) + 1 if late > 1 else 1
     conn.close()
 
 

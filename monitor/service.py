@@ -31,7 +31,7 @@ log = logging.getLogger("hangwatch.monitor")
 ADVANCING_S = 2.0
 REFRESH_S = 5.0
 
-REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema")
+REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema", "disconnected")
 
 
 @dataclass(frozen=True)

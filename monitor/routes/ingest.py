@@ -7,7 +7,8 @@ from typing import Any
 
 import pydantic
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from monitor.routes.deps import MonitorDep, SettingsDep
 from monitor.fastwire import decode_report
@@ -39,12 +40,18 @@ async def post_report(request: Request, monitor: MonitorDep, settings: SettingsD
     # Content-Length may be absent (chunked) or lie: count what actually arrives.
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            monitor.reject("too_large")
-            return _refuse(413, f"report is larger than the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                monitor.reject("too_large")
+                return _refuse(413, f"report is larger than the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # The agent gave up (its timeout) before sending it all: nobody is left to answer,
+        # and a traceback per dropped post would cost a busy monitor more than the post did.
+        monitor.reject("disconnected")
+        return Response(status_code=499)
     body = b"".join(chunks)
 
     guard = request.app.state.load_guard
