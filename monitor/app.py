@@ -14,7 +14,8 @@ from fastapi import FastAPI
 from agent.sdnotify import Notifier
 from monitor.answers import AnswerCache
 from monitor.load import LoadGuard
-from monitor.routes import diagnose, ingest, metrics, page
+from monitor.routes import diagnose, metrics, page
+from monitor.routes.ingest import IngestLayer
 from monitor.service import Monitor
 from monitor.settings import Settings
 from monitor.store import Store
@@ -67,7 +68,9 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
     app.state.monitor = monitor
     app.state.load_guard = guard
     app.state.answers = AnswerCache()
-    for module in (ingest, diagnose, metrics, page):
+    # Reports are answered by a plain ASGI layer in front of the app (routes/ingest.py).
+    app.add_middleware(IngestLayer, monitor=monitor, settings=settings, guard=guard)
+    for module in (diagnose, metrics, page):
         app.include_router(module.router)
     return app
 

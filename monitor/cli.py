@@ -63,7 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         app = create_app(settings, store)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, workers=1)
+        # No access log below debug: 1,250 posts a second would be as many log lines.
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, workers=1,
+                    access_log=settings.log_level in ("debug", "trace"))
     except KeyboardInterrupt:
         pass
     finally:

@@ -136,8 +136,9 @@ def progress_series(track: JobTrack) -> dict[int, list[list[float]]]:
     return {rank: _points(t.progress_points) if t.progress_points else job_points for rank, t in track.ranks.items()}
 
 
-def _points(points: Iterable[tuple[float, int]]) -> list[list[float]]:
-    return [[round(t, 3), step] for t, step in points]
+def _points(points: Iterable[tuple[float, int]]) -> list[tuple[float, int]]:
+    # Tuples serialise as JSON arrays; no rounding: this runs for every rank of every answer.
+    return list(points)
 
 
 def rank_dict(
