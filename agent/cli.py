@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from agent.logpatterns import compile_user_pattern
 from agent.report import NODE_NAME, default_node_name
 from agent.runner import Agent, Config
-from agent.sender import Sender
+from agent.sender import ShardedSender
 
 log = logging.getLogger("agent")
 
@@ -67,7 +67,9 @@ def _regex(text: str) -> re.Pattern[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hangwatch-agent", description=__doc__)
-    p.add_argument("--monitor", type=_monitor_url, help="monitor base URL, e.g. http://10.0.0.5:8000")
+    p.add_argument("--monitor", type=_monitor_url, action="append", default=[],
+                   help="monitor base URL, e.g. http://10.0.0.5:8787; repeat for monitors sharded by job id "
+                        "(each job goes to one of them, docs/scaling.md)")
     p.add_argument("--interval", type=_positive_float, default=1.0, help="seconds between samples")
     p.add_argument("--node", type=_node, default=None, help="node name (default: hostname)")
     p.add_argument("--log", action="append", default=[], metavar="PATH",
@@ -95,7 +97,8 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     if not os.path.isdir(args.proc_root):
         raise UsageError(f"--proc-root {args.proc_root!r} is not a directory")
     config = Config(
-        monitor=args.monitor,
+        monitor=args.monitor[0] if args.monitor else None,
+        monitors=tuple(dict.fromkeys(args.monitor)),
         interval=args.interval,
         node=args.node or default_node_name(),
         logs=tuple(args.log),
@@ -136,10 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             report = run_once(agent, config)
             json.dump(report, sys.stdout)
             sys.stdout.write("\n")
-            if config.monitor:
-                sender = Sender(config.monitor)
+            if config.monitors:
+                sender = ShardedSender(config.monitors)
                 ok = sender.post(report)
-                sender.client.close()
+                sender.close()
                 return 0 if ok else 1
             return 0
         return run_loop(agent, config)
@@ -158,11 +161,11 @@ def run_loop(agent: Agent, config: Config) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    sender = Sender(config.monitor)
+    sender = ShardedSender(config.monitors)
     sender.start()
     log.info(
         "reporting to %s every %.3g s as node %s (py-spy: %s)",
-        config.monitor, config.interval, config.node, agent.agent_info()["py_spy"],
+        ", ".join(config.monitors), config.interval, config.node, agent.agent_info()["py_spy"],
     )
     try:
         agent.run(stop, sender)

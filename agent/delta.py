@@ -12,9 +12,12 @@ the smallest report that leaves the monitor with the same picture:
   ``null`` when unchanged; ``env`` and ``cmdline`` are empty when unchanged (the monitor
   keeps the last non-empty one).
 
-The baseline moves only on delivery. A failed or refused post, a 5xx (the monitor shedding
-load) or a monitor that asks for it (``"send_full": true``: it restarted, forgot the node or
-wants a snapshot) makes the next report full again, so nothing is lost to a dropped delta.
+The baseline moves only on delivery, and every delta is taken against the last report the
+monitor acknowledged: it carries everything that changed since, so it is right whether or not
+the posts in between landed (the monitor drops stacks and progress points it already has).
+A failed post, a refusal or a monitor shedding load therefore never costs a full report, which
+would add load exactly when the monitor has too much. A monitor that lost the node's picture
+(a restart, a forgotten node) or wants a snapshot answers ``"send_full": true`` until it gets one.
 """
 
 from __future__ import annotations
@@ -62,8 +65,9 @@ class DeltaState:
         self._ranks = baseline["ranks"]
         self._full_due = bool(answer.get("send_full"))
 
-    def lost(self) -> None:
-        """The report may not have landed: the next one carries everything."""
+    def reset(self) -> None:
+        """Forget what the monitor holds (another monitor now): the next report is full."""
+        self.monitor_takes_deltas = False
         self._full_due = True
 
     def _compact_rank(self, rank: dict) -> dict:

@@ -43,6 +43,8 @@ VANISHED = (FileNotFoundError, ProcessLookupError)
 @dataclass(frozen=True)
 class Config:
     monitor: str | None
+    # Every monitor given (sharded by job id); ``monitor`` is the first.
+    monitors: tuple[str, ...] = ()
     interval: float = 1.0
     node: str = "node"
     logs: tuple[str, ...] = ()

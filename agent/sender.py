@@ -9,8 +9,7 @@ monitor shedding load: the sender waits as told (not the growing backoff) and th
 the newest report.
 
 Once the monitor says it takes them (``"delta": true`` in its answer), reports carry only
-what changed since the last one it took (agent/delta.py); anything that may not have
-landed makes the next report full again.
+what changed since the last one it took (agent/delta.py).
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import time
 import httpx
 
 from agent.delta import DeltaState
+from agent.shards import split
 
 log = logging.getLogger(__name__)
 
@@ -83,17 +83,14 @@ class Sender:
                 self.url, content=json.dumps(body), headers={"content-type": "application/json"}
             )
         except httpx.HTTPError as e:
-            self.delta.lost()
             self._note_down(f"{type(e).__name__}: {e}")
             return False
         if response.status_code >= 500:
-            self.delta.lost()
             if response.status_code == 503:
                 self.retry_after = _retry_after(response.headers.get("retry-after"))
             self._note_down(f"HTTP {response.status_code}")
             return False
         if response.status_code >= 400:
-            self.delta.lost()
             key = f"{response.status_code} {response.text[:500]}"
             if key not in self._logged_rejections:
                 self._logged_rejections.add(key)
@@ -149,3 +146,39 @@ def _json_or_none(response: httpx.Response) -> dict | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
+
+
+class ShardedSender:
+    """One ``Sender`` per monitor; each report is split by job owner (agent/shards.py)."""
+
+    def __init__(self, monitors: list[str] | tuple[str, ...]) -> None:
+        self.monitors = list(monitors)
+        self.senders = {m: Sender(m) for m in self.monitors}
+
+    def start(self) -> None:
+        for sender in self.senders.values():
+            sender.start()
+
+    def offer(self, report: dict) -> None:
+        for monitor, part in split(report, self.monitors).items():
+            self.senders[monitor].offer(part)
+
+    def post(self, report: dict) -> bool:
+        results = [self.senders[m].post(part) for m, part in split(report, self.monitors).items()]
+        return all(results)
+
+    def stop(self) -> None:
+        for sender in self.senders.values():
+            sender.stop()
+
+    def close(self) -> None:
+        for sender in self.senders.values():
+            sender.client.close()
+
+    @property
+    def sent(self) -> int:
+        return sum(s.sent for s in self.senders.values())
+
+    @property
+    def failed(self) -> int:
+        return sum(s.failed for s in self.senders.values())

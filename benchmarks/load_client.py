@@ -110,7 +110,6 @@ async def run_node(node: SimulatedNode, host: str, port: int, protocol: str, sta
             status, answer = await asyncio.wait_for(conn.request("POST", "/api/v1/reports", body), POST_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
             conn.close()
-            delta.lost()
             stats.failed += in_window
             status = None
         took = time.time() - now
@@ -121,7 +120,6 @@ async def run_node(node: SimulatedNode, host: str, port: int, protocol: str, sta
                 stats.accepted += 1
                 stats.latencies.append(took)
         elif status is not None:
-            delta.lost()
             if in_window:
                 stats.shed += status == 503
                 stats.failed += status != 503

@@ -101,9 +101,9 @@ class Monitor:
         self._revisions: dict[str, int] = {}
         self.last_pass_at: float | None = None
         self.last_pass_s = 0.0
-        # When each node's next snapshot is due; the nodes heard from since this process started.
+        # When each node's next snapshot is due; the nodes that sent a full report to this process.
         self._snapshot_due: dict[str, float] = {}
-        self._heard: set[str] = set()
+        self._full_seen: set[str] = set()
 
     # --- ingest ---
 
@@ -115,16 +115,18 @@ class Monitor:
             touched = self.state.apply(report, received_at)
             self._dirty |= touched
             self.reports_total += 1
-            first_here = node not in self._heard
-            self._heard.add(node)
             due = self._snapshot_due.get(node)
             snapshot_due = due is None or received_at >= due
             if not report.delta:
+                self._full_seen.add(node)
                 self.full_reports_total += 1
                 if snapshot_due:
                     self.store.add_snapshot(node, received_at, body)
                     self._snapshot_due[node] = received_at + self.snapshot_interval_s * _spread(node)
-        return IngestAnswer(send_full=bool(report.delta) and (first_here or snapshot_due))
+            # A delta builds on a picture this process may not have (it restarted, or forgot
+            # the node): it asks until a full report arrives, so a lost answer costs nothing.
+            missing_full = node not in self._full_seen
+        return IngestAnswer(send_full=bool(report.delta) and (missing_full or snapshot_due))
 
     def reject(self, reason: str) -> None:
         with self._lock:
@@ -200,6 +202,7 @@ class Monitor:
                 del self._results[gone]
                 self._revisions.pop(gone, None)
             self._dirty &= set(self.state.jobs)
+            self._full_seen &= set(self.state.nodes)  # a forgotten node starts over with a full report
             ids = list(self.state.jobs)
         step_started = time.perf_counter()
         for job_id in ids:
