@@ -7,9 +7,10 @@ monitor that owns the job, by rendezvous hashing of the job id over the monitors
 Every agent computes the same owner for the same id, so a job spread over many nodes lands
 whole on one monitor; adding a monitor moves only the jobs the new one wins.
 
-Node-level facts (host, agent health, collectors, leftover processes) go to every monitor:
-each needs them for the jobs it owns, and a monitor that owns none of the node's jobs still
-sees the node report.
+Node-level facts (host, agent health, collectors, leftover processes) go with the ranks to
+each monitor that owns a job on the node, and always to the monitor that owns the node's
+name, so every node is listed (and alerted on when silent) by exactly one monitor at least.
+Monitors with nothing of the node's hear nothing from it: each post costs a monitor CPU.
 
 One limit: a job is one id only if every node spells it the same. Nodes that name the master
 differently (a host name here, an address there) are joined by one monitor (README,
@@ -29,7 +30,7 @@ def owner(job_id: str, monitors: Sequence[str]) -> str:
 
 
 def split(report: dict, monitors: Sequence[str]) -> dict[str, dict]:
-    """One report per monitor: its jobs' ranks and launchers, and the node-level facts."""
+    """One report per monitor concerned: its jobs' ranks and launchers, and the node-level facts."""
     if len(monitors) == 1:
         return {monitors[0]: report}
     ranks: dict[str, list[dict]] = {m: [] for m in monitors}
@@ -48,4 +49,6 @@ def split(report: dict, monitors: Sequence[str]) -> dict[str, dict]:
             targets = sorted({job_of_pid[p] for p in launcher.get("worker_pids", []) if p in job_of_pid}) or monitors
         for target in targets:
             launchers[target].append(launcher)
-    return {m: dict(report, ranks=ranks[m], launchers=launchers[m]) for m in monitors}
+    node_owner = owner(report.get("node", ""), monitors)
+    return {m: dict(report, ranks=ranks[m], launchers=launchers[m]) for m in monitors
+            if ranks[m] or launchers[m] or m == node_owner}

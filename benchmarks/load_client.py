@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from simulated_nodes import SimulatedNode
 
 from agent.delta import DeltaState
+from agent.shards import split
 
 # The agent's own timeout (agent/sender.py): a slower answer is a failed post for it too.
 POST_TIMEOUT_S = 2.0
@@ -89,55 +90,63 @@ class HttpConnection:
         self._reader = self._writer = None
 
 
-async def run_node(node: SimulatedNode, host: str, port: int, protocol: str, start: float, window: tuple[float, float],
+async def run_node(node: SimulatedNode, ports: list[int], protocol: str, start: float, window: tuple[float, float],
                    end: float, stats: LoadStats) -> None:
-    conn = HttpConnection(host, port)
-    delta = DeltaState()
+    """One node's agent: a report a second, split by job owner when there are several monitors."""
+    monitors = [f"http://127.0.0.1:{p}" for p in ports]
+    conns = {m: HttpConnection("127.0.0.1", p) for m, p in zip(monitors, ports)}
+    deltas = {m: DeltaState() for m in monitors}
     slot = start + random.random()
     while slot < end:
         await asyncio.sleep(max(0.0, slot - time.time()))
         now = time.time()
-        full = node.report(now)
-        body_dict, baseline = delta.compact(full) if protocol == "delta" else (full, None)
-        body = json.dumps(body_dict, separators=(",", ":")).encode()
-        in_window = window[0] <= now < window[1]
-        if in_window:
-            stats.sent += 1
-            stats.bytes_sent += len(body)
-            stats.full_reports += not body_dict.get("delta")
-        retry_after = 0.0
-        try:
-            status, answer = await asyncio.wait_for(conn.request("POST", "/api/v1/reports", body), POST_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
-            conn.close()
-            stats.failed += in_window
-            status = None
-        took = time.time() - now
-        if status == 202:
-            if baseline is not None:
-                delta.delivered(baseline, json.loads(answer))
-            if in_window:
-                stats.accepted += 1
-                stats.latencies.append(took)
-        elif status is not None:
-            if in_window:
-                stats.shed += status == 503
-                stats.failed += status != 503
-            if status == 503:
-                retry_after = 2.0  # what the monitor's Retry-After says by default
+        parts = split(node.report(now), monitors)
+        results = await asyncio.gather(*(post(conns[m], deltas[m], part, protocol, now, window, stats)
+                                         for m, part in parts.items()))
         # Like the agent: the next report is the newest one, at the next whole interval.
-        late = time.time() + retry_after - slot
+        late = time.time() + max(results) - slot
         slot += int(late) + 1 if late > 1 else 1
-    conn.close()
+    for conn in conns.values():
+        conn.close()
 
 
-def run_shard(nodes: list[SimulatedNode], host: str, port: int, protocol: str, start: float,
+async def post(conn: HttpConnection, delta: DeltaState, full: dict, protocol: str, now: float,
+               window: tuple[float, float], stats: LoadStats) -> float:
+    """Post one report; return the seconds the monitor asked to wait (503 Retry-After)."""
+    body_dict, baseline = delta.compact(full) if protocol == "delta" else (full, None)
+    body = json.dumps(body_dict, separators=(",", ":")).encode()
+    in_window = window[0] <= now < window[1]
+    if in_window:
+        stats.sent += 1
+        stats.bytes_sent += len(body)
+        stats.full_reports += not body_dict.get("delta")
+    try:
+        status, answer = await asyncio.wait_for(conn.request("POST", "/api/v1/reports", body), POST_TIMEOUT_S)
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
+        conn.close()
+        stats.failed += in_window
+        return 0.0
+    took = time.time() - now
+    if status == 202:
+        if baseline is not None:
+            delta.delivered(baseline, json.loads(answer))
+        if in_window:
+            stats.accepted += 1
+            stats.latencies.append(took)
+        return 0.0
+    if in_window:
+        stats.shed += status == 503
+        stats.failed += status != 503
+    return 2.0 if status == 503 else 0.0  # the monitor's default Retry-After
+
+
+def run_shard(nodes: list[SimulatedNode], ports: list[int], protocol: str, start: float,
               window: tuple[float, float], end: float) -> LoadStats:
     """Run these nodes until ``end`` (wall clock) in one event loop; the stats of the measured window."""
     stats = LoadStats()
 
     async def main() -> None:
-        await asyncio.gather(*(run_node(n, host, port, protocol, start, window, end, stats) for n in nodes))
+        await asyncio.gather(*(run_node(n, ports, protocol, start, window, end, stats) for n in nodes))
 
     try:
         import uvloop

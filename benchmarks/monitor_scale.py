@@ -1,9 +1,11 @@
 """How many ranks one monitor holds: simulated agents against a real uvicorn monitor.
 
     python benchmarks/monitor_scale.py --nodes 1250 [--ranks-per-job 64] [--protocol delta]
-        [--duration 60] [--warmup 15] [--monitor-cpus 0,1] [--load-procs 1] [--json out.json]
+        [--duration 60] [--warmup 15] [--monitor-cpus 0,1] [--monitors 1] [--load-procs 1] [--json out.json]
 
-Starts a real ``hangwatch-monitor`` (optionally pinned with ``taskset``), feeds it ``--nodes``
+Starts a real ``hangwatch-monitor`` (optionally pinned with ``taskset``; with ``--monitors N``,
+N of them sharded by job id the way agents given N ``--monitor`` URLs shard, each pinned to
+one CPU of ``--monitor-cpus`` in turn), feeds it ``--nodes``
 simulated nodes of 8 ranks (one report a second each, built by ``simulated_nodes`` from the
 wire schema; ``--protocol full`` replays what pre-delta agents send), probes the read
 endpoints the way people and Prometheus do, and injects a deadlock into one job a third of
@@ -38,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from load_client import HttpConnection, LoadStats, run_shard  # noqa: E402
 from simulated_nodes import RANKS_PER_NODE, check_against_schema, cluster  # noqa: E402
+
+from agent.shards import owner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -137,31 +141,35 @@ async def watch_deadlock(port: int, job: str, culprit: int, inject_at: float, un
         conn.close()
 
 
-async def observe(pid: int, port: int, db: Path, window: tuple[float, float], end: float, job: str, culprit: int,
-                  inject_at: float) -> dict:
+async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tuple[float, float], end: float,
+                  job: str, culprit: int, inject_at: float) -> dict:
     latencies: dict[str, list[float]] = {}
     sizes: dict[str, int] = {}
-    probes = [asyncio.create_task(probe(port, name, path.format(job=job), every, end, window, latencies, sizes))
-              for name, path, every in PROBES]
-    detect = asyncio.create_task(watch_deadlock(port, job, culprit, inject_at, end))
+    owner_port = ports[[f"http://127.0.0.1:{p}" for p in ports].index(owner(job, [f"http://127.0.0.1:{p}" for p in ports]))]
+    probes = [asyncio.create_task(probe(owner_port if "{job}" in path else port, name, path.format(job=job), every,
+                                        end, window, latencies, sizes))
+              for name, path, every in PROBES for port in ports if "{job}" not in path or port == ports[0]]
+    detect = asyncio.create_task(watch_deadlock(owner_port, job, culprit, inject_at, end))
     await asyncio.sleep(max(0.0, window[0] - time.time()))
-    cpu0, db0, peak = cpu_seconds(pid), db_bytes(db), 0
+    cpu0, db0, peak = sum(map(cpu_seconds, pids)), sum(map(db_bytes, dbs)), 0
     while time.time() < window[1]:
-        peak = max(peak, rss_bytes(pid))
+        peak = max(peak, sum(map(rss_bytes, pids)))
         await asyncio.sleep(1.0)
-    cpu1, db1 = cpu_seconds(pid), db_bytes(db)
+    cpu1, db1 = sum(map(cpu_seconds, pids)), sum(map(db_bytes, dbs))
     detected = await detect
     await asyncio.gather(*probes)
-    conn = HttpConnection("127.0.0.1", port)
-    _, metrics = await conn.request("GET", "/metrics")
-    conn.close()
-    own = [line for line in metrics.decode().splitlines() if line.startswith("hangwatch_monitor_")]
+    own = []
+    for port in ports:
+        conn = HttpConnection("127.0.0.1", port)
+        _, metrics = await conn.request("GET", "/metrics")
+        conn.close()
+        own += [f"{port}: {line}" for line in metrics.decode().splitlines() if line.startswith("hangwatch_monitor_")]
     return {"cpu_s": cpu1 - cpu0, "db_start": db0, "db_end": db1, "rss_peak": peak, "latencies": latencies,
             "sizes": sizes, "detected_s": detected, "monitor_metrics": own}
 
 
-def shard_main(conn, nodes, port, protocol, start, window, end) -> None:  # type: ignore[no-untyped-def]
-    stats = run_shard(nodes, "127.0.0.1", port, protocol, start, window, end)
+def shard_main(conn, nodes, ports, protocol, start, window, end) -> None:  # type: ignore[no-untyped-def]
+    stats = run_shard(nodes, ports, protocol, start, window, end)
     conn.send(stats)
     conn.close()
 
@@ -174,6 +182,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=15.0)
     parser.add_argument("--monitor-cpus", help="taskset CPU list for the monitor, e.g. 0,1")
+    parser.add_argument("--monitors", type=int, default=1, help="monitors sharded by job id (default 1)")
     parser.add_argument("--load-cpus", help="taskset CPU list for the load generator, e.g. 2-15")
     parser.add_argument("--load-procs", type=int, default=1, help="load generator processes")
     parser.add_argument("--port", type=int, default=18787)
@@ -187,10 +196,14 @@ def main() -> int:
     check_against_schema(nodes[-1], time.time())
     nodes = cluster(args.nodes, args.ranks_per_job)
     tmp = Path(tempfile.mkdtemp(prefix="hangwatch-scale-"))
-    db = tmp / "monitor.db"
-    monitor = start_monitor(args.port, db, args.monitor_cpus, args.monitor_arg)
+    ports = [args.port + i for i in range(args.monitors)]
+    dbs = [tmp / f"monitor-{i}.db" for i in range(args.monitors)]
+    cpus = args.monitor_cpus.split(",") if args.monitor_cpus and args.monitors > 1 else [args.monitor_cpus]
+    monitors = [start_monitor(port, db, cpus[i % len(cpus)], args.monitor_arg)
+                for i, (port, db) in enumerate(zip(ports, dbs))]
     try:
-        asyncio.run(wait_ready(args.port, time.time() + 30))
+        for port in ports:
+            asyncio.run(wait_ready(port, time.time() + 30))
         start = time.time() + 1.0
         window = (start + args.warmup, start + args.warmup + args.duration)
         end = window[1] + 2.0
@@ -204,25 +217,29 @@ def main() -> int:
         pipes, procs = [], []
         for i in range(args.load_procs):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=shard_main, args=(child, nodes[i::args.load_procs], args.port, args.protocol,
+            proc = ctx.Process(target=shard_main, args=(child, nodes[i::args.load_procs], ports, args.protocol,
                                                         start, window, end))
             proc.start()
             if args.load_cpus:
                 subprocess.run(["taskset", "-pc", args.load_cpus, str(proc.pid)], stdout=subprocess.DEVNULL, check=False)
             pipes.append(parent)
             procs.append(proc)
-        observed = asyncio.run(observe(monitor.pid, args.port, db, window, end, victim, culprit, inject_at))
+        observed = asyncio.run(observe([m.pid for m in monitors], ports, dbs, window, end, victim, culprit,
+                                       inject_at))
         stats = LoadStats()
         for parent, proc in zip(pipes, procs):
             stats.merge(parent.recv())
             proc.join()
     finally:
-        monitor.terminate()
-        monitor.wait(timeout=30)
-    figures = summarise(args, stats, observed, db)
-    log_lines = db.with_suffix(".log").read_text(errors="replace").splitlines()
-    if log_lines:
-        print(f"monitor log: {len(log_lines)} lines, the last ones:", *log_lines[-5:], sep="\n  ")
+        for monitor in monitors:
+            monitor.terminate()
+        for monitor in monitors:
+            monitor.wait(timeout=30)
+    figures = summarise(args, stats, observed)
+    for db in dbs:
+        log_lines = db.with_suffix(".log").read_text(errors="replace").splitlines()
+        if log_lines:
+            print(f"{db.stem} log: {len(log_lines)} lines, the last ones:", *log_lines[-5:], sep="\n  ")
     shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
@@ -235,14 +252,14 @@ def ms(value: float | None) -> str:
     return "timeout" if value == float("inf") else f"{value * 1000:.0f} ms"
 
 
-def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict, db: Path) -> dict:
+def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dict:
     duration = args.duration
     cores = len(args.monitor_cpus.split(",")) if args.monitor_cpus and "-" not in args.monitor_cpus else os.cpu_count()
     cpu_share = observed["cpu_s"] / duration / (cores or 1)
     per_report_ms = observed["cpu_s"] * 1000 / stats.accepted if stats.accepted else None
     growth_h = (observed["db_end"] - observed["db_start"]) / duration * 3600
     figures = {
-        "ranks": args.nodes * RANKS_PER_NODE, "nodes": args.nodes, "protocol": args.protocol,
+        "ranks": args.nodes * RANKS_PER_NODE, "nodes": args.nodes, "protocol": args.protocol, "monitors": args.monitors,
         "reports_per_s": stats.accepted / duration, "offered_per_s": stats.sent / duration,
         "shed": stats.shed, "failed": stats.failed, "mean_report_bytes": stats.bytes_sent / max(1, stats.sent),
         "full_reports": stats.full_reports,
@@ -257,7 +274,7 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict, db: Pa
         "monitor_metrics": observed["monitor_metrics"],
     }
     print(f"ranks {figures['ranks']} ({args.nodes} nodes x {RANKS_PER_NODE}, jobs of {args.ranks_per_job}), "
-          f"protocol {args.protocol}, {duration:.0f} s measured")
+          f"protocol {args.protocol}, {args.monitors} monitor(s), {duration:.0f} s measured")
     print(f"reports/s accepted {figures['reports_per_s']:.0f} of {figures['offered_per_s']:.0f} offered "
           f"(shed {stats.shed}, failed {stats.failed}); mean report {figures['mean_report_bytes'] / 1024:.1f} KiB, "
           f"{stats.full_reports} full")
@@ -266,7 +283,7 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict, db: Pa
         size = observed["sizes"].get(name)
         print(f"{name:28s} p50 {ms(percentile(values, 0.5)):>9s} p99 {ms(percentile(values, 0.99)):>9s} "
               f"({len(values)} probes, {size / 1024 if size else 0:.0f} KiB)")
-    print(f"monitor CPU {cpu_share * 100:.0f}% of {cores} cores; "
+    print(f"monitor CPU {cpu_share * 100:.0f}% of {cores} cores (all monitors); "
           f"{per_report_ms if per_report_ms is not None else float('nan'):.2f} CPU-ms per node report; "
           f"peak RSS {figures['rss_peak_mib']:.0f} MiB")
     print(f"database {figures['db_mib']:.1f} MiB, growth {figures['db_growth_mib_per_h']:.0f} MiB/h")
