@@ -1,8 +1,8 @@
 // Runs monitor/static/app.js under a tiny fake DOM with canned answers and prints what the
 // page would show. Used by test_page.py (no browser needed).
 //   node page_smoke.js app.js diagnose.json [routes.json]
-// routes.json maps other URLs the page fetches (a job's history) to their JSON answers;
-// any other URL answers 404.
+// routes.json maps URLs the page fetches (a job's history, a /diagnose view) to their JSON
+// answers; any other /diagnose URL answers diagnose.json, anything else 404.
 "use strict";
 const fs = require("fs");
 const vm = require("vm");
@@ -34,8 +34,9 @@ const context = {
   document, Node, console, JSON, Math, String, Object, Set, Map, Boolean, Error, Date, encodeURIComponent,
   fetch: async (url) => {
     fetched.push(url);
+    if (url in routes) return answer(200, routes[url]);
     if (url.startsWith("/diagnose")) return answer(200, data);
-    return url in routes ? answer(200, routes[url]) : answer(404, { detail: "not found" });
+    return answer(404, { detail: "not found" });
   },
   setTimeout: () => { timers += 1; },
 };

@@ -164,3 +164,28 @@ def test_history_timeline_shows_the_verdict_changes(
     history = card["history"]
     assert history.index("DEADLOCK") < history.index("HEALTHY")
     assert "rank 1" in history and "the job is deadlock" in history
+
+
+def test_a_cluster_shows_every_job_and_only_problem_jobs_in_full(
+    client: TestClient, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("monitor.diagnosis.diagnose", lambda job: Diagnosis(
+        "deadlock" if job.job_id == "job-07" else "healthy", (1,) if job.job_id == "job-07" else (), None, "x"))
+    for i in range(25):
+        client.post("/api/v1/reports", json=report(node=f"node-{i}", ranks=[rank(job_id=f"job-{i:02d}")],
+                                                   sent_at=clock.now))
+    urls = ["/diagnose?format=json&view=summary", "/diagnose?format=json&problems=1&limit=20"]
+    routes = {url: client.get(url).json() for url in urls}
+    routes["/api/v1/jobs/job-07/history"] = client.get("/api/v1/jobs/job-07/history").json()
+    answer = tmp_path / "diagnose.json"
+    answer.write_text(json.dumps({"jobs": [], "total_jobs": 0}))  # any other /diagnose URL: nothing
+    routes_file = tmp_path / "routes.json"
+    routes_file.write_text(json.dumps(routes))
+    result = subprocess.run(["node", str(Path(__file__).with_name("page_smoke.js")), str(STATIC_DIR / "app.js"),
+                             str(answer), str(routes_file)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert all(f"job-{i:02d}" in shown["overview"] for i in range(25))
+    assert list(shown["cards"]) == ["job-07"]
+    assert "24 more jobs without a problem" in shown["jobs"]
+    assert shown["fetched"][:2] == urls

@@ -1,0 +1,169 @@
+"""Delta reports and node snapshots, through the real app: what the monitor keeps, stores and asks for."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from monitor_reports import progress, rank, report, socket, stack
+from monitor_testkit import FakeClock, TestClient, monitor_of
+
+from monitor.app import create_app
+from monitor.settings import Settings
+from monitor.store import Store, open_store
+
+URL = "/api/v1/reports"
+
+
+def post(client: TestClient, body: dict) -> dict:
+    response = client.post(URL, json=body)
+    assert response.status_code == 202, response.text
+    return response.json()
+
+
+def full_rank(clock: FakeClock, **fields: object) -> dict:
+    return rank(rank=0, stack=stack(clock.now), env={"MASTER_PORT": "29500"},
+                sockets=[socket("10.0.0.2:41000", "10.0.0.1:29500")], **fields)
+
+
+def delta_rank(**fields: object) -> dict:
+    """What the agent sends for an unchanged rank: no stack, sockets null, env and cmdline empty."""
+    return rank(rank=0, stack=None, sockets=None, env={}, cmdline="", **fields)
+
+
+def test_a_delta_keeps_what_the_full_report_said(client: TestClient, clock: FakeClock) -> None:
+    assert post(client, report(ranks=[full_rank(clock)], sent_at=clock.now))["send_full"] is False
+    clock.advance(1)
+    answer = post(client, report(ranks=[delta_rank(cpu_percent=3.0)], sent_at=clock.now, host=None, delta=True))
+    assert answer["delta"] is True and answer["send_full"] is False
+    [result] = monitor_of(client).results()
+    [view] = result.view.ranks
+    assert view.cpu_percent == 3.0  # the news in the delta
+    assert view.stack is not None and view.stack.frames  # kept from the full report
+    assert [(s.remote, s.state) for s in view.sockets] == [("10.0.0.1:29500", "ESTABLISHED")]
+    assert dict(view.env) == {"MASTER_PORT": "29500"}
+    assert result.view.hosts["node-a"].cpu_model == "Test CPU"
+
+
+def test_a_delta_from_a_node_without_a_full_report_asks_for_one(client: TestClient, clock: FakeClock) -> None:
+    # As after a monitor restart: the agent does not know, and sends a delta.
+    body = report(ranks=[delta_rank()], sent_at=clock.now, host=None, delta=True)
+    assert post(client, body)["send_full"] is True
+    clock.advance(1)
+    assert post(client, dict(body, sent_at=clock.now))["send_full"] is True  # asked again until one comes
+    clock.advance(1)
+    assert post(client, report(ranks=[full_rank(clock)], sent_at=clock.now))["send_full"] is False
+    clock.advance(1)
+    assert post(client, dict(body, sent_at=clock.now))["send_full"] is False
+
+
+def test_a_full_report_is_asked_for_when_the_snapshot_is_due(client: TestClient, clock: FakeClock,
+                                                             settings: Settings, store: Store) -> None:
+    post(client, report(ranks=[full_rank(clock)], sent_at=clock.now))
+    delta = report(ranks=[delta_rank()], host=None, delta=True)
+    clock.advance(1)
+    assert post(client, dict(delta, sent_at=clock.now))["send_full"] is False
+    clock.advance(settings.snapshot_interval_s * 1.2)  # past the node's spread interval
+    assert post(client, dict(delta, sent_at=clock.now))["send_full"] is True
+    assert store.count_snapshots() == 1
+    post(client, report(ranks=[full_rank(clock)], sent_at=clock.now))
+    assert store.count_snapshots() == 2
+
+
+def test_an_agent_sending_full_reports_is_stored_once_per_interval(client: TestClient, clock: FakeClock,
+                                                                    settings: Settings, store: Store) -> None:
+    seconds = int(settings.snapshot_interval_s * 2.5)
+    for _ in range(seconds):
+        post(client, report(ranks=[full_rank(clock)], sent_at=clock.now))
+        clock.advance(1)
+    # One snapshot per 0.8-1.2 intervals (spread per node), never one per report.
+    assert 2 <= store.count_snapshots() <= 4
+    assert monitor_of(client).reports_total == seconds
+
+
+def test_rejected_and_shed_reports_store_nothing(client: TestClient, clock: FakeClock, store: Store) -> None:
+    post(client, report(ranks=[full_rank(clock)], sent_at=clock.now))
+    guard = client.app.state.load_guard
+    guard.note_lag(5.0, time.monotonic())  # far behind (for the next second): shed what can wait
+    clock.advance(1)
+    response = client.post(URL, json=report(ranks=[full_rank(clock, cpu_percent=1.0)], sent_at=clock.now))
+    assert response.status_code == 503
+    assert int(response.headers["retry-after"]) >= 1
+    assert guard.shed_total == 1
+    assert monitor_of(client).reports_total == 1 and store.count_snapshots() == 1
+    # A node the monitor has not heard from lately always gets in.
+    assert client.post(URL, json=report(node="node-b", sent_at=clock.now)).status_code == 202
+
+
+def test_the_old_reports_table_becomes_snapshots(tmp_path: Path, clock: FakeClock) -> None:
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE reports (id INTEGER PRIMARY KEY AUTOINCREMENT, node TEXT NOT NULL, "
+                 "received_at REAL NOT NULL, body TEXT NOT NULL)")
+    for i in range(3):
+        body = report(ranks=[rank(job_id="old-job", step=i)], sent_at=clock.now - 10 + i)
+        conn.execute("INSERT INTO reports (node, received_at, body) VALUES (?, ?, ?)",
+                     ("node-a", clock.now - 10 + i, json.dumps(body)))
+    conn.commit()
+    conn.close()
+    settings = Settings.from_raw({"db": db, "tick_interval_s": 0})
+    store = open_store(settings, clock)
+    try:
+        assert store.count_snapshots() == 1  # the newest report of each node
+        monitor = create_app(settings, store, clock=clock).state.monitor
+        assert [r.view.job_id for r in monitor.results()] == ["old-job"]
+    finally:
+        store.close()
+    tables = {name for (name,) in sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "reports" not in tables
+
+
+@pytest.fixture
+def ticking_client(tmp_path: Path, clock: FakeClock) -> Iterator[TestClient]:
+    """A monitor whose reads use the passes (a background tick is configured, but driven by hand here)."""
+    settings = Settings.from_raw({"db": tmp_path / "m.db", "tick_interval_s": 3600})
+    store = open_store(settings, clock)
+    try:
+        with TestClient(create_app(settings, store, clock=clock)) as client:
+            yield client
+    finally:
+        store.close()
+
+
+def advancing(clock: FakeClock, step: int, **fields: object) -> dict:
+    recent = [(clock.now - 0.5, step - 1), (clock.now, step)]
+    return report(ranks=[rank(rank=r, progress=progress(step, step, recent), **fields) for r in (0, 1)],
+                  sent_at=clock.now)
+
+
+def test_a_healthy_advancing_job_is_refreshed_every_few_seconds(ticking_client: TestClient, clock: FakeClock) -> None:
+    monitor = monitor_of(ticking_client)
+    post(ticking_client, advancing(clock, 10))
+    monitor.tick()
+    [first] = monitor.results()
+    assert first.diagnosis.verdict == "healthy"
+    clock.advance(1)
+    post(ticking_client, advancing(clock, 11, cpu_percent=50.0))
+    monitor.tick()
+    assert monitor.results()[0] is first  # nothing that could change the verdict: not re-diagnosed
+    clock.advance(5)
+    post(ticking_client, advancing(clock, 16, cpu_percent=50.0))
+    monitor.tick()
+    [refreshed] = monitor.results()
+    assert refreshed is not first and refreshed.view.ranks[0].cpu_percent == 50.0
+
+
+def test_an_exit_is_diagnosed_at_once_on_a_healthy_job(ticking_client: TestClient, clock: FakeClock) -> None:
+    monitor = monitor_of(ticking_client)
+    post(ticking_client, advancing(clock, 10))
+    monitor.tick()
+    clock.advance(0.5)
+    body = advancing(clock, 11)
+    body["ranks"][1].update(alive=False, exit={"at": clock.now, "code": 1, "source": "proc"})
+    post(ticking_client, body)
+    [result] = monitor.results()  # a read, before any pass
+    assert result.diagnosis.verdict == "rank_exited" and result.diagnosis.culprit_ranks == (1,)
