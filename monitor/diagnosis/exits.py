@@ -23,6 +23,9 @@ PEER_LOST = re.compile(
 # pidfd wake-ups (millisecond-exact), and peers of a dead gloo rank end 0.1-0.7 s
 # later, sometimes before their "Connection reset" line has been read from the log.
 SAME_MOMENT_S = 0.05
+# A SIGTERM this long after another rank's end is the launcher's teardown (exit times of one
+# node are pidfd-exact; across nodes they carry the millisecond jitter of the clock shift).
+TEARDOWN_AFTER_S = 0.005
 
 
 def is_consequence(rank: RankView, first_end: float) -> bool:
@@ -33,8 +36,9 @@ def is_consequence(rank: RankView, first_end: float) -> bool:
         return True
     if rank.error_file_message and PEER_LOST.search(rank.error_file_message):
         return True
-    # SIGTERM/SIGINT after another rank ended: the launcher tearing the group down.
-    return exit_.signal in (signals.SIGTERM, signals.SIGINT) and exit_.at > first_end + 0.05
+    # SIGTERM/SIGINT after another rank ended: the launcher tearing the group down. torchrun
+    # polls its workers every 0.1 s, so its SIGTERM can follow the first end by 10-30 ms.
+    return exit_.signal in (signals.SIGTERM, signals.SIGINT) and exit_.at > first_end + TEARDOWN_AFTER_S
 
 
 def first_causes(ended: list[RankView]) -> list[RankView]:
