@@ -102,7 +102,7 @@ async def wait_ready(port: int, deadline: float) -> None:
 
 
 async def probe(port: int, name: str, path: str, every: float, until: float, window: tuple[float, float],
-                latencies: dict[str, list[float]], sizes: dict[str, int]) -> None:
+                latencies: dict[str, list[float]], sizes: dict[str, int], lags: list[float]) -> None:
     conn = HttpConnection("127.0.0.1", port)
     while time.time() < until:
         started = time.time()
@@ -117,6 +117,10 @@ async def probe(port: int, name: str, path: str, every: float, until: float, win
         if window[0] <= started < window[1]:
             latencies.setdefault(name, []).append(took if status == 200 else float("inf"))
             sizes[name] = len(body)
+            if path == "/metrics" and status == 200:
+                # The monitor's own view of being behind: its event loop's lag over the last second.
+                lags += [float(line.split()[-1]) for line in body.decode().splitlines()
+                         if line.startswith("hangwatch_monitor_event_loop_lag_seconds ")]
         await asyncio.sleep(max(0.0, every - took))
     conn.close()
 
@@ -145,9 +149,10 @@ async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tu
                   job: str, culprit: int, inject_at: float) -> dict:
     latencies: dict[str, list[float]] = {}
     sizes: dict[str, int] = {}
+    lags: list[float] = []
     owner_port = ports[[f"http://127.0.0.1:{p}" for p in ports].index(owner(job, [f"http://127.0.0.1:{p}" for p in ports]))]
     probes = [asyncio.create_task(probe(owner_port if "{job}" in path else port, name, path.format(job=job), every,
-                                        end, window, latencies, sizes))
+                                        end, window, latencies, sizes, lags))
               for name, path, every in PROBES for port in ports if "{job}" not in path or port == ports[0]]
     detect = asyncio.create_task(watch_deadlock(owner_port, job, culprit, inject_at, end))
     await asyncio.sleep(max(0.0, window[0] - time.time()))
@@ -165,7 +170,7 @@ async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tu
         conn.close()
         own += [f"{port}: {line}" for line in metrics.decode().splitlines() if line.startswith("hangwatch_monitor_")]
     return {"cpu_s": cpu1 - cpu0, "db_start": db0, "db_end": db1, "rss_peak": peak, "latencies": latencies,
-            "sizes": sizes, "detected_s": detected, "monitor_metrics": own}
+            "sizes": sizes, "detected_s": detected, "monitor_metrics": own, "lags": lags}
 
 
 def shard_main(conn, nodes, ports, protocol, start, window, end) -> None:  # type: ignore[no-untyped-def]
@@ -269,6 +274,8 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
                              "count": len(v), "bytes": observed["sizes"].get(name)}
                       for name, v in observed["latencies"].items()},
         "monitor_cpu_share": cpu_share, "monitor_cores": cores, "cpu_ms_per_report": per_report_ms,
+        "loop_lag_p50_ms": (percentile(observed["lags"], 0.5) or 0) * 1000,
+        "loop_lag_max_ms": max(observed["lags"], default=0) * 1000,
         "rss_peak_mib": observed["rss_peak"] / 2**20, "db_mib": observed["db_end"] / 2**20,
         "db_growth_mib_per_h": growth_h / 2**20, "deadlock_detected_s": observed["detected_s"],
         "monitor_metrics": observed["monitor_metrics"],
@@ -278,7 +285,11 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
     print(f"reports/s accepted {figures['reports_per_s']:.0f} of {figures['offered_per_s']:.0f} offered "
           f"(shed {stats.shed}, failed {stats.failed}); mean report {figures['mean_report_bytes'] / 1024:.1f} KiB, "
           f"{stats.full_reports} full")
-    print(f"ingest p50 {ms(percentile(stats.latencies, 0.5))} p99 {ms(percentile(stats.latencies, 0.99))}")
+    print(f"ingest p50 {ms(percentile(stats.latencies, 0.5))} p99 {ms(percentile(stats.latencies, 0.99))} "
+          "(seen by the load generator, its own scheduling delay included)")
+    lags = observed["lags"]
+    print(f"monitor event-loop lag (its own metric, per scrape): p50 {ms(percentile(lags, 0.5))}, "
+          f"max {ms(max(lags) if lags else None)}")
     for name, values in observed["latencies"].items():
         size = observed["sizes"].get(name)
         print(f"{name:28s} p50 {ms(percentile(values, 0.5)):>9s} p99 {ms(percentile(values, 0.99)):>9s} "

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from monitor.present import job_dict
+from monitor.present import job_dict, job_head
 from monitor.service import JobResult
 from monitor.state import JobTrack
 
@@ -29,14 +29,9 @@ VIEWS = ("full", "summary")
 
 
 def summary_dict(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]:
-    view, d = result.view, result.diagnosis
+    view = result.view
     return {
-        "job_id": view.job_id,
-        "aliases": sorted(track.aliases) if track is not None else [],
-        "verdict": d.verdict,
-        "culprit_ranks": list(d.culprit_ranks),
-        "since": d.since,
-        "summary": d.summary,
+        **job_head(result, track),
         "world_size": view.world_size,
         "ranks_seen": len(view.ranks),
         "nodes": len(view.hosts),

@@ -16,6 +16,20 @@ from monitor.state import JobTrack
 STACK_GROUP_DEPTH = 8
 
 
+def job_head(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]:
+    """What every view of a job starts with: who it is and its verdict."""
+    d = result.diagnosis
+    return {
+        "job_id": result.view.job_id,
+        # The same job as other nodes named it (a host name here, an address there).
+        "aliases": sorted(track.aliases) if track is not None else [],
+        "verdict": d.verdict,
+        "culprit_ranks": list(d.culprit_ranks),
+        "since": d.since,
+        "summary": d.summary,
+    }
+
+
 def job_dict(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]:
     """The job as JSON data; with its ``track``, each rank also gets its ``progress`` points."""
     view, d = result.view, result.diagnosis
@@ -23,13 +37,7 @@ def job_dict(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]
     job_last = view.job_progress_times[-1] if view.job_progress_times else None
     progress = progress_series(track) if track is not None else {}
     return {
-        "job_id": view.job_id,
-        # The same job as other nodes named it (a host name here, an address there).
-        "aliases": sorted(track.aliases) if track is not None else [],
-        "verdict": d.verdict,
-        "culprit_ranks": list(d.culprit_ranks),
-        "since": d.since,
-        "summary": d.summary,
+        **job_head(result, track),
         "evidence": list(d.evidence),
         "hints": list(d.hints),
         "ranks": [

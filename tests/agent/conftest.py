@@ -124,11 +124,14 @@ def run_agent_once(*args: str, timeout: float = 30) -> dict:
 
 
 class Receiver:
-    """A tiny monitor stand-in on 127.0.0.1 that stores every report it gets."""
+    """A tiny monitor stand-in on 127.0.0.1: stores every report it gets, answers what it is told
+    (``status``, extra ``headers``, the JSON ``answer``)."""
 
     def __init__(self, status: int = 200):
         self.reports: list[dict] = []
         self.status = status
+        self.headers: dict[str, str] = {}
+        self.answer: dict = {}
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -136,17 +139,22 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["content-length"]))
                 if self.path == "/api/v1/reports":
                     outer.reports.append(json.loads(body))
+                payload = json.dumps(outer.answer).encode()
                 self.send_response(outer.status)
-                self.send_header("content-length", "2")
+                for name, value in outer.headers.items():
+                    self.send_header(name, value)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(b"{}")
+                self.wfile.write(payload)
 
             def log_message(self, *args):
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # A short poll keeps shutdown() quick.
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
     def wait_for(self, predicate, timeout: float = 15.0) -> dict:
@@ -161,6 +169,7 @@ class Receiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        self.thread.join(timeout=5)
 
 
 @pytest.fixture

@@ -5,17 +5,15 @@ and deltas once the monitor says it takes them."""
 from __future__ import annotations
 
 import copy
-import json
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from agent.sender import Sender, ShardedSender
 from agent.shards import owner, split
 from monitor.wire import Report
+from tests.agent.conftest import Receiver
 from tests.monitor.monitor_reports import launcher, orphan, rank, report, stack
 
 M2 = ["http://monitor-a:8080", "http://monitor-b:8080"]
@@ -163,52 +161,13 @@ def test_split_leaves_the_report_alone():
 # --- the senders against loopback monitors ----------------------------------------------------
 
 
-class Monitor:
-    """A monitor stand-in on 127.0.0.1: stores every report, answers what it is told."""
-
-    def __init__(self) -> None:
-        self.reports: list[dict] = []
-        self.status = 200
-        self.headers: dict[str, str] = {}
-        self.answer: dict = {}
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = self.rfile.read(int(self.headers["content-length"]))
-                if self.path == "/api/v1/reports":
-                    outer.reports.append(json.loads(body))
-                payload = json.dumps(outer.answer).encode()
-                self.send_response(outer.status)
-                for name, value in outer.headers.items():
-                    self.send_header(name, value)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        # A short poll keeps shutdown() quick.
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
-
-
 @pytest.fixture
-def serve() -> Iterator[Callable[[], Monitor]]:
+def serve() -> Iterator[Callable[[], Receiver]]:
     """Starts monitor stand-ins on demand; all are closed at the end."""
-    started: list[Monitor] = []
+    started: list[Receiver] = []
 
-    def start() -> Monitor:
-        started.append(Monitor())
+    def start() -> Receiver:
+        started.append(Receiver())
         return started[-1]
 
     try:
