@@ -1,11 +1,12 @@
 """The ``hangwatch`` command: a live demo, and /diagnose for a person at a terminal.
 
     hangwatch demo deadlock|straggler|exit|slow|stopped|killed|collective|ddp|async|rendezvous|finish
-    hangwatch diagnose [--monitor URL] [--json] [--job ID]
-    hangwatch status [--monitor URL] [--job ID]
+    hangwatch diagnose [--monitor URL ...] [--json] [--job ID]
+    hangwatch status [--monitor URL ...] [--job ID]
 
 ``diagnose`` and ``status`` exit 0 when every job is healthy or finished, 1 when a job has
-any other verdict, 2 when the monitor cannot be reached (or on bad options).
+any other verdict, 2 when a monitor cannot be reached (or on bad options). With monitors
+sharded by job id (docs/scaling.md), give every one: their jobs are shown together.
 """
 
 from __future__ import annotations
@@ -154,13 +155,36 @@ def _fetch(url: str, params: dict) -> "httpx.Response":  # noqa: F821
     return httpx.get(url, params=params, timeout=10.0)
 
 
+class Unreachable(Exception):
+    def __init__(self, monitor: str, error: Exception) -> None:
+        super().__init__(f"monitor {monitor} unreachable: {error or type(error).__name__}")
+        self.monitor = monitor
+
+
 def _jobs(monitor: str, job: str | None) -> list[dict]:
+    import httpx
+
     params = {"format": "json"}
     if job:
         params["job"] = job
-    r = _fetch(monitor + "/diagnose", params)
-    r.raise_for_status()
+    try:
+        r = _fetch(monitor + "/diagnose", params)
+        r.raise_for_status()
+    except httpx.HTTPError as e:
+        raise Unreachable(monitor, e) from None
     return r.json().get("jobs", [])
+
+
+def _jobs_of(monitors: list[str], job: str | None) -> dict[str, list[dict]]:
+    """Each monitor's jobs (sharded monitors each hold a share); raises Unreachable for any."""
+    return {m: _jobs(m, job) for m in monitors}
+
+
+def _merged(by_monitor: dict[str, list[dict]]) -> list[dict]:
+    jobs = [j for found in by_monitor.values() for j in found]
+    if len(by_monitor) > 1:  # each answer is most recently active first: keep that across monitors
+        jobs.sort(key=lambda j: -(j.get("last_report_at") or 0.0))
+    return jobs
 
 
 def _exit_code(jobs: list[dict]) -> int:
@@ -170,23 +194,36 @@ def _exit_code(jobs: list[dict]) -> int:
 def cmd_diagnose(args) -> int:
     import httpx
 
+    monitors = _monitors(args)
     try:
-        jobs = _jobs(args.monitor, args.job)
+        by_monitor = _jobs_of(monitors, args.job)
+        jobs = _merged(by_monitor)
         if args.job and not jobs:
-            print(f"hangwatch: no job {args.job!r} at {args.monitor}", file=sys.stderr)
+            print(f"hangwatch: no job {args.job!r} at {', '.join(monitors)}", file=sys.stderr)
             return 2
         if args.json:
             print(json.dumps({"jobs": jobs}, indent=2))
         else:
             params = {"job": args.job} if args.job else {}
-            r = _fetch(args.monitor + "/diagnose", params)
-            r.raise_for_status()
-            text = paint_verdicts_in(r.text, wants_colour(sys.stdout, args.color))
-            sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    except httpx.HTTPError as e:
-        print(f"hangwatch: monitor {args.monitor} unreachable: {e or type(e).__name__}", file=sys.stderr)
+            # The monitors that hold jobs (or the only one, which then says it has none).
+            asked = [m for m, found in by_monitor.items() if found] or monitors[:1]
+            texts = []
+            for monitor in asked:
+                try:
+                    r = _fetch(monitor + "/diagnose", params)
+                    r.raise_for_status()
+                except httpx.HTTPError as e:
+                    raise Unreachable(monitor, e) from None
+                texts.append(r.text if r.text.endswith("\n") else r.text + "\n")
+            sys.stdout.write(paint_verdicts_in("\n".join(texts), wants_colour(sys.stdout, args.color)))
+    except Unreachable as e:
+        print(f"hangwatch: {e}", file=sys.stderr)
         return 2
     return _exit_code(jobs)
+
+
+def _monitors(args) -> list[str]:
+    return list(dict.fromkeys(args.monitor or [args.default_monitor]))
 
 
 def _ago(since: float | None) -> str:
@@ -196,12 +233,10 @@ def _ago(since: float | None) -> str:
 
 
 def cmd_status(args) -> int:
-    import httpx
-
     try:
-        jobs = _jobs(args.monitor, args.job)
-    except httpx.HTTPError as e:
-        print(f"hangwatch: monitor {args.monitor} unreachable: {e or type(e).__name__}", file=sys.stderr)
+        jobs = _merged(_jobs_of(_monitors(args), args.job))
+    except Unreachable as e:
+        print(f"hangwatch: {e}", file=sys.stderr)
         return 2
     if not jobs:
         print("no jobs" if not args.job else f"no job {args.job!r}")
@@ -220,8 +255,8 @@ def cmd_status(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hangwatch", description="hangwatch: live hang detection for distributed PyTorch training")
+    p.set_defaults(default_monitor=os.environ.get("HANGWATCH_MONITOR", DEFAULT_MONITOR))
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
-    monitor_default = os.environ.get("HANGWATCH_MONITOR", DEFAULT_MONITOR)
 
     d = sub.add_parser("demo", help="a real 2-rank gloo job that goes wrong, diagnosed live")
     d.add_argument("case", choices=CASE_NAMES, metavar="CASE", help=" | ".join(CASE_NAMES))
@@ -232,17 +267,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--stall-step", type=int, default=40, help="the step at which things go wrong (default 40)")
     d.add_argument("--workdir", default=None, help="keep the job logs and the monitor db here")
 
+    monitor_help = (f"monitor URL (default $HANGWATCH_MONITOR or {DEFAULT_MONITOR}); repeat for monitors "
+                    "sharded by job id")
     g = sub.add_parser("diagnose", help="print the monitor's /diagnose")
-    g.add_argument("--monitor", type=_url, default=monitor_default,
-                   help=f"monitor URL (default $HANGWATCH_MONITOR or {DEFAULT_MONITOR})")
+    g.add_argument("--monitor", type=_url, action="append", help=monitor_help)
     g.add_argument("--json", action="store_true", help="JSON instead of text")
     g.add_argument("--job", default=None, help="only this job id")
     g.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the verdicts: auto = only on a terminal (default)")
 
     s = sub.add_parser("status", help="one line per job")
-    s.add_argument("--monitor", type=_url, default=monitor_default,
-                   help=f"monitor URL (default $HANGWATCH_MONITOR or {DEFAULT_MONITOR})")
+    s.add_argument("--monitor", type=_url, action="append", help=monitor_help)
     s.add_argument("--job", default=None, help="only this job id")
     s.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the verdicts: auto = only on a terminal (default)")

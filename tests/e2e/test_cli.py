@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -119,3 +120,44 @@ def test_demo_killed_shows_verdict_and_cleans_up():
     assert not psutil.pid_exists(rank_pid) or psutil.Process(rank_pid).status() == psutil.STATUS_ZOMBIE
     listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
     assert port not in listening
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(150)
+def test_sharded_monitors_one_job_each_place_and_one_view(reaper, tmp_path):
+    """An agent given two monitors sends a real job to its owner only; the CLI shows both monitors' jobs."""
+    from agent.shards import owner
+    from hangwatch.harness import MonitorClient, launch_torchrun, start_agent, start_monitor
+
+    monitors = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        monitors.append(start_monitor(reaper, tmp_path / name))
+    urls = [m.url for m in monitors]
+    port = free_port()
+    job_id = f"127.0.0.1:{port}"
+    start_agent(reaper, tmp_path, urls[0], extra=["--monitor", urls[1], "--job", job_id])
+    launch_torchrun(reaper, tmp_path, ["--steps", "100000"], port=port)
+    home = MonitorClient(owner(job_id, urls))
+    other = MonitorClient(next(u for u in urls if u != owner(job_id, urls)))
+    try:
+        deadline = time.monotonic() + 90
+        found = None
+        while time.monotonic() < deadline:
+            found = home.job(job_id)
+            if found and found["verdict"] == "healthy" and len(found["ranks"]) == 2:
+                break
+            time.sleep(0.5)
+        assert found and found["verdict"] == "healthy" and len(found["ranks"]) == 2, found
+        assert other.job(job_id) is None  # the other monitor never got the job's ranks
+    finally:
+        home.close()
+        other.close()
+
+    res = run("status", "--monitor", urls[0], "--monitor", urls[1], "--job", job_id)
+    assert res.returncode == 0, res
+    assert job_id in res.stdout and "HEALTHY" in res.stdout
+    res = run("diagnose", "--monitor", urls[0], "--monitor", urls[1], "--json")
+    assert [j["job_id"] for j in json.loads(res.stdout)["jobs"]] == [job_id]
+    res = run("diagnose", "--monitor", urls[0], "--monitor", f"http://127.0.0.1:{free_port()}")
+    assert res.returncode == 2 and "unreachable" in res.stderr
