@@ -62,10 +62,11 @@ class IngestAnswer:
 class Monitor:
     """State, diagnosis and persistence behind every route.
 
-    Diagnosis runs in passes: the background tick diagnoses every job (verdicts change
-    with time alone), and a read re-diagnoses only the jobs reports changed since, while
-    they are few (``fresh_read_ranks``); past that, reads answer from the last pass, at
-    most one tick old. Reads thus cost the same whether 10 or 10,000 ranks report.
+    Diagnosis runs in passes: the background tick diagnoses every job that may have changed
+    (verdicts change with time alone; a healthy, advancing job only every REFRESH_S unless
+    its lifecycle changed), and a read re-diagnoses only the jobs reports changed since,
+    while they are few (``fresh_read_ranks``); past that, reads answer from the last pass,
+    at most about a tick old. Reads thus cost the same whether 10 or 10,000 ranks report.
     With the tick off (``tick_interval_s`` 0, the tests) every read diagnoses anew.
     """
 
