@@ -97,7 +97,6 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     if not os.path.isdir(args.proc_root):
         raise UsageError(f"--proc-root {args.proc_root!r} is not a directory")
     config = Config(
-        monitor=args.monitor[0] if args.monitor else None,
         monitors=tuple(dict.fromkeys(args.monitor)),
         interval=args.interval,
         node=args.node or default_node_name(),

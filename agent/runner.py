@@ -42,8 +42,7 @@ VANISHED = (FileNotFoundError, ProcessLookupError)
 
 @dataclass(frozen=True)
 class Config:
-    monitor: str | None
-    # Every monitor given (sharded by job id); ``monitor`` is the first.
+    # Every monitor given (sharded by job id, agent/shards.py).
     monitors: tuple[str, ...] = ()
     interval: float = 1.0
     node: str = "node"
@@ -54,6 +53,11 @@ class Config:
     stacks: bool = True
     jobs: frozenset[str] = frozenset()
     own_pid_namespace: bool = False
+
+    @property
+    def monitor(self) -> str | None:
+        """The first monitor given (the only one, unless sharded)."""
+        return self.monitors[0] if self.monitors else None
 
 
 @dataclass

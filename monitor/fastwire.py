@@ -19,7 +19,6 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
 import msgspec
-import pydantic
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
@@ -110,8 +109,4 @@ def decode_report(body: bytes | str) -> Any:
     return msgspec.convert(model.model_dump(mode="python"), Report)
 
 
-def to_builtins(report: Any) -> Any:
-    return msgspec.to_builtins(report)
-
-
-__all__ = ["Report", "decode_report", "struct_for", "pydantic"]
+__all__ = ["Report", "decode_report", "struct_for"]

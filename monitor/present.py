@@ -5,7 +5,7 @@ The text report and the web page render from this same data.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
@@ -178,9 +178,3 @@ def rank_dict(
         # Recent [time, step] points (monitor clock), oldest first, for the page's chart.
         "progress": progress or [],
     }
-
-
-def diagnose_dict(results: list[JobResult], tracks: Mapping[str, JobTrack] | None = None) -> dict[str, Any]:
-    """``tracks`` (the monitor's jobs by id) add each rank's progress points."""
-    tracks = tracks or {}
-    return {"jobs": [job_dict(r, tracks.get(r.view.job_id)) for r in results]}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Annotated, Any, Literal
 
@@ -11,7 +10,8 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from monitor.answers import answer_bytes, select
+from monitor.answers import answer_bytes, select, summary_dict
+from monitor.present import job_dict
 from monitor.render_text import render_monitor_status, render_text
 from monitor.routes.deps import MonitorDep
 from monitor.service import Monitor
@@ -55,7 +55,7 @@ async def get_diagnose(
     cache = request.app.state.answers
     cache.forget_missing(monitor.state.jobs)
     headers = {"Cache-Control": "no-store"}
-    if format == "json" or view == "summary":
+    if format == "json":
         pieces = []
         step_started = time.perf_counter()
         for result in chosen:
@@ -63,12 +63,12 @@ async def get_diagnose(
             if time.perf_counter() - step_started >= STEP_S:
                 await asyncio.sleep(0)
                 step_started = time.perf_counter()
-        body = answer_bytes(pieces, total, status)
-        if format == "json":
-            return Response(body, media_type="application/json", headers=headers)
-        jobs = json.loads(body)["jobs"]
-        return PlainTextResponse(render_monitor_status(status) + render_summary_text(jobs), headers=headers)
-    jobs = [json.loads(cache.job_bytes(r, monitor.state.jobs.get(r.view.job_id), "full")) for r in chosen]
+        return Response(answer_bytes(pieces, total, status), media_type="application/json", headers=headers)
+    # Text is for a person: built from the same data, not cached.
+    if view == "summary":
+        summaries = [summary_dict(r, monitor.state.jobs.get(r.view.job_id)) for r in chosen]
+        return PlainTextResponse(render_monitor_status(status) + render_summary_text(summaries), headers=headers)
+    jobs = [job_dict(r, monitor.state.jobs.get(r.view.job_id)) for r in chosen]
     text = render_monitor_status(status) + render_text(jobs, now)
     if job is not None and not jobs:
         text = f"hangwatch: no job {job!r}\n"

@@ -401,7 +401,7 @@ def test_agent_puts_injected_nvml_gpus_into_rank_reports(ranks):
         {"uuid": "GPU-0", "name": "NVIDIA H100", "util": 0, "used": 1 << 30, "procs": {r0.pid: 3 << 30}},
         {"uuid": "GPU-1", "name": "NVIDIA H100", "util": 98, "used": 7 << 30, "procs": {}},
     ])
-    agent = Agent(Config(monitor=None, stacks=False, jobs=frozenset({ranks.job})), gpus=GpuCollector(nvml=nvml))
+    agent = Agent(Config(stacks=False, jobs=frozenset({ranks.job})), gpus=GpuCollector(nvml=nvml))
     agent.discovery.self_pid = -1  # the ranks are this test's children, not the agent's helpers
     agent.start()
     try:
