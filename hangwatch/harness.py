@@ -414,8 +414,10 @@ class MonitorClient:
                          culprits: Sequence[int] | None = None,
                          observations: list[Observation] | None = None,
                          on_poll: Callable[[dict | None], None] | None = None,
-                         context: Callable[[], str] | None = None, poll: float = 0.25) -> dict:
-        """Poll ``/diagnose?format=json`` until the job has ``verdict`` (and these culprits).
+                         context: Callable[[], str] | None = None, poll: float = 0.25,
+                         where: Callable[[dict], bool] | None = None) -> dict:
+        """Poll ``/diagnose?format=json`` until the job has ``verdict`` (and these culprits,
+        and ``where(job)`` holds: evidence can arrive a poll after the verdict).
 
         Returns the job dict; raises VerdictTimeout showing the last answer otherwise.
         ``observations`` (if given) receives every answer seen, with its time.
@@ -439,12 +441,14 @@ class MonitorClient:
             if on_poll:
                 on_poll(job)
             if job and job.get("verdict") == verdict and (
-                    want is None or sorted(job.get("culprit_ranks", [])) == want):
+                    want is None or sorted(job.get("culprit_ranks", [])) == want) and (
+                    where is None or where(job)):
                 return job
             if time.monotonic() >= end:
                 shown = json.dumps(last, indent=1) if last else "(the monitor never listed this job)"
                 msg = (f"job {job_id}: no verdict {verdict!r}"
-                       f"{f' with culprits {want}' if want is not None else ''} within {timeout}s; "
+                       f"{f' with culprits {want}' if want is not None else ''}"
+                       f"{' meeting the condition' if where is not None else ''} within {timeout}s; "
                        f"last answer:\n{shown}")
                 if error:
                     msg += f"\nlast error: {error}"

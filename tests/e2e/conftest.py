@@ -101,14 +101,15 @@ def plain_job(reaper: Reaper, tmp_path: Path, agent: Service) -> Callable[..., J
 
 @pytest.fixture
 def wait_for_verdict(client: MonitorClient, monitor: Service, agent: Service) -> Callable[..., dict]:
-    """``wait_for_verdict(job, verdict, timeout=VERDICT_TIMEOUT, culprits=None)`` -> the job dict.
+    """``wait_for_verdict(job, verdict, timeout=VERDICT_TIMEOUT, culprits=None, where=None)`` -> the job dict.
 
     ``job`` is a Job or a job id. On timeout the test fails showing the last answer, the
     job's log tail and the agent's and monitor's log tails.
     """
 
     def wait(job: Job | str, verdict: str, timeout: float = VERDICT_TIMEOUT, *,
-             culprits: Sequence[int] | None = None, observations: list | None = None) -> dict:
+             culprits: Sequence[int] | None = None, observations: list | None = None,
+             where: Callable[[dict], bool] | None = None) -> dict:
         job_id = job if isinstance(job, str) else job.job_id
 
         def context() -> str:
@@ -121,7 +122,7 @@ def wait_for_verdict(client: MonitorClient, monitor: Service, agent: Service) ->
 
         try:
             return client.wait_for_verdict(job_id, verdict, timeout, culprits=culprits,
-                                           observations=observations, context=context)
+                                           observations=observations, context=context, where=where)
         except AssertionError as e:
             pytest.fail(str(e), pytrace=False)
 
