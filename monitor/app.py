@@ -38,6 +38,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         snapshot_interval_s=settings.snapshot_interval_s,
         fresh_read_ranks=settings.fresh_read_ranks,
         tick_interval_s=settings.tick_interval_s,
+        confirm_alarms=settings.confirm_alarms,
     )
     guard = LoadGuard(shed_lag_s=settings.shed_lag_s, shed_keep_s=settings.shed_keep_s)
     replayed = monitor.replay()

@@ -18,6 +18,7 @@ import pydantic
 
 import monitor.diagnosis as diagnosis
 from monitor.diagnosis import Diagnosis, JobView
+from monitor.diagnosis.stability import Settled, settle
 from monitor.fastwire import decode_report
 from monitor.state import MonitorState
 from monitor.store import Store, VerdictChange
@@ -79,6 +80,7 @@ class Monitor:
         snapshot_interval_s: float = 60.0,
         fresh_read_ranks: int = 512,
         tick_interval_s: float = 0.0,
+        confirm_alarms: bool = True,
     ) -> None:
         self.store = store
         self.job_retention_s = job_retention_s
@@ -87,6 +89,10 @@ class Monitor:
         self.snapshot_interval_s = snapshot_interval_s
         self.fresh_read_ranks = fresh_read_ranks
         self.tick_interval_s = tick_interval_s
+        # Alarms are published once their raw verdicts last (monitor.diagnosis.stability);
+        # off, every raw verdict is published as it comes (unit tests of single readings).
+        self.confirm_alarms = confirm_alarms
+        self._settled: dict[str, Settled] = {}
         self.state = MonitorState()
         # Routes run on the event loop, but the lock keeps the state whole should any
         # caller (a threadpool route, a test) come from another thread.
@@ -202,6 +208,8 @@ class Monitor:
             for gone in set(self._results) - set(self.state.jobs):
                 del self._results[gone]
                 self._revisions.pop(gone, None)
+            for gone in set(self._settled) - set(self.state.jobs):
+                del self._settled[gone]
             self._dirty &= set(self.state.jobs)
             self._full_seen &= set(self.state.nodes)  # a forgotten node starts over with a full report
             ids = list(self.state.jobs)
@@ -220,9 +228,13 @@ class Monitor:
         for job_id in ids:
             job = self.state.jobs[job_id]
             view = job_view(job, self.state.nodes, now)
+            found = self._run_diagnosis(view)
+            if self.confirm_alarms:
+                settled = self._settled[job_id] = settle(self._settled.get(job_id), found, now, job.last_progress_at)
+                found = settled.shown
             result = JobResult(
                 view=view,
-                diagnosis=self._run_diagnosis(view),
+                diagnosis=found,
                 last_report_at=job.last_report_at,
                 last_progress_at=job.last_progress_at,
                 cpu_seconds={r: t.latest.cpu_seconds for r, t in job.ranks.items()},

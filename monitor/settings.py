@@ -58,6 +58,9 @@ class Settings:
     job_retention_s: float = 600.0
     # Background diagnosis that records verdict changes; 0 turns it off (tests drive it by hand).
     tick_interval_s: float = 1.0
+    # Publish an alarm only once its raw verdicts have lasted (monitor/diagnosis/stability.py).
+    # Off (false), every single reading is published: for tests of one reading, not for paging.
+    confirm_alarms: bool = True
     log_level: str = "info"
 
     @classmethod
@@ -140,6 +143,13 @@ def _convert(name: str, value: Any, type_name: Any) -> Any:
             if number != number:  # NaN passes every comparison in validate()
                 raise ValueError
             return number
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError
+            return text in ("1", "true", "yes", "on")
         if kind == "Path":
             return Path(value).expanduser()
         return str(value)

@@ -24,7 +24,9 @@ def db_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def settings(db_path: Path) -> Settings:
     # No background tick: tests decide when verdicts are recorded.
-    return Settings.from_raw({"db": db_path, "tick_interval_s": 0, "max_body_bytes": 64 * 1024})
+    # One reading per test: alarms are published as read (their confirmation has tests of its own).
+    return Settings.from_raw({"db": db_path, "tick_interval_s": 0, "max_body_bytes": 64 * 1024,
+                              "confirm_alarms": False})
 
 
 @pytest.fixture

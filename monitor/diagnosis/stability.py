@@ -1,0 +1,102 @@
+"""Verdicts people can page on: an alarm is published only once its evidence has lasted.
+
+``diagnose`` judges one moment. A moment can lie: a rank pausing between two checkpoint
+writes, a report that arrived a little late. ``settle`` sits between the raw verdict and
+what /diagnose, the page, the metrics and the history show:
+
+- An alarm (deadlock, stalled, straggler, slow compute, rendezvous hang) is published once
+  the raw verdicts have named it for ``confirm_s`` (per verdict, see ``CONFIRM_S``) over at
+  least two evaluations. Until then the published verdict stays what it was, with a summary
+  that says what is being checked.
+- Ended, stopped and finished ranks are facts with their own confirmation upstream (exit
+  records, a stop seen twice): they are published at once.
+- Once raised, an alarm is refined at once (stalled -> deadlock as stacks arrive) and
+  cleared at once when the job progresses again; a raw "healthy" without progress must
+  last ``CLEAR_S`` first, so a single odd sample cannot silence a real alarm either.
+
+Pure: the caller keeps one ``Settled`` per job and passes it back in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from monitor.diagnosis.model import Diagnosis
+
+# How long each alarm must persist in the raw verdicts before it is published. Straggler
+# and slow compute are not urgent and are where a passing slow step looks alike.
+CONFIRM_S: dict[str, float] = {
+    "deadlock": 1.0,
+    "stalled": 1.0,
+    "rendezvous_hang": 1.0,
+    "straggler": 2.0,
+    "slow_compute": 2.0,
+}
+ALARMS = frozenset(CONFIRM_S)
+# An alarm without new progress clears only after raw non-alarm verdicts for this long.
+CLEAR_S = 2.0
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What is published for one job, and the raw alarm waiting to be confirmed."""
+
+    # The verdict in force: the last raw diagnosis that was let through.
+    basis: Diagnosis
+    # What is shown now: ``basis``, or it with the picture of a raw reading being checked.
+    shown: Diagnosis
+    # The raw alarm under confirmation: its verdict, first seen at, evaluations seen.
+    pending: str | None = None
+    pending_since: float | None = None
+    pending_count: int = 0
+    # When the raw verdicts first stopped naming the raised alarm (None: they still do).
+    clearing_since: float | None = None
+    # When the alarm in force was raised.
+    alarm_since: float | None = None
+
+
+def _through(raw: Diagnosis, alarm_since: float | None = None) -> Settled:
+    return Settled(raw, raw, alarm_since=alarm_since)
+
+
+def settle(
+    previous: Settled | None,
+    raw: Diagnosis,
+    now: float,
+    last_progress_at: float | None,
+    confirm_s: dict[str, float] = CONFIRM_S,
+) -> Settled:
+    """What to publish now, given what was published and this evaluation's raw verdict."""
+    held = previous.basis if previous is not None else None
+    if raw.verdict not in ALARMS:
+        if held is None or held.verdict not in ALARMS or raw.verdict != "healthy":
+            return _through(raw)
+        assert previous is not None
+        progressed = last_progress_at is not None and previous.alarm_since is not None and (
+            last_progress_at > previous.alarm_since)
+        clearing_since = previous.clearing_since if previous.clearing_since is not None else now
+        if progressed or now - clearing_since >= CLEAR_S:
+            return _through(raw)
+        shown = replace(held, summary=f"{held.summary} (checking a healthy reading without new progress)")
+        return replace(previous, shown=shown, clearing_since=clearing_since)
+    if held is not None and held.verdict in ALARMS:
+        # Already raised: the newest raw alarm is the best description of it.
+        assert previous is not None
+        return _through(raw, previous.alarm_since if previous.alarm_since is not None else now)
+    # Any raw alarm continues the confirmation: a stall turning into a deadlock as the stacks
+    # arrive is the same trouble seen more sharply.
+    if previous is not None and previous.pending is not None and previous.pending_since is not None:
+        since, count = previous.pending_since, previous.pending_count + 1
+    else:
+        since, count = now, 1
+    if count >= 2 and now - since >= confirm_s.get(raw.verdict, 0.0):
+        return _through(raw, now)
+    basis = held if held is not None else Diagnosis("healthy", (), None, "first look at this job")
+    shown = replace(
+        raw,
+        verdict=basis.verdict,
+        culprit_ranks=basis.culprit_ranks,
+        summary=f"checking that a possible {raw.verdict.replace('_', ' ')} lasts before raising it: {raw.summary}",
+        hints=(),
+    )
+    return Settled(basis, shown, pending=raw.verdict, pending_since=since, pending_count=count)

@@ -1,0 +1,90 @@
+"""Alarm confirmation (monitor.diagnosis.stability.settle), table-style: a sequence of raw
+verdicts at given times in, the published verdicts out."""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.diagnosis.model import Diagnosis
+from monitor.diagnosis.stability import CLEAR_S, Settled, settle
+
+
+def raw(verdict: str, culprits: tuple[int, ...] = ()) -> Diagnosis:
+    return Diagnosis(verdict, culprits, None, f"raw {verdict}")
+
+
+def published(readings: list[tuple[float, str, tuple[int, ...]]], progress_at: float | None = None) -> list[str]:
+    """Feed (time, raw verdict, culprits) in order; return the published verdict after each."""
+    state: Settled | None = None
+    out = []
+    for now, verdict, culprits in readings:
+        state = settle(state, raw(verdict, culprits), now, progress_at)
+        out.append(state.shown.verdict)
+    return out
+
+
+H, D, S = "healthy", "deadlock", "stalled"
+
+CASES = {
+    # A single odd reading never raises an alarm: the flap the issue reports.
+    "one deadlock reading between healthy ones": (
+        [(0, H, ()), (1, D, (1,)), (2, H, ())], [H, H, H]),
+    # Two readings a second apart confirm it.
+    "a deadlock that lasts": (
+        [(0, H, ()), (1, D, (1,)), (2, D, (1,))], [H, H, D]),
+    # Two readings too close together are not enough: time must pass as well.
+    "two deadlock readings 0.2 s apart": (
+        [(0, H, ()), (1, D, (1,)), (1.2, D, (1,)), (2.1, D, (1,))], [H, H, H, D]),
+    # stalled becoming deadlock as the stacks arrive is one trouble: the count goes on.
+    "stalled then deadlock": (
+        [(0, H, ()), (1, S, ()), (2, D, (1,))], [H, H, D]),
+    # Straggler and slow compute wait longer (2 s).
+    "a straggler for 1 s": (
+        [(0, H, ()), (1, "straggler", (1,)), (2, "straggler", (1,))], [H, H, H]),
+    "a straggler for 2 s": (
+        [(0, H, ()), (1, "straggler", (1,)), (2, "straggler", (1,)), (3, "straggler", (1,))], [H, H, H, "straggler"]),
+    # Facts are published at once.
+    "an exit": ([(0, H, ()), (1, "rank_exited", (1,))], [H, "rank_exited"]),
+    "a stop": ([(0, H, ()), (1, "rank_stopped", (1,))], [H, "rank_stopped"]),
+    "a finish": ([(0, H, ()), (1, "finished", ())], [H, "finished"]),
+    # A raised alarm holds through one healthy reading without progress ...
+    "one healthy reading inside a deadlock": (
+        [(0, D, (1,)), (1, D, (1,)), (2, H, ()), (3, D, (1,))], [H, D, D, D]),
+    # ... and clears once healthy readings last CLEAR_S.
+    "a deadlock that clears without progress": (
+        [(0, D, (1,)), (1, D, (1,)), (2, H, ()), (2 + CLEAR_S, H, ())], [H, D, D, H]),
+    # An exit during an alarm is news: published at once.
+    "an exit during a deadlock": (
+        [(0, D, (1,)), (1, D, (1,)), (2, "rank_exited", (1,))], [H, D, "rank_exited"]),
+    # The first reading of a new job is an alarm: still confirmed first.
+    "a job first seen deadlocked": ([(0, D, (1,)), (1, D, (1,))], [H, D]),
+}
+
+
+@pytest.mark.parametrize("readings,expected", CASES.values(), ids=CASES.keys())
+def test_published_verdicts(readings, expected) -> None:
+    assert published(readings) == expected
+
+
+def test_progress_after_the_alarm_clears_it_at_once() -> None:
+    state = None
+    for now, verdict in ((0, D), (1, D)):
+        state = settle(state, raw(verdict, (1,)), now, last_progress_at=None)
+    assert state.shown.verdict == D
+    state = settle(state, raw(H), 2, last_progress_at=1.5)
+    assert state.shown.verdict == H
+
+
+def test_confirming_shows_the_held_verdict_and_says_what_it_checks() -> None:
+    state = settle(None, raw(H), 0, None)
+    state = settle(state, raw(D, (1,)), 1, None)
+    shown = state.shown
+    assert (shown.verdict, shown.culprit_ranks, shown.hints) == (H, (), ())
+    assert "possible deadlock" in shown.summary and "raw deadlock" in shown.summary
+
+
+def test_the_culprits_follow_the_newest_raw_alarm() -> None:
+    state = None
+    for now, culprits in ((0, (1,)), (1, (1,)), (2, (0, 1))):
+        state = settle(state, raw(D, culprits), now, None)
+    assert state.shown.culprit_ranks == (0, 1)

@@ -1,0 +1,65 @@
+"""The monitor publishes an alarm only once its raw verdicts last (settings.confirm_alarms,
+on by default): /diagnose, the history and the metrics all see the settled verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from monitor_reports import rank, report
+from monitor_testkit import FakeClock, TestClient
+from test_api_diagnose import StubDiagnosis
+
+from monitor.app import create_app
+from monitor.settings import Settings
+from monitor.store import open_store
+
+
+@pytest.fixture
+def confirming(tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, StubDiagnosis]]:
+    stub = StubDiagnosis()
+    monkeypatch.setattr("monitor.diagnosis.diagnose", stub)
+    settings = Settings.from_raw({"db": tmp_path / "m.db", "tick_interval_s": 0})
+    assert settings.confirm_alarms
+    store = open_store(settings, clock)
+    with TestClient(create_app(settings, store, clock=clock)) as client:
+        yield client, stub
+    store.close()
+
+
+def verdict(client: TestClient) -> dict:
+    [job] = client.get("/diagnose", params={"format": "json"}).json()["jobs"]
+    return job
+
+
+def history(client: TestClient) -> list[str]:
+    return [h["verdict"] for h in client.get("/api/v1/jobs/job-a/history").json()["history"]]
+
+
+def test_a_lasting_deadlock_is_published_on_the_second_reading(confirming, clock: FakeClock) -> None:
+    client, stub = confirming
+    assert client.post("/api/v1/reports", json=report(ranks=[rank(rank=0), rank(rank=1)], sent_at=clock.now)).status_code == 202
+    stub.verdict, stub.culprits = "healthy", ()
+    assert verdict(client)["verdict"] == "healthy"
+    stub.verdict, stub.culprits = "deadlock", (1,)
+    clock.advance(1)
+    first = verdict(client)
+    assert (first["verdict"], first["culprit_ranks"]) == ("healthy", [])
+    assert "possible deadlock" in first["summary"]
+    clock.advance(1)
+    second = verdict(client)
+    assert (second["verdict"], second["culprit_ranks"]) == ("deadlock", [1])
+    assert history(client) == ["healthy", "deadlock"]
+    metrics = client.get("/metrics").text
+    assert 'hangwatch_job_verdict{job_id="job-a",verdict="deadlock"} 1.0' in metrics
+
+
+def test_a_one_reading_flap_leaves_no_trace(confirming, clock: FakeClock) -> None:
+    client, stub = confirming
+    assert client.post("/api/v1/reports", json=report(ranks=[rank(rank=0), rank(rank=1)], sent_at=clock.now)).status_code == 202
+    for v in ("healthy", "deadlock", "healthy", "stalled", "healthy", "healthy"):
+        stub.verdict, stub.culprits = v, ((1,) if v == "deadlock" else ())
+        assert verdict(client)["verdict"] == "healthy"
+        clock.advance(1)
+    assert history(client) == ["healthy"]
