@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from monitor.diagnosis import ExitView, Frame, LogPhase, Stack, stacks
+from monitor.diagnosis.activity import MOVING_BYTES_PER_S
 from monitor.diagnosis.phases import phase_of
 from monitor.wire import (
     AgentInfo,
@@ -77,6 +78,8 @@ class RankTrack:
     proc_state: str | None = None
     state_since: float | None = None
     idle_since: float | None = None
+    # The last report in which the rank moved data (writes, sends) at MOVING_BYTES_PER_S or more.
+    moved_at: float | None = None
     progress_cursor: ProgressCursor = field(default_factory=lambda: ProgressCursor())
     progress_times: deque[float] = field(default_factory=lambda: deque(maxlen=PROGRESS_HISTORY))
     # (time on the monitor's clock, step), oldest first: from progress lines that print a step.
@@ -423,8 +426,13 @@ class MonitorState:
             track.proc_state = rr.state
             job.lifecycle_revision += 1
             track.state_since = received_at
+        moving = (rr.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S
+        if moving:
+            track.moved_at = received_at
         if rr.cpu_percent is not None:
-            if rr.cpu_percent < IDLE_CPU_PERCENT:
+            # Idle is neither computing nor moving data: a rank sending over a slow link or
+            # writing a checkpoint at low CPU is at work.
+            if rr.cpu_percent < IDLE_CPU_PERCENT and not moving:
                 if track.idle_since is None:
                     # cpu_percent is measured over the interval since the agent's previous
                     # sample, so the rank has been idle since about that report.

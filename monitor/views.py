@@ -29,6 +29,7 @@ def rank_view(track: RankTrack, now: float | None = None) -> RankView:
         cpu_percent=rr.cpu_percent,
         idle_since=track.idle_since,
         write_bytes_per_s=rr.write_bytes_per_s,
+        moved_at=track.moved_at,
         step=rr.progress.step if rr.progress else None,
         progress_times=tuple(track.progress_times),
         stack=track.stack,

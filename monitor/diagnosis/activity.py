@@ -20,6 +20,9 @@ MOVING_BYTES_PER_S = 256 * 1024
 # A stop seen in two reports (about 2 s apart) is not a passing pause. A tracing stop
 # ("t") is what py-spy's own dumps cause, so it must last much longer to count.
 STOPPED_CONFIRM_S = 1.5
+# A rank that moved data this recently is still writing or sending: checkpoints are written
+# in bursts (write, fsync, pause) and a throttled link sends in bursts too.
+MOVING_WINDOW_S = 3.0
 TRACE_STOP_CONFIRM_S = 10.0
 
 ACTIVITIES = (
@@ -65,6 +68,13 @@ def is_stopped(rank: RankView) -> bool:
     return rank.observed_at - since >= confirm
 
 
+def moving_data(rank: RankView) -> bool:
+    """Writing or sending now, or within MOVING_WINDOW_S of its latest report."""
+    if (rank.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S:
+        return True
+    return rank.moved_at is not None and rank.observed_at - rank.moved_at <= MOVING_WINDOW_S
+
+
 def classify(rank: RankView, fresh_after: float | None) -> Activity:
     stack = rank.stack
     if stack is not None and fresh_after is not None and stack.taken_at < fresh_after:
@@ -80,14 +90,13 @@ def classify(rank: RankView, fresh_after: float | None) -> Activity:
     if point is not None:
         if point.is_rendezvous:
             return Activity(rank, "rendezvous", point, top_text)
-        moving = (rank.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S
-        return Activity(rank, "sending" if moving else "in_collective", point, top_text)
+        return Activity(rank, "sending" if moving_data(rank) else "in_collective", point, top_text)
     fresh = stack is not None
     phase = current_phase(stack, rank.log_phase, fresh_after)
     if rank.cpu_percent is not None and rank.cpu_percent >= BUSY_CPU_PERCENT:
         return Activity(rank, "computing", top_frame=top_text, stack_fresh=fresh, phase=phase)
     # Busy without CPU: writing a checkpoint or waiting on the disk.
-    if (rank.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S or rank.proc_state == "D":
+    if moving_data(rank) or rank.proc_state == "D":
         return Activity(rank, "writing", top_frame=top_text, stack_fresh=fresh, phase=phase)
     if stack is not None:
         # An idle rank's fresh stack outweighs its log: a phase line does not excuse a

@@ -12,15 +12,20 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from monitor.diagnosis.activity import classify
-from monitor.diagnosis.cadence import job_cadence
+from monitor.diagnosis.cadence import WARMUP_GRACE_S, job_cadence
 from monitor.diagnosis.context import Context, progress_evidence
 from monitor.diagnosis.lifecycle import ended_ranks, stopped_ranks
 from monitor.diagnosis.model import Diagnosis, JobView
 from monitor.diagnosis.rendezvous import launch_failed, launcher_waiting, rendezvous
 from monitor.diagnosis.stall import comm_share_text, stall
 
-# Without a known pace, ranks parked this long in a collective count as stalled.
+# Without a known pace, ranks parked this long in a collective count as stalled ...
 PARKED_WITHOUT_PROGRESS_S = 10.0
+# ... or, once two steps were seen, this many times the slowest interval between them (a
+# job whose first steps take 12 s over a slow link is not stuck 10 s into its third), up
+# to the warm-up grace. The time to the first step is not a pace: it holds imports,
+# rendezvous and compilation, and a job stuck right after a slow start must still be caught.
+STARTUP_FACTOR = 2.0
 # How long past the stall threshold the verdict waits for fresh stacks before "stalled".
 STACK_WAIT_S = 8.0
 
@@ -48,8 +53,14 @@ def _stall_window(ctx: Context) -> tuple[bool, float | None]:
         since = max(t for t in idle_since if t is not None)
         if ctx.cadence.last_progress_at is not None:
             since = max(since, ctx.cadence.last_progress_at)
-        return ctx.now - since >= PARKED_WITHOUT_PROGRESS_S, since
+        return ctx.now - since >= startup_allowance_s(ctx), since
     return False, None
+
+
+def startup_allowance_s(ctx: Context) -> float:
+    """How long ranks may sit parked while the job's pace is not yet known."""
+    slowest = ctx.cadence.longest_interval_s or 0.0
+    return min(WARMUP_GRACE_S, max(PARKED_WITHOUT_PROGRESS_S, STARTUP_FACTOR * slowest))
 
 
 def _still_gathering(ctx: Context) -> bool:

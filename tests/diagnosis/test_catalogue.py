@@ -167,6 +167,22 @@ NO_ALARM: list[tuple[str, JobView]] = [
      job(rank(0, frames=collective("all_reduce", 103), bytes_per_s=4e5, collective_wait_share=0.8),
          rank(1, frames=collective("all_reduce", 103), bytes_per_s=4e5, collective_wait_share=0.75),
          progress=steps(NOW - 2, 3.0))),
+    # Issue 8's flaps: a checkpoint written in bursts (write, fsync, pause a second) ...
+    ("rank 0 pauses between two checkpoint writes (last burst 1.5 s ago), the others at a barrier",
+     job(rank(0, cpu=0, frames=saving_checkpoint(), active=False, bytes_per_s=0.0, moved_at=NOW - 1.5),
+         rank(1, frames=collective("barrier", 120)), rank(2, frames=collective("barrier", 120)), progress=STALLED)),
+    ("the same pause between checkpoint writes with no stack of rank 0 (py-spy not allowed there)",
+     job(rank(0, cpu=0, bytes_per_s=0.0, moved_at=NOW - 1.5, idle_since=NOW - 1.5),
+         rank(1, frames=collective("barrier", 120)), rank(2, frames=collective("barrier", 120)), progress=STALLED)),
+    # ... and the first steps of a job over a slow link, before its pace is known.
+    ("12 s first steps over a slow link: parked in all_reduce 12 s after the second step",
+     job(rank(0, cpu=2, frames=collective("all_reduce", 103), idle_since=NOW - 12, first_seen=NOW - 40),
+         rank(1, cpu=2, frames=collective("all_reduce", 103), idle_since=NOW - 12, first_seen=NOW - 40),
+         progress=(NOW - 24, NOW - 12))),
+    ("slow link, bytes in bursts below the rate of one sample: the last burst 2 s ago",
+     job(rank(0, cpu=2, frames=collective("all_reduce", 103), bytes_per_s=1e5, moved_at=NOW - 2, idle_since=NOW - 2),
+         rank(1, cpu=2, frames=collective("all_reduce", 103), bytes_per_s=1e5, moved_at=NOW - 2, idle_since=NOW - 2),
+         progress=(NOW - 24, NOW - 12))),
     ("first step under torch.compile: nothing logged yet, everyone busy for a minute",
      job(rank(0, cpu=100, frames=(py("compile_fx", "/venv/lib/python3.11/site-packages/torch/_inductor/compile_fx.py", 1),),
               active=True),
@@ -287,3 +303,22 @@ def test_early_life_and_evidence_gathering(situation, job_view, verdict, culprit
     assert (result.verdict, result.culprit_ranks) == (verdict, culprits), text(result)
     for word in words:
         assert word in text(result), f"{word!r} missing from:\n{text(result)}"
+
+
+def test_a_job_stuck_past_its_startup_allowance_is_still_caught() -> None:
+    """12 s between the first steps allows 24 s parked; 30 s parked is a stall."""
+    stuck = job(rank(0, cpu=2, frames=collective("all_reduce", 103), idle_since=NOW - 30),
+                rank(1, cpu=0, frames=sleeping(), idle_since=NOW - 30),
+                progress=(NOW - 42, NOW - 30))
+    result = diagnose(stuck)
+    assert result.verdict in ("deadlock", "stalled"), text(result)
+
+
+def test_a_checkpoint_writer_silent_past_the_window_is_no_longer_writing() -> None:
+    """The window is short: a rank that stopped writing 10 s ago is idle again."""
+    quiet = job(rank(0, cpu=0, frames=sleeping(), active=False, moved_at=NOW - 10, idle_since=NOW - 10),
+                rank(1, frames=collective("barrier", 120)), rank(2, frames=collective("barrier", 120)),
+                progress=STALLED)
+    result = diagnose(quiet)
+    assert (result.verdict, result.culprit_ranks) == ("deadlock", (0,)), text(result)
+
