@@ -113,6 +113,9 @@ class RankView:
     # Since when CPU has stayed below the idle threshold without a break (None: it is not).
     idle_since: float | None = None
     write_bytes_per_s: float | None = None
+    # The last report in which it moved data (writes, sends) at a working rate: bursts
+    # (write, fsync, pause) are judged over a window, not by the latest sample alone.
+    moved_at: float | None = None
     step: int | None = None
     # Progress seen in this rank's own log lines, oldest first (monitor clock).
     progress_times: tuple[float, ...] = ()
