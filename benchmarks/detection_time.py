@@ -12,7 +12,11 @@ Prints median/min/max per case; no asserts.
 
 No-alarm cases (checkpoint, eval, first-step, slow-steps, mn-healthy, mn-slow-link) have no
 detection time: they are watched for a fixed window from the start of their slow phase and
-the table counts the runs with a false alarm (any answer other than the allowed ones).
+the table counts the runs with a false alarm (any answer other than the allowed ones) and
+the flips: verdict changes away from ``healthy`` in the monitor's own history of the job
+(every published change, also those between two polls), per hour of healthy time watched.
+To see what alarm confirmation buys, run with ``HANGWATCH_CONFIRM_ALARMS=false`` (the
+monitor then publishes every single reading).
 
 Multi-node cases (``mn-*``, root only: they create network namespaces, see hangwatch/netns.py)
 run on a fresh pair of simulated nodes each, with one agent per node and the monitor in the
@@ -65,7 +69,9 @@ def run_multinode(name: str, wd: Path, timeout: float, poll: float) -> tuple[Cas
                 probe = type("Q", (), {"quiet": case.quiet, "allowed": ("healthy",), "expect": "healthy"})()
                 view = Job(job_id=job_id, kind="torchrun", logs=[j.logs[0] for j in jobs],
                            launcher=jobs[0].launcher)
-                return watch_case(probe, view, client, stall_step=0, timeout=timeout, poll=poll), case
+                run = watch_case(probe, view, client, stall_step=0, timeout=timeout, poll=poll)
+                run.history = client.history(job_id)
+                return run, case
             run = CaseRun(jobs[0])
             run.stall_at = jobs[0].started_at
             end = time.monotonic() + timeout
@@ -82,6 +88,11 @@ def run_multinode(name: str, wd: Path, timeout: float, poll: float) -> tuple[Cas
             return run, case
         finally:
             client.close()
+
+
+def flips(run: CaseRun) -> list[tuple[str, list[int]]]:
+    """The monitor's recorded changes to a verdict other than healthy (None: no history fetched)."""
+    return [(h["verdict"], h.get("culprit_ranks", [])) for h in (run.history or []) if h["verdict"] != "healthy"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                             try:
                                 run = watch_case(case, job, client, stall_step=args.stall_step,
                                                  timeout=args.timeout, poll=0.2)
+                                if getattr(case, "quiet", 0):
+                                    run.history = client.history(job.job_id)
                             finally:
                                 if job.orphan_pid:
                                     kill_pid(job.orphan_pid)
@@ -137,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                          "false_alarms": [(round(o.at - (run.stall_at or o.at), 2), o.verdict, o.culprits)
                                           for o in alarms],
                          "interim_verdicts": interim,
+                         "flips": flips(run) if quiet else None,
+                         "watched_s": (run.observations[-1].at - run.observations[0].at)
+                         if quiet and run.observations else None,
                          "final": (run.observations[-1].verdict, run.observations[-1].culprits)
                          if run.observations else None}
                     results[name].append(r)
@@ -145,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         secs = f"{r['seconds']:.1f}s" if r["seconds"] is not None else "NOT DETECTED"
                     extra = f" false alarms {r['false_alarms']}" if alarms else ""
+                    if quiet:
+                        extra += f" flips {r['flips']} in {r['watched_s'] or 0:.0f}s"
                     extra += f" interim {interim}" if interim else ""
                     if not r["detected"]:
                         extra += f" last answer {r['final']}"
@@ -168,6 +186,19 @@ def main(argv: list[str] | None = None) -> int:
             stats = f"{'(quiet window)':>20}"
         ndet = sum(1 for r in rs if r["detected"])
         print(f"{name:<15} {expect:<15} {len(rs):2d}  {ndet:2d}/{len(rs):<2d}    {stats}  {fa}")
+    quiet_runs = [r for rs in results.values() for r in rs if r["quiet"] and r["watched_s"]]
+    if quiet_runs:
+        print("\nflips on healthy jobs (verdict changes away from healthy, from the monitor's history)")
+        print("case               runs  watched s  flips  flips/hour")
+        for name in cases:
+            rs = [r for r in results[name] if r["quiet"] and r["watched_s"]]
+            if rs:
+                watched = sum(r["watched_s"] for r in rs)
+                n = sum(len(r["flips"]) for r in rs)
+                print(f"{name:<18} {len(rs):4d}  {watched:9.0f}  {n:5d}  {n * 3600 / watched:10.1f}")
+        watched = sum(r["watched_s"] for r in quiet_runs)
+        n = sum(len(r["flips"]) for r in quiet_runs)
+        print(f"{'all':<18} {len(quiet_runs):4d}  {watched:9.0f}  {n:5d}  {n * 3600 / watched:10.1f}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=1) + "\n")
     return 0

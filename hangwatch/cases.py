@@ -55,6 +55,11 @@ def demo_cases(stall_step: int) -> dict[str, DemoCase]:
         "checkpoint": DemoCase("rank 0 writes a checkpoint for 20 s while rank 1 waits at dist.barrier()",
                                ("--fail", "checkpoint", "--fail-rank", "0", "--busy-seconds", "20", *at),
                                "healthy", quiet=25.0, allowed=("healthy", "straggler")),
+        # -- issue 8: healthy jobs whose verdict used to flap for a poll
+        "checkpoint-bursts": DemoCase("rank 0 saves for 20 s in bursts (4 MB, fsync, 1 s pause); rank 1 at dist.barrier()",
+                                      ("--fail", "checkpoint", "--fail-rank", "0", "--busy-seconds", "20",
+                                       "--checkpoint-burst-mb", "4", "--checkpoint-pause", "1", *at),
+                                      "healthy", quiet=25.0, allowed=("healthy",)),
         "eval": DemoCase("every rank runs a 15 s evaluation pass (printing eval lines)",
                          ("--fail", "eval", "--busy-seconds", "15", "--eval-every", str(stall_step)),
                          "healthy", quiet=20.0),
@@ -116,6 +121,10 @@ MULTINODE_CASES: dict[str, MultiNodeCase] = {
                                "rank_exited", (0,)),
     "mn-missing-node": MultiNodeCase("node rank 1 never starts", "rendezvous_hang"),
     "mn-slow-link": MultiNodeCase("4 Mbit/s link (tbf), all_reduce dominates the step", "healthy", quiet=30.0),
+    # Issue 8: ~12 s steps from the first one on, at low CPU, below 256 KiB/s: the pace is not
+    # known for the first half minute and the bytes trickle.
+    "mn-slow-start": MultiNodeCase("2 Mbit/s link (tbf), ~12 s steps from the first step on", "healthy",
+                                   quiet=40.0),
 }
 
 MASTER_HOST, WORKER_HOST, MASTER_PORT = 20, 10, 29500
@@ -141,11 +150,12 @@ def start_multinode_case(name: str, fabric) -> tuple[list, str]:
         b.sh("ip", "addr", "add", "10.230.0.10/24", "dev", "docker0")
         b.sh("ip", "link", "set", "docker0", "up")
         env_b = {"GLOO_SOCKET_IFNAME": "docker0"}
-    elif name == "mn-slow-link":
+    elif name in ("mn-slow-link", "mn-slow-start"):
+        rate, hidden = ("4mbit", "384") if name == "mn-slow-link" else ("2mbit", "850")
         for node in (a, b):
-            node.tc("qdisc", "add", "dev", node.ifname, "root", "tbf", "rate", "4mbit", "burst", "32kbit",
+            node.tc("qdisc", "add", "dev", node.ifname, "root", "tbf", "rate", rate, "burst", "32kbit",
                     "latency", "400ms")
-        args += ["--hidden", "384", "--step-sleep", "0"]
+        args += ["--hidden", hidden, "--step-sleep", "0"]
     common = dict(nnodes=2, master_addr=a.addr, master_port=MASTER_PORT)
     jobs = [a.torchrun(args, node_rank=0, env={"GLOO_SOCKET_IFNAME": "eth0"}, **common)]
     if name != "mn-missing-node":

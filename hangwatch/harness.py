@@ -471,6 +471,9 @@ class CaseRun:
     detected: dict | None = None
     observations: list[Observation] = field(default_factory=list)
     alarms: list[Observation] = field(default_factory=list)  # quiet cases: answers not allowed
+    # The monitor's recorded verdict changes for the job (/api/v1/jobs/{id}/history), when fetched:
+    # every published change, also those between two polls.
+    history: list[dict] | None = None
 
     @property
     def detection_seconds(self) -> float | None:

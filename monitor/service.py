@@ -27,7 +27,7 @@ from monitor.views import job_view
 log = logging.getLogger("hangwatch.monitor")
 
 # A healthy job that progressed within ADVANCING_S cannot be stalled yet (no stall rule fires
-# before MIN_STALL_S, 5 s, of silence), so until something in its lifecycle changes, its
+# before MIN_STALL_S, 4 s, of silence), so until something in its lifecycle changes, its
 # diagnosis is refreshed only every REFRESH_S: at 10,000 ranks that is most of the work saved.
 ADVANCING_S = 2.0
 REFRESH_S = 5.0

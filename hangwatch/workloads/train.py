@@ -84,6 +84,8 @@ def parse_args(argv=None):
     p.add_argument("--step-seconds", type=float, default=0.0, help="compute time of every step")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--checkpoint-dir", default=None, help="checkpoint mode: where to write (default: $TMPDIR)")
+    p.add_argument("--checkpoint-burst-mb", type=int, default=1, help="checkpoint mode: MB written per fsync")
+    p.add_argument("--checkpoint-pause", type=float, default=0.02, help="checkpoint mode: pause after each fsync (s)")
     return p.parse_args(argv)
 
 
@@ -146,8 +148,11 @@ def busy_compute(seconds: float) -> None:
         a = torch.tanh(a @ a)
 
 
-def write_checkpoint(model: nn.Module, rank: int, seconds: float, directory: str | None) -> None:
-    """A long checkpoint save: serialise the weights and write them out again and again."""
+def write_checkpoint(model: nn.Module, rank: int, seconds: float, directory: str | None,
+                     burst_mb: int = 1, pause_s: float = 0.02) -> None:
+    """A long checkpoint save: serialise the weights and write them out again and again, in
+    bursts of ``burst_mb`` MB, each flushed with fsync and followed by a ``pause_s`` pause
+    (1 s pauses: the bursty saves that used to make the verdict flap)."""
     import tempfile
 
     path = os.path.join(directory or tempfile.gettempdir(), f"hangwatch-ckpt-{os.getpid()}.pt")
@@ -158,11 +163,12 @@ def write_checkpoint(model: nn.Module, rank: int, seconds: float, directory: str
     try:
         with open(path, "wb") as f:
             while time.monotonic() < end:
-                torch.save({"model": state, "padding": padding}, f)
+                for _ in range(max(1, burst_mb)):
+                    torch.save({"model": state, "padding": padding}, f)
+                    written += 1
                 f.flush()
                 os.fsync(f.fileno())
-                written += 1
-                time.sleep(0.02)
+                time.sleep(pause_s)
     finally:
         try:
             os.unlink(path)
@@ -259,7 +265,8 @@ def main(argv=None) -> int:
             if rank == args.fail_rank:
                 mark_stall(rank, args.fail, step)
                 print(f"rank {rank}: saving checkpoint at step {step}", flush=True)
-                write_checkpoint(model, rank, args.busy_seconds, args.checkpoint_dir)
+                write_checkpoint(model, rank, args.busy_seconds, args.checkpoint_dir,
+                                 args.checkpoint_burst_mb, args.checkpoint_pause)
             dist.barrier()
         if args.fail == "eval" and step % eval_every == 0:
             mark_stall(rank, args.fail, step)

@@ -15,8 +15,9 @@ from monitor.diagnosis.stacks import WaitPoint, top_python_frame, wait_point
 
 # Two ranks sharing a core each show ~50%; a rank waiting or sleeping stays near 0-15%.
 BUSY_CPU_PERCENT = 25.0
-# wchar rate above which a waiting rank is still moving data (log lines stay far below).
-MOVING_BYTES_PER_S = 256 * 1024
+# wchar rate above which a rank is moving data (log lines stay far below; a 2 Mbit/s link
+# carries ~250 KB/s, so the bar sits well under that).
+MOVING_BYTES_PER_S = 64 * 1024
 # A stop seen in two reports (about 2 s apart) is not a passing pause. A tracing stop
 # ("t") is what py-spy's own dumps cause, so it must last much longer to count.
 STOPPED_CONFIRM_S = 1.5

@@ -15,7 +15,9 @@ from statistics import median
 
 from monitor.diagnosis.model import JobView
 
-MIN_STALL_S = 5.0
+# Alarms are confirmed for another second before they are published (diagnosis.stability),
+# so the floor sits a second below the 5 s it had before confirmation.
+MIN_STALL_S = 4.0
 # Until a few step intervals are known the pace is not: a slow first step (warm-up,
 # torch.compile) is allowed this long. Deadlocks are still caught from the stacks.
 WARMUP_GRACE_S = 120.0
