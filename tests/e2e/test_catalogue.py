@@ -81,6 +81,20 @@ def test_checkpoint_save_by_rank0_is_not_a_hang(torchrun_job, client, wait_for_v
     wait_for_verdict(job, "healthy", timeout=20)
 
 
+def test_checkpoint_written_in_bursts_never_leaves_healthy(torchrun_job, client):
+    """rank 0 saves for 20 s in bursts (4 MB, fsync, 1 s pause) while rank 1 waits at a barrier:
+    the monitor's own record of published verdicts (not just our polls) stays healthy."""
+    job = torchrun_job("--fail", "checkpoint", "--fail-rank", "0", "--busy-seconds", "20",
+                       "--checkpoint-burst-mb", "4", "--checkpoint-pause", "1", *FAIL_AT)
+    job.wait_for_step(5, timeout=60)
+    seen = watch(client, job, 60, until="checkpoint saved")
+    assert "checkpoint saved" in job.text(), job.log_tail()
+    assert_no_alarm(seen, lambda v, c: v == "healthy")
+    history = client.history(job.job_id)
+    assert history, "the monitor recorded no verdict for the job"
+    assert [h["verdict"] for h in history] == ["healthy"], history
+
+
 def test_evaluation_pass_is_not_a_hang(torchrun_job, client, wait_for_verdict):
     """Every rank evaluates for 15 s (printing ``eval ...`` lines) every STALL_STEP steps."""
     job = torchrun_job("--fail", "eval", "--busy-seconds", "15", "--eval-every", str(STALL_STEP))
