@@ -23,7 +23,7 @@ MOVING_BYTES_PER_S = 64 * 1024
 STOPPED_CONFIRM_S = 1.5
 # A rank that moved data this recently is still writing or sending: checkpoints are written
 # in bursts (write, fsync, pause) and a throttled link sends in bursts too.
-MOVING_WINDOW_S = 3.0
+MOVING_WINDOW_S = 2.5
 TRACE_STOP_CONFIRM_S = 10.0
 
 ACTIVITIES = (

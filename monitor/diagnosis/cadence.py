@@ -16,14 +16,19 @@ from statistics import median
 from monitor.diagnosis.model import JobView
 
 # Alarms are confirmed for another second before they are published (diagnosis.stability),
-# so the floor sits a second below the 5 s it had before confirmation.
-MIN_STALL_S = 4.0
+# so the floor sits below the 5 s it had before confirmation.
+MIN_STALL_S = 3.5
 # Until a few step intervals are known the pace is not: a slow first step (warm-up,
 # torch.compile) is allowed this long. Deadlocks are still caught from the stacks.
 WARMUP_GRACE_S = 120.0
 WARMUP_INTERVALS = 3
 WARMUP_STEPS = 3
+# Silence is judged against the step time (MEDIAN_FACTOR x the median time per step) and
+# against how often progress is seen at all (SIGHTINGS_FACTOR x the median gap between two
+# sightings): the agent reads logs once per interval, so a job doing 16 steps a second is
+# seen once a second, and three silent sightings in a row are already telling.
 MEDIAN_FACTOR = 5.0
+SIGHTINGS_FACTOR = 3.0
 LONGEST_FACTOR = 1.5
 RECENT_INTERVALS = 32
 
@@ -31,6 +36,7 @@ RECENT_INTERVALS = 32
 @dataclass(frozen=True)
 class Cadence:
     last_progress_at: float | None
+    # The median gap between two sightings of progress, and the longest recent one.
     median_interval_s: float | None
     longest_interval_s: float | None
     intervals_seen: int = 0
@@ -38,6 +44,9 @@ class Cadence:
     highest_step: int | None = None
     # The longest silent stretch seen per phase ("evaluation": 15.2, ...).
     phase_longest_s: tuple[tuple[str, float], ...] = ()
+    # The median time per step: a gap's length over the progress events seen at its end
+    # (equal to median_interval_s when every sighting brings one step).
+    step_pace_s: float | None = None
 
     def phase_longest(self, phase: str) -> float | None:
         return dict(self.phase_longest_s).get(phase)
@@ -54,9 +63,11 @@ class Cadence:
     def stall_after_s(self) -> float:
         if self.warming_up or self.median_interval_s is None:
             return WARMUP_GRACE_S
+        pace = self.step_pace_s if self.step_pace_s is not None else self.median_interval_s
         return max(
             MIN_STALL_S,
-            MEDIAN_FACTOR * self.median_interval_s,
+            MEDIAN_FACTOR * pace,
+            SIGHTINGS_FACTOR * self.median_interval_s,
             LONGEST_FACTOR * (self.longest_interval_s or 0.0),
         )
 
@@ -69,8 +80,17 @@ class Cadence:
 
 
 def _gaps(times: tuple[float, ...]) -> list[tuple[float, float]]:
-    ordered = sorted(times)[-(RECENT_INTERVALS + 1) :]
-    return [(a, b) for a, b in zip(ordered, ordered[1:]) if b > a]
+    """The recent gaps between distinct sightings (events read together share one time)."""
+    ordered = sorted(set(times))[-(RECENT_INTERVALS + 1) :]
+    return list(zip(ordered, ordered[1:]))
+
+
+def _events_at(times: tuple[float, ...]) -> dict[float, int]:
+    """How many progress events share each sighting time (several steps read in one go)."""
+    counts: dict[float, int] = {}
+    for t in times:
+        counts[t] = counts.get(t, 0) + 1
+    return counts
 
 
 def _phases_in(gap: tuple[float, float], marks: tuple[tuple[float, str], ...]) -> set[str]:
@@ -90,25 +110,28 @@ def job_cadence(job: JobView) -> Cadence:
         return Cadence(None, None, None, 0, highest)
     last = max(max(s) for s in sources)
     medians: list[float] = []
+    paces: list[float] = []
     longest: list[float] = []
     phase_longest: dict[str, float] = {}
     seen = 0
     for times in sources:
         gaps = _gaps(times)
+        events = _events_at(times)
         step_gaps = []
         for gap in gaps:
             phases = _phases_in(gap, job.phase_marks)
             for phase in phases:
                 phase_longest[phase] = max(phase_longest.get(phase, 0.0), gap[1] - gap[0])
             if not phases:
-                step_gaps.append(gap[1] - gap[0])
+                step_gaps.append(gap)
         # Too few plain steps to learn from: every gap counts (the old, cautious pace).
-        intervals = step_gaps if len(step_gaps) >= WARMUP_INTERVALS else [b - a for a, b in gaps]
-        if intervals:
-            medians.append(median(intervals))
-            longest.append(max(intervals))
+        counted = step_gaps if len(step_gaps) >= WARMUP_INTERVALS else gaps
+        if counted:
+            medians.append(median(b - a for a, b in counted))
+            paces.append(median((b - a) / events[b] for a, b in counted))
+            longest.append(max(b - a for a, b in counted))
             seen = max(seen, len(gaps))
     phases = tuple(sorted(phase_longest.items()))
     if not medians:
         return Cadence(last, None, None, 0, highest, phases)
-    return Cadence(last, max(medians), max(longest), seen, highest, phases)
+    return Cadence(last, max(medians), max(longest), seen, highest, phases, max(paces))
