@@ -15,11 +15,13 @@ import time
 from urllib.parse import urlsplit
 
 from agent.logpatterns import compile_user_pattern
+from agent.nccl_ras import parse_address
 from agent.report import NODE_NAME, default_node_name
 from agent.runner import Agent, Config
 from agent.sender import ShardedSender
 
 log = logging.getLogger("agent")
+NCCL_RAS_ONCE_WAIT_S = 2.0
 
 
 class UsageError(Exception):
@@ -65,6 +67,12 @@ def _regex(text: str) -> re.Pattern[str]:
         raise argparse.ArgumentTypeError(f"bad --step-regex: {e}") from None
 
 
+def _ras_address(text: str) -> str:
+    if parse_address(text) is None:
+        raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hangwatch-agent", description=__doc__)
     p.add_argument("--monitor", type=_monitor_url, action="append", default=[],
@@ -84,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--own-pid-namespace", action="store_true",
                    help="track only processes in the agent's own PID namespace (leave containers' ranks "
                         "to the agents inside them)")
+    p.add_argument("--no-nccl-ras", action="store_true",
+                   help="never ask NCCL's RAS service (localhost:28028) for its view of the ranks")
+    p.add_argument("--nccl-ras-addr", type=_ras_address, default=None, metavar="HOST:PORT",
+                   help="where NCCL's RAS service listens (default: the ranks' NCCL_RAS_ADDR, else "
+                        "localhost:28028)")
     p.add_argument("--once", action="store_true",
                    help="sample twice one interval apart, print the report JSON and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -107,6 +120,8 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         stacks=not args.no_stacks,
         jobs=frozenset(args.job),
         own_pid_namespace=args.own_pid_namespace,
+        nccl_ras=not args.no_nccl_ras,
+        nccl_ras_addr=args.nccl_ras_addr,
     )
     return config, args
 
@@ -116,6 +131,8 @@ def run_once(agent: Agent, config: Config) -> dict:
     time.sleep(config.interval)
     agent.tick(schedule_stacks=False)
     agent.dump_all_now()
+    if agent.nccl_ras is not None:  # the poll the first tick started (a local answer takes ms)
+        agent.nccl_ras.wait(NCCL_RAS_ONCE_WAIT_S)
     return agent.report(time.time())
 
 

@@ -6,7 +6,8 @@ settings and command lines. A monitor that keeps its picture per node (every mon
 answers ``"delta": true``) needs them once. This module turns the runner's full report into
 the smallest report that leaves the monitor with the same picture:
 
-- the host facts are ``null`` when unchanged;
+- the host facts are ``null`` when unchanged, and so is NCCL's RAS answer (``nccl_ras``: it
+  changes with every poll of the service, every few seconds, not every report);
 - per rank (keyed by job, rank and pid): the stack is left out when the monitor has that dump
   already; progress points the monitor has are left out of ``recent``; ``sockets`` is
   ``null`` when unchanged; ``env`` and ``cmdline`` are empty when unchanged (the monitor
@@ -43,6 +44,7 @@ class DeltaState:
     # Turned on by the monitor's first answer that says it takes deltas.
     monitor_takes_deltas: bool = False
     _host: dict | None = None
+    _nccl_ras: dict | None = None
     _ranks: dict[RankKey, _Sent] = field(default_factory=dict)
     _full_due: bool = True
 
@@ -54,6 +56,8 @@ class DeltaState:
         out = dict(report, delta=True)
         if report.get("host") == self._host:
             out["host"] = None
+        if report.get("nccl_ras") is not None and report["nccl_ras"] == self._nccl_ras:
+            out["nccl_ras"] = None
         out["ranks"] = [self._compact_rank(r) for r in report.get("ranks", [])]
         return out, baseline
 
@@ -62,6 +66,7 @@ class DeltaState:
         answer = answer or {}
         self.monitor_takes_deltas = bool(answer.get("delta"))
         self._host = baseline["host"]
+        self._nccl_ras = baseline["nccl_ras"]
         self._ranks = baseline["ranks"]
         self._full_due = bool(answer.get("send_full"))
 
@@ -108,4 +113,4 @@ def _baseline_of(report: dict) -> dict:
             env=rank.get("env"),
             cmdline=rank.get("cmdline"),
         )
-    return {"host": report.get("host"), "ranks": ranks}
+    return {"host": report.get("host"), "nccl_ras": report.get("nccl_ras"), "ranks": ranks}

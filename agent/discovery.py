@@ -1,35 +1,58 @@
 """Find the training ranks on this node from /proc.
 
-A rank is a Python process whose environment names its rank and world size
-(torchrun/env://, SLURM or Open MPI variables). Launchers, this agent and its
-children (py-spy), and helper processes that inherit a rank's environment
-(DataLoader and compile workers) are left out.
-
-Job identity: TORCHELASTIC_RUN_ID when set and not "none" (shared by every node
-of an elastic job), else MASTER_ADDR:MASTER_PORT (the rendezvous all ranks share),
-else SLURM_JOB_ID, else "local:<ppid>" -- ranks started by one parent process on
-this node; good enough for a single-node job with none of the usual variables.
+A rank is a Python process whose environment names its rank and world size (torchrun and
+other env:// launchers, accelerate, DeepSpeed, srun, mpirun: agent/identity.py has the
+rules and the job id order), or one the process tree names (agent/derived_ranks.py):
+Lightning's own launcher (rank 0 is the parent of its LOCAL_RANK children) and
+``torch.multiprocessing.spawn`` (ranks in start order). Launchers (torchrun,
+``python -m torch.distributed.run/launch``, ``accelerate launch``, ``deepspeed`` and
+``deepspeed.launcher.launch``), this agent and its children (py-spy), and helper processes
+that inherit a rank's environment (DataLoader and compile workers) are left out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass, field
 
+from agent.derived_ranks import Candidate, DerivedRanks, spawn_facts
+from agent.identity import (  # noqa: F401 -- RankIdentity: re-exported
+    RankIdentity,
+    RankProcess,
+    carries_rank,
+    is_spawn_child,
+    lightning_child,
+    rank_identity,
+)
+from agent.procinfo import is_python, parse_cmdline, parse_environ, read_exe  # noqa: F401 -- re-exported
 from agent.procstat import Stat, read_stat
 
+# Whole words of is_launcher: a process with one of them in its argv is never a rank.
 LAUNCHER_SCRIPTS = ("torchrun",)
 LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+# What launcher_kind recognises (the program that runs, not any word of argv): script
+# basename -> kind, and ``python -m`` module -> kind. Only torchrun's kinds have their argv
+# read (agent/launchers.py): the others' job id comes from their workers.
+LAUNCHER_PROGRAMS = {
+    "torchrun": "torchrun",
+    "accelerate-launch": "accelerate",
+    "deepspeed": "deepspeed",
+    "ds": "deepspeed",
+}
+LAUNCHER_PROGRAM_MODULES = {
+    "torch.distributed.run": "torch.distributed.run",
+    "torch.distributed.launch": "torch.distributed.launch",
+    "accelerate.commands.launch": "accelerate",
+    "deepspeed.launcher.launch": "deepspeed",
+    "deepspeed.launcher.runner": "deepspeed",
+}
+TORCHRUN_KINDS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+# Launchers whose workers' environment looks like any env:// launcher's: the parent tells.
+LAUNCHER_WORDS_FROM_PARENT = ("accelerate", "deepspeed")
 ANCESTOR_LEVELS = 6
 
-# (rank variable, world size variable, launcher word), first present wins.
-RANK_VARIABLES = (
-    ("RANK", "WORLD_SIZE", "env"),
-    ("SLURM_PROCID", "SLURM_NTASKS", "slurm"),
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpi"),
-)
-LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
 # Launch settings that explain hangs, reported as RankReport.env (nothing else is sent).
 ENV_ALLOWLIST = (
     "GLOO_SOCKET_IFNAME",
@@ -47,39 +70,25 @@ ENV_ALLOWLIST = (
     "OMP_NUM_THREADS",
     "CUDA_VISIBLE_DEVICES",
     "NANOCHAT_DTYPE",
+    # Where NCCL's RAS service listens, and whether it runs (agent/nccl_ras.py).
+    "NCCL_RAS_ADDR",
+    "NCCL_RAS_ENABLE",
 )
 # torchrun reads any of its options from PET_<OPTION> when not on the command line.
 LAUNCHER_ENV_PREFIX = "PET_"
 
 
 @dataclass(frozen=True)
-class RankIdentity:
-    job_id: str
-    rank: int
-    world_size: int
-    local_rank: int | None
-    launcher: str
-
-
-@dataclass(frozen=True)
-class RankProcess:
-    pid: int
-    ppid: int
-    starttime: int
-    identity: RankIdentity
-    cmdline: str
-    env: dict[str, str] = field(default_factory=dict, compare=False)  # the allowlisted part
-
-
-@dataclass(frozen=True)
 class LauncherProcess:
-    """torchrun's elastic agent (or torch.distributed.launch): no RANK of its own."""
+    """A launcher (torchrun's elastic agent, torch.distributed.launch, accelerate, DeepSpeed's
+    runner and launch): no RANK of its own."""
 
     pid: int
     ppid: int
     starttime: int
-    kind: str  # "torchrun", "torch.distributed.run", "torch.distributed.launch"
-    argv: tuple[str, ...]  # the launcher's own arguments (after the script or -m module)
+    kind: str  # "torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "deepspeed"
+    # The launcher's own arguments (after the script or -m module); torchrun's kinds only.
+    argv: tuple[str, ...]
     cmdline: str
     env: dict[str, str] = field(default_factory=dict, compare=False)  # PET_* only
 
@@ -90,8 +99,12 @@ class _Seen:
 
     rank: RankProcess | None = None
     launcher: LauncherProcess | None = None
-    carries_rank: bool = False  # RANK and WORLD_SIZE (or the SLURM/MPI pair) in its environment
+    # RANK and WORLD_SIZE (or the SLURM/MPI pair, or Lightning's child variables) in its environment
+    carries_rank: bool = False
     cmdline: str = ""
+    # A rank its environment does not name (Lightning child, mp.spawn process): the process
+    # tree decides (agent/derived_ranks.py).
+    candidate: Candidate | None = None
 
 
 @dataclass(frozen=True)
@@ -104,60 +117,6 @@ class OrphanProcess:
     launcher: LauncherProcess | None = field(default=None, compare=False)
 
 
-def parse_environ(data: bytes) -> dict[str, str]:
-    env = {}
-    for item in data.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key:
-            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return env
-
-
-def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def rank_identity(env: dict[str, str], ppid: int) -> RankIdentity | None:
-    """Who this process is in its job, or None if it is not a rank."""
-    for rank_var, size_var, launcher in RANK_VARIABLES:
-        rank, size = _int(env.get(rank_var)), _int(env.get(size_var))
-        if rank is not None and size is not None:
-            break
-    else:
-        return None
-    if not (0 <= rank < size):
-        return None
-    if "TORCHELASTIC_RUN_ID" in env or "TORCHELASTIC_RESTART_COUNT" in env:
-        launcher = "torchrun"
-    local_rank = next(
-        (v for v in (_int(env.get(k)) for k in LOCAL_RANK_VARIABLES) if v is not None), None
-    )
-    return RankIdentity(job_id(env, ppid), rank, size, local_rank, launcher)
-
-
-def job_id(env: dict[str, str], ppid: int) -> str:
-    run_id = env.get("TORCHELASTIC_RUN_ID", "")
-    if run_id and run_id != "none":
-        return run_id[:256]
-    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
-        return f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"[:256]
-    if env.get("SLURM_JOB_ID"):
-        return f"slurm:{env['SLURM_JOB_ID']}"
-    return f"local:{ppid}"
-
-
-def parse_cmdline(data: bytes) -> list[str]:
-    return [a.decode("utf-8", "replace") for a in data.rstrip(b"\0").split(b"\0") if a]
-
-
-def is_python(exe: str, argv: list[str]) -> bool:
-    names = [os.path.basename(exe)] + ([os.path.basename(argv[0])] if argv else [])
-    return any(n.startswith("python") for n in names)
-
-
 def allowlisted_env(env: dict[str, str]) -> dict[str, str]:
     return {k: env[k][:1024] for k in ENV_ALLOWLIST if k in env}
 
@@ -167,17 +126,28 @@ def launcher_kind(argv: list[str]) -> tuple[str, int] | None:
 
     Stricter than is_launcher: the launcher must be what runs, not an argument of a
     training script ("python train.py --launcher torchrun" is not torchrun).
+    ``accelerate`` is a launcher only as ``accelerate launch`` (not ``accelerate config``).
     """
-    if argv and os.path.basename(argv[0]) in LAUNCHER_SCRIPTS:
-        return "torchrun", 1
+
+    def program(i: int) -> tuple[str, int] | None:
+        name = os.path.basename(argv[i])
+        if name == "accelerate":
+            return ("accelerate", i + 2) if argv[i + 1 : i + 2] == ["launch"] else None
+        return (LAUNCHER_PROGRAMS[name], i + 1) if name in LAUNCHER_PROGRAMS else None
+
+    if not argv:
+        return None
+    found = program(0)
+    if found:
+        return found
     i = 1
     # python [interpreter options] (torchrun | -m torch.distributed.run ...)
     while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
         i += 1
-    if i < len(argv) and os.path.basename(argv[i]) in LAUNCHER_SCRIPTS:
-        return "torchrun", i + 1
-    if i + 1 < len(argv) and argv[i] == "-m" and argv[i + 1] in LAUNCHER_MODULES:
-        return argv[i + 1], i + 2
+    if i < len(argv) and argv[i] != "-m":
+        return program(i)
+    if i + 1 < len(argv) and argv[i + 1] in LAUNCHER_PROGRAM_MODULES:
+        return LAUNCHER_PROGRAM_MODULES[argv[i + 1]], i + 2
     return None
 
 
@@ -211,6 +181,15 @@ def drop_helpers(candidates: dict[int, RankProcess], parents: dict[int, int]) ->
         if not helper:
             kept.append(proc)
     return sorted(kept, key=lambda p: (p.identity.job_id, p.identity.rank, p.pid))
+
+
+def _named_by_parent(proc: RankProcess, kinds: dict[int, str]) -> RankProcess:
+    """accelerate's and DeepSpeed's workers carry plain RANK/WORLD_SIZE: their parent says who
+    launched them."""
+    kind = kinds.get(proc.ppid)
+    if kind not in LAUNCHER_WORDS_FROM_PARENT:
+        return proc
+    return dataclasses.replace(proc, identity=dataclasses.replace(proc.identity, launcher=kind))
 
 
 def _descends_from(pid: int, ancestor: int, parents: dict[int, int]) -> bool:
@@ -247,6 +226,11 @@ class Discovery:
     orphans: list[OrphanProcess] = field(default_factory=list)
     # Every other PPID-1 process: (pid, starttime), for finding who holds a master port.
     other_ppid1: list[tuple[int, int]] = field(default_factory=list)
+    derived: DerivedRanks | None = None  # Lightning's and mp.spawn's ranks (built from proc_root)
+
+    def __post_init__(self) -> None:
+        if self.derived is None:
+            self.derived = DerivedRanks(self.proc_root, allowlisted_env)
 
     def scan(self) -> list[RankProcess]:
         stats: dict[int, Stat] = {}
@@ -261,15 +245,22 @@ class Discovery:
         for key in [k for k in self._cache if k not in live_keys]:
             del self._cache[key]
         candidates, launchers, orphans, other_ppid1 = {}, [], [], []
+        unnamed: list[Candidate] = []  # ranks the environment does not name: the tree decides
+        not_parents: set[int] = set()
         for pid, stat in stats.items():
             key = (pid, stat.starttime, stat.comm)
             if key not in self._cache:
                 self._cache[key] = self._inspect(stat)
             seen = self._cache[key]
             if pid == self.self_pid or (
-                (seen.rank or seen.launcher or seen.carries_rank) and _descends_from(pid, self.self_pid, parents)
+                (seen.rank or seen.launcher or seen.carries_rank or seen.candidate)
+                and _descends_from(pid, self.self_pid, parents)
             ):
                 continue
+            if seen.rank or seen.launcher or seen.carries_rank:
+                not_parents.add(pid)
+            if seen.candidate:
+                unnamed.append(seen.candidate)
             if seen.launcher:
                 launchers.append(seen.launcher)
             if stat.ppid == 1 and stat.state in ("Z", "X"):
@@ -282,11 +273,18 @@ class Discovery:
             if proc is None or (self.jobs and proc.identity.job_id not in self.jobs):
                 continue
             candidates[pid] = proc
-        ranks = drop_helpers(candidates, parents)
+        for proc in self.derived.find(stats, unnamed, not_parents):
+            if not self.jobs or proc.identity.job_id in self.jobs:
+                candidates[proc.pid] = proc
+        kinds = {launcher.pid: launcher.kind for launcher in launchers}
+        ranks = [_named_by_parent(proc, kinds) for proc in drop_helpers(candidates, parents)]
         self.workers = {}
         for proc in ranks:
             self.workers.setdefault(proc.ppid, []).append(proc)
-        self.launchers = sorted(launchers, key=lambda p: p.pid)
+        # A launcher that started another (deepspeed -> deepspeed.launcher.launch) is a
+        # wrapper: the inner one has the workers; the outer one never will.
+        wrappers = {launcher.ppid for launcher in launchers}
+        self.launchers = sorted((p for p in launchers if p.pid not in wrappers), key=lambda p: p.pid)
         self.orphans = sorted(orphans, key=lambda p: p.pid)
         self.other_ppid1 = other_ppid1
         return ranks
@@ -323,26 +321,30 @@ class Discovery:
             # Gone, or not ours to read: not a process we can watch.
             return _Seen()
         cmdline = " ".join(argv)[:4096]
-        carries_rank = any(r in env and s in env for r, s, _ in RANK_VARIABLES)
+        has_rank = carries_rank(env)
         launcher = launcher_kind(argv)
         if launcher:
             kind, first = launcher
-            pet = {k: v[:1024] for k, v in env.items() if k.startswith(LAUNCHER_ENV_PREFIX)}
+            torchrun = kind in TORCHRUN_KINDS  # only torchrun's options are read (agent/launchers.py)
+            pet = {k: v[:1024] for k, v in env.items() if k.startswith(LAUNCHER_ENV_PREFIX)} if torchrun else {}
+            own_args = tuple(argv[first:]) if torchrun else ()
             return _Seen(
-                launcher=LauncherProcess(stat.pid, stat.ppid, stat.starttime, kind, tuple(argv[first:]), cmdline, pet),
-                carries_rank=carries_rank,
+                launcher=LauncherProcess(stat.pid, stat.ppid, stat.starttime, kind, own_args, cmdline, pet),
+                carries_rank=has_rank,
                 cmdline=cmdline,
             )
-        if not carries_rank:
+        lightning = None if has_rank else lightning_child(env, stat.ppid)
+        spawned = not has_rank and is_spawn_child(argv)
+        if not (has_rank or lightning or spawned):
             return _Seen()  # most processes: nothing kept
-        try:
-            exe = os.readlink(f"{base}/exe")
-        except OSError:
-            exe = ""
-        if not is_python(exe, argv) or is_launcher(argv):
-            return _Seen(carries_rank=carries_rank, cmdline=cmdline)
+        if not is_python(read_exe(self.proc_root, stat.pid), argv) or is_launcher(argv):
+            return _Seen(carries_rank=has_rank or bool(lightning), cmdline=cmdline)
+        if lightning or spawned:
+            candidate = Candidate(stat.pid, stat.ppid, stat.starttime, cmdline, tuple(argv), allowlisted_env(env),
+                                  lightning, spawn_facts(env) if spawned and not lightning else None)
+            return _Seen(carries_rank=bool(lightning), cmdline=cmdline, candidate=candidate)
         identity = rank_identity(env, stat.ppid)
         if identity is None:
-            return _Seen(carries_rank=carries_rank, cmdline=cmdline)
+            return _Seen(carries_rank=True, cmdline=cmdline)
         rank = RankProcess(stat.pid, stat.ppid, stat.starttime, identity, cmdline, allowlisted_env(env))
         return _Seen(rank=rank, carries_rank=True, cmdline=cmdline)

@@ -1,5 +1,9 @@
 """Launchers on this node: torchrun / ``python -m torch.distributed.run`` / ``torch.distributed.launch``.
 
+accelerate and DeepSpeed's launchers are tracked the same way (workers, exit, sockets, log),
+but their argv is never read (discovery gives them none): the options below are torchrun's,
+and their job id comes from their workers only.
+
 The elastic agent has no RANK of its own, yet it is where a job that never
 started shows: it sits in rendezvous waiting for a node that never joined, or
 dies at once because its master port is taken. Two parts:

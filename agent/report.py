@@ -46,6 +46,7 @@ def rank_report(
         "pid": proc.pid,
         "cmdline": proc.cmdline,
         "launcher": ident.launcher,
+        "identified_by": ident.identified_by,
         "started_at": started_at,
         "alive": alive,
         "exit": dict(exit) if exit else None,
@@ -100,6 +101,7 @@ def build_report(
     ranks: list[dict],
     launchers: list[dict] = (),
     orphans: list[dict] = (),
+    nccl_ras: dict | None = None,
 ) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
@@ -111,4 +113,6 @@ def build_report(
         "ranks": ranks,
         "launchers": list(launchers)[:256],
         "orphans": list(orphans)[:64],
+        # NCCL's RAS service's view of this node's ranks (agent/nccl_ras.py); null when not polled.
+        "nccl_ras": nccl_ras,
     }

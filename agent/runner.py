@@ -18,6 +18,8 @@ from agent.gpus import GpuCollector
 from agent.host import collect_host, collect_interfaces
 from agent.launchers import LauncherTracker, launcher_job_id, parse_launcher_args
 from agent.logs import LogFollower
+from agent.nccl_ras import NcclRasPoller, choose_address, namespace_pid
+from agent.nccl_ras_answer import pid_map
 from agent.procio import WriteRateSampler
 from agent.procstat import CLOCK_TICKS, CpuSampler, ProcessSample
 from agent.report import build_report, orphan_report, rank_report
@@ -37,6 +39,10 @@ SOCKETS_YOUNG_S = 30.0
 ERROR_FILE_TRIES = 3
 ORPHANS_EVERY_S = 5.0
 INTERFACES_EVERY_S = 30.0
+# Each poll of NCCL's RAS service runs a collective over every NCCL process of the job, and
+# every node's agent polls: often only while a rank here looks stuck (when the answer matters).
+NCCL_RAS_EVERY_S = 15.0
+NCCL_RAS_STUCK_EVERY_S = 3.0
 VANISHED = (FileNotFoundError, ProcessLookupError)
 
 
@@ -53,6 +59,9 @@ class Config:
     stacks: bool = True
     jobs: frozenset[str] = frozenset()
     own_pid_namespace: bool = False
+    nccl_ras: bool = True
+    # host:port of NCCL's RAS listener; None: the ranks' NCCL_RAS_ADDR, else NCCL's default.
+    nccl_ras_addr: str | None = None
 
     @property
     def monitor(self) -> str | None:
@@ -141,6 +150,8 @@ class Agent:
         self._orphans_at: float | None = None
         self._sockets_at: float | None = None
         self._interfaces_at: float | None = None
+        self.nccl_ras = NcclRasPoller(clock) if config.nccl_ras else None
+        self._nccl_ras_at: float | None = None
 
     def start(self) -> None:
         self.exits.start()
@@ -208,6 +219,8 @@ class Agent:
         if self.stacks and schedule_stacks:
             with self.health.run("stacks"):
                 self._schedule_stacks(alive, now)
+        if self.nccl_ras is not None:
+            self._poll_nccl_ras(alive, now)
         self._drop_old_exits(now)
         return self.report(now)
 
@@ -216,6 +229,34 @@ class Agent:
         if due or young or looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since):
             t.sockets = [e.report() for e in self.sockets.sockets_of(t.proc.pid)]
             t.sockets_at = now
+
+    def _poll_nccl_ras(self, alive: list[Tracked], now: float) -> None:
+        """Start a poll of NCCL's RAS service when due; its answer is picked up by a later report."""
+        if not alive:
+            if self.nccl_ras.result() is not None:  # a node that never had ranks says nothing
+                self.nccl_ras.note("no ranks")
+            self._nccl_ras_at = None
+            return
+        stuck = any(looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since) for t in alive)
+        every = NCCL_RAS_STUCK_EVERY_S if stuck else NCCL_RAS_EVERY_S
+        if self._nccl_ras_at is not None and now - self._nccl_ras_at < every:
+            return
+        with self.health.run("nccl_ras") as entry:
+            self._nccl_ras_at = now
+            envs = [t.proc.env for t in alive]
+            if all(e.get("NCCL_RAS_ENABLE", "").strip() == "0" for e in envs):
+                self.nccl_ras.note("off in the ranks' environment (NCCL_RAS_ENABLE=0)")
+                return
+            address = choose_address(self.config.nccl_ras_addr, envs)
+            if address is None:
+                self.nccl_ras.note("unreadable NCCL_RAS_ADDR")
+                return
+            root = self.config.proc_root
+            pids = pid_map((t.proc.pid for t in alive), lambda pid: namespace_pid(root, pid))
+            hosts = {a for i in self.host.get("interfaces", []) for a in i.get("addresses", [])}
+            self.nccl_ras.start(address, pids, hosts)
+            if self.nccl_ras.failure:
+                entry.update(ok=False, error=self.nccl_ras.failure)
 
     def _read_error_files(self) -> None:
         """Once per exit: what @record wrote (retried for a few ticks if not there yet)."""
@@ -456,6 +497,7 @@ class Agent:
             ranks=ranks,
             launchers=self.launchers.reports(),
             orphans=self.orphans,
+            nccl_ras=self.nccl_ras.result() if self.nccl_ras else None,
         )
 
     # --- the loop --------------------------------------------------------------------

@@ -36,12 +36,14 @@ def job_dict(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]
     by_rank = {r.rank: r for r in d.ranks}
     job_last = view.job_progress_times[-1] if view.job_progress_times else None
     progress = progress_series(track) if track is not None else {}
+    found = found_by(track) if track is not None else {}
     return {
         **job_head(result, track),
         "evidence": list(d.evidence),
         "hints": list(d.hints),
         "ranks": [
-            rank_dict(r, by_rank.get(r.rank), job_last, view.now, progress.get(r.rank)) for r in view.ranks
+            {**rank_dict(r, by_rank.get(r.rank), job_last, view.now, progress.get(r.rank)), **found.get(r.rank, {})}
+            for r in view.ranks
         ],
         "world_size": view.world_size,
         "first_seen_at": view.first_seen_at,
@@ -136,6 +138,13 @@ def _exit_dict(exit: Any) -> dict[str, Any] | None:
     if exit is None:
         return None
     return {"at": exit.at, "code": exit.code, "signal": exit.signal, "error": exit.error}
+
+
+def found_by(track: JobTrack) -> dict[int, dict[str, str]]:
+    """Per rank, the launcher its agent saw and how it knew the rank ("env:RANK",
+    "lightning:LOCAL_RANK", "mp.spawn:start-order", ...)."""
+    return {rank: {"launcher": t.latest.launcher, "identified_by": t.latest.identified_by}
+            for rank, t in track.ranks.items()}
 
 
 def progress_series(track: JobTrack) -> dict[int, list[list[float]]]:

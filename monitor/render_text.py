@@ -39,6 +39,9 @@ def render_job(job: dict[str, Any], now: float) -> str:
         lines.append(f"  also reported as {', '.join(job['aliases'])} (another spelling of the master address)")
     if job.get("stacks_unavailable_reason"):
         lines.append(f"  stacks unavailable: {job['stacks_unavailable_reason']}")
+    found = _found_by(job["ranks"])
+    if found:
+        lines.append(f"  ranks found by {found}")
     _section(lines, "evidence", [f"- {e}" for e in job["evidence"]])
     _section(lines, "hints", [f"> {h}" for h in job["hints"]])
     _section(lines, "waiting at", [f"{_ranks_word(g['ranks'])}: {g['site']}" for g in job.get("groups") or []])
@@ -53,6 +56,15 @@ def render_job(job: dict[str, Any], now: float) -> str:
         lines.append("  no rank has started yet")
     lines.append("")
     return "\n".join(lines)
+
+
+def _found_by(ranks: list[dict[str, Any]]) -> str:
+    """"lightning:parent-of-LOCAL_RANK-children (rank 0), lightning:LOCAL_RANK (rank 1)"."""
+    by_how: dict[str, list[int]] = {}
+    for r in ranks:
+        if r.get("identified_by"):
+            by_how.setdefault(r["identified_by"], []).append(r["rank"])
+    return ", ".join(f"{how} ({_ranks_word(rs)})" for how, rs in sorted(by_how.items(), key=lambda i: min(i[1])))
 
 
 def _ranks_word(ranks: list[int]) -> str:

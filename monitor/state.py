@@ -20,6 +20,7 @@ from monitor.wire import (
     ExitReport,
     HostReport,
     LauncherReport,
+    NcclRasReport,
     OrphanReport,
     ProgressReport,
     RankReport,
@@ -202,6 +203,15 @@ class JobTrack:
         return max((t.exit.at if t.exit else t.observed_at) for t in tracks)
 
 
+@dataclass(frozen=True)
+class NcclRasTrack:
+    """A node's latest answer from NCCL's RAS service, its times on the monitor's clock."""
+
+    polled_at: float
+    unchanged_since: float
+    answer: NcclRasReport
+
+
 @dataclass
 class NodeTrack:
     node: str
@@ -213,6 +223,7 @@ class NodeTrack:
     rank_keys: set[RankKey] = field(default_factory=set)
     launcher_keys: set[LauncherKey] = field(default_factory=set)
     orphans: tuple[OrphanReport, ...] = ()
+    nccl_ras: NcclRasTrack | None = None
     # Running totals over this monitor's life, for the agent-health counters.
     collector_errors: dict[str, int] = field(default_factory=dict)
     stack_failures: int = 0
@@ -249,6 +260,7 @@ class MonitorState:
             host=report.host or (node.host if node else HostReport()),
             collectors=tuple(report.collectors),
             orphans=tuple(report.orphans),
+            nccl_ras=_nccl_ras(report, node, offset),
             collector_errors=dict(node.collector_errors) if node else {},
             stack_failures=(node.stack_failures if node else 0) + sum(1 for r in report.ranks if r.stack_error),
         )
@@ -616,6 +628,16 @@ def _max_int(text: str | None) -> int | None:
     if not all(p.strip().isdigit() for p in parts):
         return None
     return max(int(p) for p in parts)
+
+
+def _nccl_ras(report: Report, previous: NodeTrack | None, offset: float) -> NcclRasTrack | None:
+    """The node's RAS answer after this report: a delta's null keeps the last one, a full report's
+    null means the agent does not poll."""
+    answer = report.nccl_ras
+    if answer is None:
+        return previous.nccl_ras if previous is not None and report.delta else None
+    since = answer.unchanged_since if answer.unchanged_since is not None else answer.polled_at
+    return NcclRasTrack(answer.polled_at + offset, min(since, answer.polled_at) + offset, answer)
 
 
 def _sockets_since(previous: dict[SocketKey, float], sockets: list[SocketReport], received_at: float) -> dict[SocketKey, float]:

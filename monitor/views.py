@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from monitor.diagnosis import HostFacts, Interface, JobView, LauncherView, OrphanView, RankView, Socket
+from monitor.nccl_views import job_nccl
 from monitor.state import JobTrack, LauncherTrack, NodeTrack, RankTrack, SocketKey
 from monitor.wire import HostReport
 
@@ -107,6 +108,7 @@ def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float) -> JobVi
         ),
         nodes_reporting=nodes_reporting(nodes, now),
         phase_marks=tuple(job.phase_marks),
+        nccl=job_nccl(job, job_nodes),
     )
 
 

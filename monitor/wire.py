@@ -134,6 +134,9 @@ class RankReport(_Strict):
     pid: Annotated[int, Field(ge=1)]
     cmdline: Annotated[str, Field(max_length=4096)] = ""
     launcher: ShortStr = ""
+    # How the agent knew the rank: "env:RANK", "env:SLURM_PROCID", "lightning:LOCAL_RANK",
+    # "mp.spawn:start-order", ... (agent/identity.py); "" from agents before it was sent.
+    identified_by: ShortStr = ""
     started_at: float | None = None
     alive: bool = True
     exit: ExitReport | None = None
@@ -217,6 +220,54 @@ class HostReport(_Strict):
     interfaces: Annotated[list[InterfaceReport], Field(max_length=64)] = []
 
 
+class NcclRankReport(_Strict):
+    """One rank of a communicator, as NCCL's RAS service saw it (a rank of the reporting node)."""
+
+    rank: Annotated[int, Field(ge=0)]  # in the communicator, not necessarily the job's rank
+    pid: int  # as the agent knows the process (the service's pid, out of a container's namespace)
+    host: ShortStr = ""  # the address NCCL uses for this rank
+    # Collectives launched so far, by type ("AllReduce", "Broadcast", ...).
+    collective_counts: Annotated[dict[Annotated[str, Field(max_length=32)], int], Field(max_length=16)] = {}
+    # The communicator's asynchronous error by name ("remote error", "invalid usage"); null: none.
+    async_error: ShortStr | None = None
+    aborted: bool = False
+    destroyed: bool = False
+    finalized: bool = False
+
+
+class NcclMissingRankReport(_Strict):
+    """A rank of a communicator the RAS service got no data from."""
+
+    rank: Annotated[int, Field(ge=0)]
+    pid: int | None = None  # the process's own pid (or the agent's, when the rank is the node's)
+    host: ShortStr = ""
+    unresponsive: bool = False
+    considered_dead: bool = False
+
+
+class NcclCommReport(_Strict):
+    hash: Annotated[str, Field(max_length=64)]
+    size: Annotated[int, Field(ge=1)]
+    # Ranks the service had data from, over the whole communicator (``ranks`` holds this node's).
+    ranks_count: int | None = None
+    ranks: Annotated[list[NcclRankReport], Field(max_length=256)] = []
+    missing_ranks: Annotated[list[NcclMissingRankReport], Field(max_length=64)] = []
+
+
+class NcclRasReport(_Strict):
+    """The latest answer of NCCL's RAS service on the node (agent/nccl_ras.py): its communicators
+    with this node's ranks in them. Every node's agent sends its own ranks; the monitor joins them."""
+
+    polled_at: float
+    # Since when the answer has stayed the same (a hang freezes NCCL's counts).
+    unchanged_since: float | None = None
+    # "ok" when NCCL answered; else why there is nothing ("no listener": no NCCL job here).
+    status: ShortStr = "ok"
+    address: ShortStr = ""
+    nccl_version: Annotated[str, Field(max_length=64)] = ""
+    communicators: Annotated[list[NcclCommReport], Field(max_length=64)] = []
+
+
 class AgentInfo(_Strict):
     version: ShortStr = ""
     pid: int | None = None
@@ -236,6 +287,8 @@ class Report(_Strict):
     ranks: Annotated[list[RankReport], Field(max_length=4096)] = []
     launchers: Annotated[list[LauncherReport], Field(max_length=256)] = []
     orphans: Annotated[list[OrphanReport], Field(max_length=256)] = []
+    # null: the agent does not poll NCCL's RAS service (or, in a delta report, its answer is unchanged).
+    nccl_ras: NcclRasReport | None = None
     # A delta report carries only what changed since the node's last report the monitor
     # took (agent/delta.py): a stack only when it is a new dump, only new progress points,
     # and null host/sockets, empty env/cmdline when unchanged. The monitor keeps the rest.

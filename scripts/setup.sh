@@ -14,4 +14,6 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     pip install "torch==2.13.0"
 fi
-pip install -e ".[test]"
+# The torch installed stays: nothing in the test extra (lightning, torchmetrics) may swap it
+# for another build.
+pip install -e ".[test]" "torch==$("$VENV/bin/python" -c "import torch; print(torch.__version__)")"

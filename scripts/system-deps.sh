@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent: install the system tools the ops tests run for real (promtool and a Prometheus
-# server, headless Chromium, iptables, systemd-analyze) and the Python packages they drive them
-# with. Installs only what is missing; runs `apt-get update` at most once, and only then.
+# server, headless Chromium, iptables, systemd-analyze, Open MPI's mpirun) and the Python
+# packages they drive them with. Installs only what is missing; runs `apt-get update` at most
+# once, and only then.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${HANGWATCH_VENV:-.venv}
@@ -15,6 +16,7 @@ declare -A PROVIDES=(
     [systemd-analyze]=systemd
     [ip]=iproute2
     [tc]=iproute2
+    [mpirun]=openmpi-bin
 )
 
 missing=()

@@ -3,7 +3,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh || exit 1
-# System tools the tests run for real: promtool/prometheus, chromium, iptables, systemd-analyze.
+# System tools the tests run for real: promtool/prometheus, chromium, iptables, systemd-analyze, mpirun.
 scripts/system-deps.sh || exit 1
 .venv/bin/ruff check --quiet agent monitor hangwatch tests benchmarks || exit 1
 .venv/bin/python -m pytest "$@"

@@ -185,6 +185,47 @@ class OrphanView:
 
 
 @dataclass(frozen=True)
+class NcclRank:
+    """A rank of an NCCL communicator, as NCCL's RAS service counts its collectives."""
+
+    comm_rank: int
+    # The job's rank: the tracked process with this pid on the reporting node; None if none is.
+    rank: int | None
+    node: str
+    pid: int | None
+    host: str = ""
+    # (collective type, how many were launched), e.g. ("AllReduce", 64).
+    counts: tuple[tuple[str, int], ...] = ()
+    async_error: str | None = None  # by name: "remote error", "invalid usage", ...
+    flags: tuple[str, ...] = ()  # "aborted", "destroyed", "finalized"
+
+
+@dataclass(frozen=True)
+class NcclMissingRank:
+    """A rank of a communicator the RAS service got no data from."""
+
+    comm_rank: int
+    rank: int | None
+    pid: int | None
+    host: str = ""
+    unresponsive: bool = False
+    considered_dead: bool = False
+
+
+@dataclass(frozen=True)
+class NcclComm:
+    """One NCCL communicator of the job, joined from the RAS answers of its nodes."""
+
+    hash: str
+    size: int
+    # When its oldest part was read, and since when no part has changed (monitor clock).
+    polled_at: float
+    unchanged_since: float
+    ranks: tuple[NcclRank, ...] = ()
+    missing: tuple[NcclMissingRank, ...] = ()
+
+
+@dataclass(frozen=True)
 class JobView:
     job_id: str
     world_size: int
@@ -210,6 +251,8 @@ class JobView:
     # a stack), oldest first: which silent stretches of the past were evaluations,
     # checkpoints or compilations, so steps and each phase get a pace of their own.
     phase_marks: tuple[tuple[float, str], ...] = ()
+    # The job's NCCL communicators as NCCL's RAS service sees them (empty without NCCL).
+    nccl: tuple[NcclComm, ...] = ()
 
 
 RankState = Literal[

@@ -7,6 +7,7 @@ from collections import defaultdict
 from monitor.diagnosis.activity import Activity
 from monitor.diagnosis.context import Context, describe, progress_evidence, ranks_text, wait_verb
 from monitor.diagnosis.model import Diagnosis, WaitGroup
+from monitor.diagnosis.nccl import with_nccl
 from monitor.diagnosis.phases import fresh_log_phase, phase_grace_s
 from monitor.diagnosis.stacks import REGULAR_COLLECTIVES
 
@@ -156,6 +157,11 @@ def _phase_pace(ctx: Context, phase: str) -> str:
 
 
 def stall(ctx: Context, since: float | None) -> Diagnosis:
+    # NCCL's counts name the rank that diverged when every stack looks the same.
+    return with_nccl(ctx.job, _stall(ctx, since), since)
+
+
+def _stall(ctx: Context, since: float | None) -> Diagnosis:
     live = ctx.live()
     waiting = [a for a in live if a.waiting]
     busy = [a for a in live if a.busy]

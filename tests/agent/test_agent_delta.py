@@ -16,6 +16,13 @@ TAKEN_AT = 100.0
 RECENT = [(98.0, 1), (99.0, 2), (100.0, 3)]
 SOCKETS = [socket("10.0.0.2:40000", "10.0.0.1:29500")]
 ENV = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+NCCL_RAS = {
+    "polled_at": 199.0, "unchanged_since": 150.0, "status": "ok", "address": "localhost:28028",
+    "nccl_version": "2.28.9",
+    "communicators": [{"hash": "0x1", "size": 2, "ranks_count": 2, "missing_ranks": [], "ranks": [
+        {"rank": 0, "pid": 1000, "host": "10.0.0.2", "collective_counts": {"AllReduce": 64}, "async_error": None,
+         "aborted": False, "destroyed": False, "finalized": False}]}],
+}
 
 
 def rank_of(**changes) -> dict:
@@ -32,6 +39,7 @@ def rank_of(**changes) -> dict:
 
 def node_report(*ranks: dict, **fields) -> dict:
     """A node's full report, as the agent builds it every interval (a fresh dict each time)."""
+    fields.setdefault("nccl_ras", copy.deepcopy(NCCL_RAS))
     return report(ranks=list(ranks) if ranks else [rank_of()], sent_at=200.0, **fields)
 
 
@@ -81,6 +89,7 @@ def test_a_monitor_that_stops_saying_delta_gets_full_reports_again():
 # (what, where it is in the compacted report, the value that means "unchanged")
 UNCHANGED = [
     ("host", lambda r: r["host"], None),
+    ("nccl_ras", lambda r: r["nccl_ras"], None),
     ("stack", lambda r: only_rank(r)["stack"], None),
     ("sockets", lambda r: only_rank(r)["sockets"], None),
     ("env", lambda r: only_rank(r)["env"], {}),
@@ -112,10 +121,12 @@ def test_what_a_delta_always_keeps():
 NEW_HOST = {"hostname": "node-a", "cpu_count": 16, "cpu_flags": [], "cpu_model": "Other CPU"}
 NEW_SOCKETS = [socket("10.0.0.2:40001", "10.0.0.1:29500", state="SYN_SENT")]
 NEW_ENV = dict(ENV, MASTER_PORT="29501")
+NEW_NCCL_RAS = dict(NCCL_RAS, polled_at=202.0)  # the next poll, the same answer
 
 # (what changed, the next full report, where it is in the compacted report, what must be sent)
 CHANGED = [
     ("host", node_report(host=NEW_HOST), lambda r: r["host"], NEW_HOST),
+    ("nccl_ras", node_report(nccl_ras=NEW_NCCL_RAS), lambda r: r["nccl_ras"], NEW_NCCL_RAS),
     ("new dump", node_report(rank_of(stack=stack(TAKEN_AT + 5))), lambda r: only_rank(r)["stack"],
      stack(TAKEN_AT + 5)),
     ("sockets", node_report(rank_of(sockets=NEW_SOCKETS)), lambda r: only_rank(r)["sockets"], NEW_SOCKETS),
@@ -261,7 +272,7 @@ def test_compacted_reports_validate(later):
 def test_a_fully_compacted_report_reads_as_unchanged():
     sent, _ = acknowledged(node_report()).compact(node_report())
     parsed = Report.model_validate(sent)
-    assert parsed.host is None
+    assert parsed.host is None and parsed.nccl_ras is None
     first = parsed.ranks[0]
     assert first.stack is None and first.sockets is None and first.env == {} and first.cmdline == ""
     assert first.progress is not None and first.progress.recent == []

@@ -97,25 +97,25 @@ def test_parse_environ():
     [
         (
             {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
-            RankIdentity("h:1", 3, 8, 1, "env"),
+            RankIdentity("h:1", 3, 8, 1, "env", "env:RANK"),
         ),
         (
             {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "none",
              "TORCHELASTIC_RESTART_COUNT": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
-            RankIdentity("127.0.0.1:29500", 0, 2, 0, "torchrun"),
+            RankIdentity("127.0.0.1:29500", 0, 2, 0, "torchrun", "env:RANK"),
         ),
         (
             {"RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "job42", "MASTER_ADDR": "h",
              "MASTER_PORT": "1"},
-            RankIdentity("job42", 1, 2, None, "torchrun"),
+            RankIdentity("job42", 1, 2, None, "torchrun", "env:RANK"),
         ),
         (
             {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "77"},
-            RankIdentity("slurm:77", 5, 16, 1, "slurm"),
+            RankIdentity("slurm:77", 5, 16, 1, "slurm", "env:SLURM_PROCID"),
         ),
         (
             {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"},
-            RankIdentity("local:99", 2, 4, None, "mpi"),
+            RankIdentity("local:99", 2, 4, None, "mpi", "env:OMPI_COMM_WORLD_RANK"),
         ),
         ({"RANK": "0"}, None),
         ({"RANK": "4", "WORLD_SIZE": "4"}, None),

@@ -64,12 +64,13 @@ def test_usual_step_interval():
     "now, progress, low_cpu_since, stuck",
     [
         (100.0, {"step_at": 99.0, "recent": []}, None, False),
-        (100.0, {"step_at": 96.0, "recent": []}, None, True),  # 4 s > 3 s
+        (100.0, {"step_at": 98.5, "recent": []}, None, False),  # 1.5 s < 2 s
+        (100.0, {"step_at": 97.5, "recent": []}, None, True),  # 2.5 s > 2 s
         # slow steps (10 s each): 20 s without progress is still normal
         (100.0, {"step_at": 80.0, "recent": [(50.0, 1), (60.0, 2), (70.0, 3), (80.0, 4)]}, None, False),
         (100.0, {"step_at": 60.0, "recent": [(30.0, 1), (40.0, 2), (50.0, 3), (60.0, 4)]}, None, True),
-        (100.0, None, 98.0, False),
-        (100.0, None, 96.5, True),
+        (100.0, None, 98.5, False),
+        (100.0, None, 97.5, True),
         (100.0, None, None, False),
     ],
 )
