@@ -23,14 +23,15 @@ from dataclasses import dataclass, replace
 
 from monitor.diagnosis.model import Diagnosis
 
-# How long each alarm must persist in the raw verdicts before it is published. Straggler
-# and slow compute are not urgent and are where a passing slow step looks alike.
+# How long each alarm must persist in the raw verdicts before it is published: a second, so
+# two agent reports (1 s apart by default) agree. Every alarm already needs seconds of silence
+# before its first raw reading; this guards against the one odd reading, not the slow step.
 CONFIRM_S: dict[str, float] = {
     "deadlock": 1.0,
     "stalled": 1.0,
     "rendezvous_hang": 1.0,
-    "straggler": 2.0,
-    "slow_compute": 2.0,
+    "straggler": 1.0,
+    "slow_compute": 1.0,
 }
 ALARMS = frozenset(CONFIRM_S)
 # An alarm without new progress clears only after raw non-alarm verdicts for this long.
