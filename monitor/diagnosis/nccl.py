@@ -150,8 +150,11 @@ def culprits_of(found: list[Finding]) -> tuple[int, ...]:
     return _ids_of(f for f in found if f.culprits)
 
 
-def with_nccl(job: JobView, result: Diagnosis, since: float | None) -> Diagnosis:
-    """A deadlock or stall verdict with NCCL's findings: its culprits, evidence and hints."""
+def with_nccl(job: JobView, result: Diagnosis, since: float | None, superseded: tuple[str, ...] = ()) -> Diagnosis:
+    """A deadlock or stall verdict with NCCL's findings: its culprits, evidence and hints.
+
+    ``superseded``: the verdict's hints that guess at what NCCL's counts now tell; dropped
+    when a count mismatch names ranks."""
     if result.verdict not in VERDICTS_HELPED:
         return result
     found = findings(job, since)
@@ -165,12 +168,15 @@ def with_nccl(job: JobView, result: Diagnosis, since: float | None) -> Diagnosis
     evidence = [f"NCCL RAS: {f.text}" for f in found][:MAX_LINES]
     evidence.append(f"NCCL RAS answer read {age:.0f}s ago, unchanged for {still:.0f}s")
     hints = list(dict.fromkeys(f.hint for f in found if f.hint and f.strength == lead.strength))
+    kept = result.hints
+    if lead.strength > FACT:  # NCCL told the ranks apart: the stacks' guess no longer stands
+        kept = tuple(h for h in kept if h not in superseded)
     return replace(
         result,
         culprit_ranks=named or result.culprit_ranks,
         summary=f"{result.summary}; NCCL: {lead.text}",
         evidence=(*result.evidence, *evidence),
-        hints=(*hints, *result.hints),
+        hints=(*hints, *kept),
     )
 
 

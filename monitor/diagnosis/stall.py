@@ -17,6 +17,12 @@ FIRST_TO_STOP_MARGIN_S = 1.0
 COMM_BOUND_SHARE = 0.5
 
 
+# Where the stacks cannot tell the ranks apart. NCCL's counts can (diagnosis.nccl), and then
+# this guess gives way to them.
+SAME_COLLECTIVE_HINT = ("With every rank in the same collective, suspect the network (a peer unreachable) or "
+                        "collectives whose tensor sizes differ between ranks.")
+
+
 def _group_waits(waiting: list[Activity]) -> list[WaitGroup]:
     by_site: dict[str, list[int]] = defaultdict(list)
     for a in waiting:
@@ -125,8 +131,7 @@ def _deadlock(ctx: Context, since: float | None, waiting: list[Activity], idle: 
     if odd_groups:
         hints.append("Open the odd call site(s) above: that collective runs on some ranks only.")
     if not odd_groups and not idle:
-        hints.append("With every rank in the same collective, suspect the network (a peer unreachable) or "
-                     "collectives whose tensor sizes differ between ranks.")
+        hints.append(SAME_COLLECTIVE_HINT)
     cpu = [a.rank.cpu_percent for a in waiting if a.rank.cpu_percent is not None]
     if cpu:
         evidence.append(f"CPU of waiting ranks: max {max(cpu):.0f}%; bytes written: none moving")
@@ -158,7 +163,7 @@ def _phase_pace(ctx: Context, phase: str) -> str:
 
 def stall(ctx: Context, since: float | None) -> Diagnosis:
     # NCCL's counts name the rank that diverged when every stack looks the same.
-    return with_nccl(ctx.job, _stall(ctx, since), since)
+    return with_nccl(ctx.job, _stall(ctx, since), since, superseded=(SAME_COLLECTIVE_HINT,))
 
 
 def _stall(ctx: Context, since: float | None) -> Diagnosis:

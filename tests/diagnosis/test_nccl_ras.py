@@ -114,6 +114,10 @@ def test_the_hint_says_where_to_look():
     result = diagnose(job(*(gpu_rank("mismatch", r) for r in range(3)), progress=STALLED, nccl=ras("mismatch")))
     assert result.hints[0].startswith("rank 0 issued a Broadcast the others did not: look for a collective "
                                       "under a rank-dependent branch")
+    # The stacks' guess for identical stacks (the network, tensor sizes) gives way to NCCL's finding.
+    assert not any("suspect the network" in h for h in result.hints), result.hints
+    without = diagnose(job(*(gpu_rank("mismatch", r) for r in range(3)), progress=STALLED))
+    assert any("suspect the network" in h for h in without.hints), without.hints
 
 
 # --- the counting rules on their own --------------------------------------------------------------
