@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nccl-ras-addr", type=_ras_address, default=None, metavar="HOST:PORT",
                    help="where NCCL's RAS service listens (default: the ranks' NCCL_RAS_ADDR, else "
                         "localhost:28028)")
+    p.add_argument("--no-flight-recorder", action="store_true",
+                   help="never read the ranks' PyTorch Flight Recorder dumps (TORCH_FR_DUMP_TEMP_FILE<rank>)")
     p.add_argument("--once", action="store_true",
                    help="sample twice one interval apart, print the report JSON and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -122,6 +124,7 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         own_pid_namespace=args.own_pid_namespace,
         nccl_ras=not args.no_nccl_ras,
         nccl_ras_addr=args.nccl_ras_addr,
+        flight_recorder=not args.no_flight_recorder,
     )
     return config, args
 

@@ -10,7 +10,8 @@ the smallest report that leaves the monitor with the same picture:
   changes with every poll of the service, every few seconds, not every report);
 - per rank (keyed by job, rank and pid): the stack is left out when the monitor has that dump
   already; progress points the monitor has are left out of ``recent``; ``sockets`` is
-  ``null`` when unchanged; ``env`` and ``cmdline`` are empty when unchanged (the monitor
+  ``null`` when unchanged, and so is ``flight_recorder`` (the rank's latest dump: it changes
+  when the job writes a new one); ``env`` and ``cmdline`` are empty when unchanged (the monitor
   keeps the last non-empty one).
 
 The baseline moves only on delivery, and every delta is taken against the last report the
@@ -37,6 +38,7 @@ class _Sent:
     sockets: list | None = None
     env: dict | None = None
     cmdline: str | None = None
+    flight_recorder: dict | None = None
 
 
 @dataclass
@@ -93,6 +95,8 @@ class DeltaState:
             out["env"] = {}
         if rank.get("cmdline") == sent.cmdline:
             out["cmdline"] = ""
+        if rank.get("flight_recorder") == sent.flight_recorder:
+            out["flight_recorder"] = None  # the agent never takes a dump back: null is "unchanged"
         return out
 
 
@@ -112,5 +116,6 @@ def _baseline_of(report: dict) -> dict:
             sockets=rank.get("sockets"),
             env=rank.get("env"),
             cmdline=rank.get("cmdline"),
+            flight_recorder=rank.get("flight_recorder"),
         )
     return {"host": report.get("host"), "nccl_ras": report.get("nccl_ras"), "ranks": ranks}

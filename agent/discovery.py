@@ -73,6 +73,12 @@ ENV_ALLOWLIST = (
     # Where NCCL's RAS service listens, and whether it runs (agent/nccl_ras.py).
     "NCCL_RAS_ADDR",
     "NCCL_RAS_ENABLE",
+    # Whether torch's Flight Recorder records, and where a rank's dump goes (agent/flight_recorder.py).
+    "TORCH_FR_BUFFER_SIZE",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_FR_DUMP_TEMP_FILE",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    "TORCH_FR_DUMP_DYNAMIC_FILE_NAME",
 )
 # torchrun reads any of its options from PET_<OPTION> when not on the command line.
 LAUNCHER_ENV_PREFIX = "PET_"

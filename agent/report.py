@@ -36,6 +36,7 @@ def rank_report(
     error_file: dict | None = None,
     dtype: tuple[str, str] | None = None,
     gpus: list[dict] = (),
+    flight_recorder: dict | None = None,
 ) -> dict:
     ident = proc.identity
     out = {
@@ -68,6 +69,8 @@ def rank_report(
         "compute_dtype": dtype[0] if dtype else None,
         "compute_dtype_line": dtype[1] if dtype else None,
         "gpus": list(gpus)[:16],
+        # The rank's latest Flight Recorder dump (agent/flight_recorder.py); null: none read.
+        "flight_recorder": flight_recorder,
     }
     if sample is not None:
         out.update(

@@ -14,6 +14,7 @@ from agent import __version__
 from agent.discovery import Discovery, OrphanProcess, RankProcess
 from agent.exits import ExitWatcher, exit_from_stat
 from agent.errorfile import read_error_file
+from agent.flight_recorder import FlightRecorderReader
 from agent.gpus import GpuCollector
 from agent.host import collect_host, collect_interfaces
 from agent.launchers import LauncherTracker, launcher_job_id, parse_launcher_args
@@ -62,6 +63,7 @@ class Config:
     nccl_ras: bool = True
     # host:port of NCCL's RAS listener; None: the ranks' NCCL_RAS_ADDR, else NCCL's default.
     nccl_ras_addr: str | None = None
+    flight_recorder: bool = True
 
     @property
     def monitor(self) -> str | None:
@@ -152,6 +154,7 @@ class Agent:
         self._interfaces_at: float | None = None
         self.nccl_ras = NcclRasPoller(clock) if config.nccl_ras else None
         self._nccl_ras_at: float | None = None
+        self.flight_recorder = FlightRecorderReader(root) if config.flight_recorder else None
 
     def start(self) -> None:
         self.exits.start()
@@ -221,6 +224,12 @@ class Agent:
                 self._schedule_stacks(alive, now)
         if self.nccl_ras is not None:
             self._poll_nccl_ras(alive, now)
+        if self.flight_recorder is not None:
+            with self.health.run("flight_recorder"):
+                # Ended ranks too: NCCL's watchdog writes the dump as the rank gives up.
+                self.flight_recorder.collect(
+                    [(t.proc.pid, t.proc.identity.rank, t.proc.env, t.started_at) for t in self.tracked.values()], now
+                )
         self._drop_old_exits(now)
         return self.report(now)
 
@@ -459,6 +468,8 @@ class Agent:
         self.logs.forget(pid)
         if self.stacks:
             self.stacks.forget(pid)
+        if self.flight_recorder is not None:
+            self.flight_recorder.forget(pid)
 
     # --- the report ------------------------------------------------------------------
 
@@ -485,6 +496,7 @@ class Agent:
                     error_file=t.error_file,
                     dtype=self.logs.dtype_of(pid),
                     gpus=self.gpu_reports.get(pid, []) if t.alive else [],
+                    flight_recorder=self.flight_recorder.latest(pid) if self.flight_recorder else None,
                 )
             )
         gpu_health = self.gpus.health()

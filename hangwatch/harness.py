@@ -318,7 +318,7 @@ def _nice() -> None:
 
 
 def launch_torchrun(reaper: Reaper, workdir: Path, train_args: Sequence[str], *, nproc: int = 2,
-                    port: int | None = None, name: str = "job") -> Job:
+                    port: int | None = None, name: str = "job", env: dict[str, str] | None = None) -> Job:
     """``torchrun --nproc-per-node=N --master-port P train.py ...``; job id ``127.0.0.1:P``.
 
     torchrun without ``--standalone`` sets MASTER_ADDR=127.0.0.1 and TORCHELASTIC_RUN_ID=none,
@@ -329,7 +329,7 @@ def launch_torchrun(reaper: Reaper, workdir: Path, train_args: Sequence[str], *,
     cmd = [tool("torchrun"), f"--nproc-per-node={nproc}", f"--master-addr={LOOPBACK}", f"--master-port={port}",
            str(TRAIN_SCRIPT), *train_args]
     with open(log, "wb") as out:
-        p = reaper.popen(cmd, launcher=True, stdout=out, stderr=subprocess.STDOUT, env=_workload_env(),
+        p = reaper.popen(cmd, launcher=True, stdout=out, stderr=subprocess.STDOUT, env=_workload_env(env),
                          preexec_fn=_nice)
     job = Job(job_id=f"{LOOPBACK}:{port}", kind="torchrun", logs=[log], launcher=p, reaper=reaper)
     job.nproc = nproc

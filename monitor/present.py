@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
+from monitor.diagnosis.model import FlightRecord
 from monitor.service import JobResult
 from monitor.state import JobTrack
 
@@ -186,4 +187,21 @@ def rank_dict(
         "gpu_utilization_percent": r.gpu_utilization_percent,
         # Recent [time, step] points (monitor clock), oldest first, for the page's chart.
         "progress": progress or [],
+        "flight_recorder": flight_recorder_dict(r.flight_recorder),
+    }
+
+
+def flight_recorder_dict(fr: FlightRecord | None) -> dict[str, Any] | None:
+    """How far the rank got per process group, by its latest Flight Recorder dump."""
+    if fr is None:
+        return None
+    return {
+        "dumped_at": fr.dumped_at,
+        "path": fr.path,
+        "status": fr.status,
+        "groups": [
+            {"pg": g.pg, "desc": g.desc, "last_enqueued": g.last_enqueued, "last_started": g.last_started,
+             "last_completed": g.last_completed, "last_enqueued_op": g.op_of(g.last_enqueued)}
+            for g in fr.groups
+        ],
     }

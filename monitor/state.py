@@ -13,11 +13,14 @@ from dataclasses import dataclass, field
 
 from monitor.diagnosis import ExitView, Frame, LogPhase, Stack, stacks
 from monitor.diagnosis.activity import MOVING_BYTES_PER_S
+from monitor.diagnosis.model import FlightRecord
 from monitor.diagnosis.phases import phase_of
+from monitor.flight_recorder_views import flight_record
 from monitor.wire import (
     AgentInfo,
     CollectorHealth,
     ExitReport,
+    FlightRecorderReport,
     HostReport,
     LauncherReport,
     NcclRasReport,
@@ -103,6 +106,9 @@ class RankTrack:
     compute_dtype_line: str | None = None
     log_phase: LogPhase | None = None
     log_phase_mark: float | None = None  # its seen_at on the agent's clock
+    # The latest Flight Recorder dump the agent read, and the report it came in.
+    flight_recorder: FlightRecord | None = None
+    flight_recorder_report: FlightRecorderReport | None = None
 
     def wait_share(self, now: float) -> float | None:
         """Share of the recent stack samples that waited in a collective; None below the minimum count."""
@@ -490,6 +496,10 @@ class MonitorState:
                 track.log_phase_mark = rr.log_phase.seen_at
                 track.log_phase = LogPhase(rr.log_phase.phase, rr.log_phase.seen_at + offset, rr.log_phase.line)
                 job.mark_phase(track.log_phase.seen_at, track.log_phase.phase)
+        # null: no dump, or the same one (a delta); the agent re-sends it in full reports.
+        if rr.flight_recorder is not None and rr.flight_recorder != track.flight_recorder_report:
+            track.flight_recorder_report = rr.flight_recorder
+            track.flight_recorder = flight_record(rr.flight_recorder, offset)
         if rr.progress is not None:
             self._apply_progress(job, track, node, rr.progress, received_at, offset)
 

@@ -44,6 +44,7 @@ def rank_view(track: RankTrack, now: float | None = None) -> RankView:
         compute_dtype_line=track.compute_dtype_line,
         gpu_utilization_percent=sum(gpu) / len(gpu) if gpu else None,
         collective_wait_share=track.wait_share(track.observed_at if now is None else now),
+        flight_recorder=track.flight_recorder,
     )
 
 

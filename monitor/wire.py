@@ -126,6 +126,43 @@ class GpuReport(_Strict):
     name: ShortStr = ""
 
 
+class FlightRecorderEntryReport(_Strict):
+    """One recorded collective (or p2p op) of a process group, from a Flight Recorder dump."""
+
+    seq: int | None = None  # collective_seq_id (p2p_seq_id for a p2p op)
+    op: Annotated[str, Field(max_length=64)] = ""  # "all_reduce", "broadcast", ... (backend prefix cut)
+    # torch's entry state: "scheduled", "started", "completed" (gloo leaves every entry "scheduled").
+    state: Annotated[str, Field(max_length=16)] = ""
+    created_at: float | None = None  # the rank's clock
+    p2p: bool = False
+
+
+class FlightRecorderGroupReport(_Strict):
+    """One process group of a rank's dump: how far the rank got in it (pg_status)."""
+
+    pg: Annotated[str, Field(max_length=64)]  # the group's name, "0" for the default group
+    desc: ShortStr = ""  # "default_pg", or the name the job gave it
+    size: int | None = None  # ranks in the group, when the dump says
+    # Sequence ids of the last collective the rank enqueued, started and completed (-1: none).
+    last_enqueued: int | None = None
+    last_started: int | None = None
+    last_completed: int | None = None
+    # The group's last few entries, oldest first.
+    recent: Annotated[list[FlightRecorderEntryReport], Field(max_length=8)] = []
+
+
+class FlightRecorderReport(_Strict):
+    """The latest PyTorch Flight Recorder dump of a rank (agent/flight_recorder.py)."""
+
+    path: Annotated[str, Field(max_length=1024)]
+    dumped_at: float  # the file's mtime, the agent's clock
+    size: int | None = None
+    # "ok", or why the file could not be used ("unreadable: truncated ...", "too big: ...").
+    status: ShortStr = "ok"
+    version: Annotated[str, Field(max_length=64)] = ""
+    groups: Annotated[list[FlightRecorderGroupReport], Field(max_length=32)] = []
+
+
 class RankReport(_Strict):
     job_id: Annotated[str, Field(min_length=1, max_length=256)]
     rank: Annotated[int, Field(ge=0, lt=1_000_000)]
@@ -166,6 +203,8 @@ class RankReport(_Strict):
     compute_dtype: ShortStr | None = None
     compute_dtype_line: LineStr | None = None
     gpus: Annotated[list[GpuReport], Field(max_length=16)] = []
+    # null: no dump read (or, in a delta report, the same dump as before).
+    flight_recorder: FlightRecorderReport | None = None
 
 
 class LauncherReport(_Strict):

@@ -34,7 +34,9 @@ Other knobs: ``--first-step-seconds S`` (every rank computes S seconds in step 1
 slow cadence), ``--dtype bfloat16`` (prints ``COMPUTE_DTYPE: torch.bfloat16`` at start, as
 nanochat does, and computes in bf16, also in busy phases). ``main`` is wrapped in
 torchelastic's ``@record``: under torchrun a crash writes its traceback to
-``TORCHELASTIC_ERROR_FILE``.
+``TORCHELASTIC_ERROR_FILE``. ``--fr-dump-every S`` writes the rank's Flight Recorder dump
+(``torch._C._distributed_c10d._dump_fr_trace()``, what NCCL's watchdog writes on a timeout) to
+``$TORCH_FR_DUMP_TEMP_FILE<rank>`` every S seconds, from a thread, also while the rank hangs.
 
 When a failure starts, the affected rank prints ``HANGWATCH-STALL t=<epoch> ...``
 so that benchmarks can time the detection.
@@ -45,6 +47,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 import warnings
 
@@ -86,6 +89,8 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint-dir", default=None, help="checkpoint mode: where to write (default: $TMPDIR)")
     p.add_argument("--checkpoint-burst-mb", type=int, default=1, help="checkpoint mode: MB written per fsync")
     p.add_argument("--checkpoint-pause", type=float, default=0.02, help="checkpoint mode: pause after each fsync (s)")
+    p.add_argument("--fr-dump-every", type=float, default=0.0,
+                   help="write the Flight Recorder dump to $TORCH_FR_DUMP_TEMP_FILE<rank> every S seconds (0: never)")
     return p.parse_args(argv)
 
 
@@ -204,6 +209,27 @@ def get_future_sync(model: nn.Module, world_size: int) -> None:
     fut.wait()
 
 
+def dump_flight_recorder_every(seconds: float, rank: int) -> None:
+    """gloo has no watchdog that dumps: a thread writes what torch would, where torch would.
+    The thread runs while the main thread waits in a collective (gloo's wait lets go of the GIL)."""
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    if not prefix:
+        return
+    path = f"{prefix}{rank}"
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+
+    def loop() -> None:
+        while True:
+            time.sleep(seconds)
+            with open(path + ".tmp", "wb") as f:
+                f.write(_dump_fr_trace())
+            os.replace(path + ".tmp", path)  # whole dumps only
+
+    threading.Thread(target=loop, name="fr-dump", daemon=True).start()
+
+
 def linger_forever() -> None:
     while True:
         time.sleep(3600)
@@ -227,6 +253,8 @@ def main(argv=None) -> int:
     rank = dist.get_rank()
     world_size = dist.get_world_size()
     log(rank, args, f"init done: rank {rank}/{world_size} pid {os.getpid()} fail={args.fail}")
+    if args.fr_dump_every > 0:
+        dump_flight_recorder_every(args.fr_dump_every, rank)
 
     model = MLP(args.hidden).to(DTYPE)
     train_model = model

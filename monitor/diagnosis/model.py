@@ -98,6 +98,45 @@ class LogPhase:
 
 
 @dataclass(frozen=True)
+class FrEntry:
+    """One collective a rank's Flight Recorder recorded."""
+
+    seq: int | None
+    op: str  # "all_reduce", "broadcast", ...
+    state: str = ""
+    created_at: float | None = None  # monitor clock
+    p2p: bool = False
+
+
+@dataclass(frozen=True)
+class FrGroup:
+    """How far one rank got in one process group, by its Flight Recorder dump."""
+
+    pg: str  # the group's name ("0": the default group), the same on every rank
+    desc: str = ""
+    size: int | None = None
+    # Sequence ids of the last collective enqueued, started and completed (-1: none yet).
+    last_enqueued: int | None = None
+    last_started: int | None = None
+    last_completed: int | None = None
+    recent: tuple[FrEntry, ...] = ()  # oldest first
+
+    def op_of(self, seq: int | None) -> str | None:
+        """The name of collective ``seq``, when the dump's last entries still hold it."""
+        return next((e.op for e in reversed(self.recent) if not e.p2p and e.seq == seq and e.op), None)
+
+
+@dataclass(frozen=True)
+class FlightRecord:
+    """A rank's latest PyTorch Flight Recorder dump."""
+
+    dumped_at: float  # monitor clock
+    path: str = ""
+    status: str = "ok"  # or why it could not be read
+    groups: tuple[FrGroup, ...] = ()
+
+
+@dataclass(frozen=True)
 class RankView:
     rank: int
     node: str
@@ -135,6 +174,8 @@ class RankView:
     # Share (0-1) of this rank's recent stack samples that were waiting in a collective:
     # how communication-bound the job is. None until enough samples.
     collective_wait_share: float | None = None
+    # The rank's latest PyTorch Flight Recorder dump, when the job wrote one.
+    flight_recorder: FlightRecord | None = None
 
     def env_value(self, name: str) -> str | None:
         return dict(self.env).get(name)

@@ -6,6 +6,7 @@ from collections import defaultdict
 
 from monitor.diagnosis.activity import Activity
 from monitor.diagnosis.context import Context, describe, progress_evidence, ranks_text, wait_verb
+from monitor.diagnosis.flight_recorder import with_flight_recorder
 from monitor.diagnosis.model import Diagnosis, WaitGroup
 from monitor.diagnosis.nccl import with_nccl
 from monitor.diagnosis.phases import fresh_log_phase, phase_grace_s
@@ -162,8 +163,10 @@ def _phase_pace(ctx: Context, phase: str) -> str:
 
 
 def stall(ctx: Context, since: float | None) -> Diagnosis:
-    # NCCL's counts name the rank that diverged when every stack looks the same.
-    return with_nccl(ctx.job, _stall(ctx, since), since, superseded=(SAME_COLLECTIVE_HINT,))
+    # NCCL's counts name the rank that diverged when every stack looks the same; so do Flight
+    # Recorder's dumps, when the job writes them (the rank that stopped issuing collectives).
+    result = with_nccl(ctx.job, _stall(ctx, since), since, superseded=(SAME_COLLECTIVE_HINT,))
+    return with_flight_recorder(ctx.job, result, since, superseded=(SAME_COLLECTIVE_HINT,))
 
 
 def _stall(ctx: Context, since: float | None) -> Diagnosis:

@@ -83,8 +83,8 @@ def reaper() -> Iterator[Reaper]:
 
 @pytest.fixture
 def torchrun_job(reaper: Reaper, tmp_path: Path, agent: Service) -> Callable[..., Job]:
-    def start(*train_args: str, nproc: int = 2) -> Job:
-        job = launch_torchrun(reaper, tmp_path, list(train_args), nproc=nproc)
+    def start(*train_args: str, nproc: int = 2, env: dict[str, str] | None = None) -> Job:
+        job = launch_torchrun(reaper, tmp_path, list(train_args), nproc=nproc, env=env)
         job.rank_pids(timeout=30)  # record the workers in the reaper at once
         return job
 
