@@ -7,6 +7,11 @@ import warnings
 from fastapi import FastAPI
 from starlette.exceptions import StarletteDeprecationWarning
 
+import msgspec
+import pydantic
+import pytest
+
+from monitor.fastwire import _decoder, decode_report
 from monitor.service import Monitor
 
 with warnings.catch_warnings():
@@ -17,7 +22,7 @@ with warnings.catch_warnings():
     )
     from fastapi.testclient import TestClient
 
-__all__ = ["FakeClock", "TestClient", "monitor_of"]
+__all__ = ["FakeClock", "TestClient", "assert_refused", "job_answer", "monitor_of", "post_report"]
 
 
 class FakeClock:
@@ -37,3 +42,28 @@ def monitor_of(client: TestClient) -> Monitor:
     app = client.app
     assert isinstance(app, FastAPI)
     return app.state.monitor
+
+
+def post_report(client: TestClient, body: dict) -> dict:
+    """POST one report; it must be accepted. Returns the monitor's answer."""
+    response = client.post("/api/v1/reports", json=body)
+    assert response.status_code == 202, response.text
+    return response.json()
+
+
+def job_answer(client: TestClient, job_id: str) -> dict:
+    """The job's entry in ``/diagnose?format=json``."""
+    response = client.get("/diagnose", params={"format": "json"})
+    assert response.status_code == 200
+    return next(j for j in response.json()["jobs"] if j["job_id"] == job_id)
+
+
+def assert_refused(client: TestClient, raw: bytes, field: str) -> None:
+    """Both decoders refuse the body naming ``field`` (dotted), and the route answers 422."""
+    with pytest.raises(msgspec.ValidationError):
+        _decoder.decode(raw)
+    with pytest.raises(pydantic.ValidationError) as caught:
+        decode_report(raw)
+    assert field in {".".join(str(p) for p in e["loc"]) for e in caught.value.errors()}
+    assert client.post("/api/v1/reports", content=raw, headers={"content-type": "application/json"}).status_code == 422
+
