@@ -130,12 +130,15 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
 
 
 def run_once(agent: Agent, config: Config) -> dict:
+    agent.one_shot = True
     agent.tick(schedule_stacks=False)
     time.sleep(config.interval)
     agent.tick(schedule_stacks=False)
     agent.dump_all_now()
     if agent.nccl_ras is not None:  # the poll the first tick started (a local answer takes ms)
         agent.nccl_ras.wait(NCCL_RAS_ONCE_WAIT_S)
+    if agent.flight_recorder is not None:
+        agent.flight_recorder.wait(NCCL_RAS_ONCE_WAIT_S)
     return agent.report(time.time())
 
 

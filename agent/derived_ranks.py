@@ -157,15 +157,17 @@ class DerivedRanks:
     def _spawn_evidence(self, parent: _Parent, kids: list[Candidate]) -> bool:
         if not any(self._has_torch(c) for c in kids):
             return False
-        if spawn_env_evidence([parent.facts, *(c.spawn_facts or {} for c in kids)]):
+        facts = [parent.facts, *(c.spawn_facts or {} for c in kids)]
+        if spawn_env_evidence(facts):
             return True
+        master_port = next((_port_of(f) for f in facts if _port_of(f) is not None), None)
         sockets = {}
         for c in kids:
             try:
                 sockets[c.pid] = self.sockets.sockets_of(c.pid)
             except OSError:
                 continue  # gone, or not ours to read
-        return spawn_socket_evidence(sockets)
+        return spawn_socket_evidence(sockets, master_port)
 
     def _has_torch(self, c: Candidate) -> bool:
         key = (c.pid, c.starttime)
@@ -219,3 +221,11 @@ def _settled(members: Iterable[Candidate], now_ticks: int | None) -> bool:
     """The youngest member is SETTLE_S old: its launcher has started every sibling by now."""
     youngest = max((c.starttime for c in members), default=0)
     return now_ticks is None or now_ticks - youngest >= SETTLE_S * CLOCK_TICKS
+
+
+def _port_of(facts: dict[str, str]) -> int | None:
+    try:
+        return int(facts["MASTER_PORT"])
+    except (KeyError, ValueError):
+        return None
+

@@ -16,8 +16,10 @@ container is read in its own file system. agent/flight_recorder_dump.py parses (
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -63,11 +65,15 @@ def dump_paths(env: Mapping[str, str], rank: int, home_env: Mapping[str, str] | 
 
 
 def locations(proc_root: str, pid: int, path: str) -> tuple[str, ...]:
-    """Where to open ``path`` as the rank sees it: in its root (or cwd) first, then as given
-    (the rank has exited, or /proc/PID/root is not ours to follow)."""
-    if os.path.isabs(path):
-        return (f"{proc_root}/{pid}/root{path}", path)
-    return (f"{proc_root}/{pid}/cwd/{path}",)
+    """Where to open ``path`` as the rank sees it: in its root (or cwd) while it runs; as
+    given only once it has exited (a container's rank must never be shown the host's file of
+    the same name). A path that climbs with ".." is not followed at all: the environment that
+    names it is the job's, and the agent reads as root."""
+    if ".." in path.split("/"):
+        return ()
+    if os.path.exists(f"{proc_root}/{pid}"):
+        return (f"{proc_root}/{pid}/root{path}",) if os.path.isabs(path) else (f"{proc_root}/{pid}/cwd/{path}",)
+    return (path,) if os.path.isabs(path) else ()
 
 
 @dataclass
@@ -97,6 +103,31 @@ class FlightRecorderReader:
         self.budget_s = budget_s
         self._monotonic = monotonic
         self._ranks: dict[int, _RankDump] = {}
+        self._worker: threading.Thread | None = None
+        # A collection that raised (a bug, not a bad file): for the collector's health entry.
+        self.failure: str | None = None
+
+    def collect_soon(self, ranks: list[tuple[int, int, Mapping[str, str], float | None]], now: float) -> None:
+        """``collect`` on a worker thread, one at a time: a dump under a hung NFS home must
+        stall this thread, never the agent's loop (which reads ``latest`` meanwhile)."""
+        if self._worker is not None and self._worker.is_alive():
+            return
+        self._worker = threading.Thread(target=self._collect_noting, args=(list(ranks), now),
+                                        name="flight-recorder", daemon=True)
+        self._worker.start()
+
+    def wait(self, timeout: float) -> None:
+        """Until the collection under way is done (``--once``), at most ``timeout``."""
+        if self._worker is not None:
+            self._worker.join(timeout)
+
+    def _collect_noting(self, ranks, now: float) -> None:
+        try:
+            self.collect(ranks, now)
+            self.failure = None
+        except Exception as e:  # noqa: BLE001 -- reported as the collector's health, never fatal
+            logging.getLogger("hangwatch.agent").exception("reading Flight Recorder dumps failed")
+            self.failure = f"{type(e).__name__}: {e}"[:200]
 
     def collect(self, ranks: list[tuple[int, int, Mapping[str, str], float | None]], now: float) -> None:
         """Look at the dumps that are due; ``ranks``: (pid, rank, allowlisted env, started_at)."""
@@ -145,10 +176,9 @@ class FlightRecorderReader:
                             "version": "", "groups": []}
             return
         try:
-            with open(where, "rb") as f:
-                data = f.read(self.max_bytes + 1)
+            data = read_owned_file(where, st, self.max_bytes + 1)
         except OSError as e:
-            state.report = {**base, "status": f"unreadable: {e.strerror or e}"[:256], "version": "", "groups": []}
+            state.report = {**base, "status": f"unreadable: {e.strerror or 'error'}"[:256], "version": "", "groups": []}
             return
         try:
             if len(data) > self.max_bytes:
@@ -164,7 +194,10 @@ class FlightRecorderReader:
         state.report = {**base, "status": "ok", **parsed}
 
     def _newest(self, pid: int, paths: tuple[str, ...]) -> tuple[str, str, os.stat_result] | None:
-        """(where to open it, the rank's path, its stat) of the newest dump there is."""
+        """(where to open it, the rank's path, its stat) of the newest dump there is: a
+        regular file owned by the rank's user (or root), so a job cannot point the agent at
+        another user's files."""
+        owner = self._owner(pid)
         best = None
         for path in paths:
             for where in locations(self.proc_root, pid, path):
@@ -174,7 +207,37 @@ class FlightRecorderReader:
                     continue
                 if not stat.S_ISREG(st.st_mode):
                     break  # a FIFO would block the loop on open; a directory is no dump
+                if owner is not None and st.st_uid not in (owner, 0):
+                    break
                 if best is None or st.st_mtime_ns > best[2].st_mtime_ns:
                     best = (where, path, st)
                 break
         return best
+
+    def _owner(self, pid: int) -> int | None:
+        """The rank's user (the owner of /proc/PID); None once it has exited."""
+        try:
+            return os.stat(f"{self.proc_root}/{pid}").st_uid
+        except OSError:
+            return None
+
+
+def read_owned_file(where: str, expected: os.stat_result, limit: int) -> bytes:
+    """Up to ``limit`` bytes of the file ``expected`` describes. Opened without following a
+    last symlink and without blocking, then checked again on the open file: a FIFO or another
+    file swapped in since the stat raises OSError instead of hanging or being read."""
+    fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (expected.st_dev, expected.st_ino):
+            raise OSError(0, "changed while opened")
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -52,13 +52,10 @@ RANK_VARIABLES = (
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 # What Lightning's launcher gives its children (rank 0, the parent, has none of them).
 LIGHTNING_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-# Set before mp.spawn (in the shell or the parent's os.environ), any of these says the
-# spawned processes are a distributed job.
+# Set before mp.spawn (in the shell or the parent's os.environ): WORLD_SIZE says the spawned
+# processes are a distributed job; MASTER_PORT says which port their sockets must show.
 SPAWN_ENV_EVIDENCE = ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SPAWN_MAIN = "from multiprocessing.spawn import spawn_main"
-# Ports below this are services (HTTP, ...), not a rendezvous: many workers reaching one of
-# them is a data loader, not a process group.
-SERVICE_PORTS_BELOW = 1024
 # Interpreter options that take the next word as their value.
 PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "-Q")
 
@@ -211,32 +208,36 @@ def maps_torch(maps_text: str) -> bool:
 
 
 def spawn_env_evidence(envs: Iterable[Mapping[str, str]]) -> bool:
-    return any(k in env for env in envs for k in SPAWN_ENV_EVIDENCE)
+    """WORLD_SIZE set for the children: a process group, whatever their sockets show yet.
+    MASTER_ADDR/PORT alone is not enough (job templates export them for every job); they
+    only say which port the sockets must reach (``spawn_socket_evidence``)."""
+    return any("WORLD_SIZE" in env for env in envs)
 
 
 def _port(endpoint: str) -> int | None:
     return _int(endpoint.rpartition(":")[2])
 
 
-def spawn_socket_evidence(sockets: Mapping[int, Iterable]) -> bool:
+def spawn_socket_evidence(sockets: Mapping[int, Iterable], master_port: int | None = None) -> bool:
     """Sockets (pid -> agent.sockets.TcpEntry) that show a process group among the children.
 
     Either one child connects to a port another (or it) listens on: torch's TCPStore in rank
-    0, or gloo's pair connections; or two children or more connect to one remote endpoint on
-    an unprivileged port: the store of a master on another node.
+    0, or gloo's pair connections; or, with MASTER_PORT known from the environment, a child
+    listens on it or reaches it (the store of a master on another node). Many children
+    reaching one remote port is not enough on its own: spawned data workers all reach the
+    same Redis or object store.
     """
     entries = [(pid, e) for pid, es in sockets.items() for e in es]
     listening = {e.local_port for _, e in entries if e.state == "LISTEN"}
-    reaching: dict[str, set[int]] = {}
-    for pid, e in entries:
+    if master_port is not None and master_port in listening:
+        return True
+    for _, e in entries:
         if e.state not in ("ESTABLISHED", "SYN_SENT"):
             continue
         port = _port(e.remote)
-        if port in listening:
+        if port in listening or (master_port is not None and port == master_port):
             return True
-        if port is not None and port >= SERVICE_PORTS_BELOW:
-            reaching.setdefault(e.remote, set()).add(pid)
-    return any(len(pids) >= 2 for pids in reaching.values())
+    return False
 
 
 def spawn_ranks(parent_pid: int, children: Iterable[tuple[int, int]], env: Mapping[str, str]) -> dict[int, RankIdentity]:

@@ -164,16 +164,11 @@ def local_view(parsed: dict, pids: Mapping[int, int], local_hosts: Collection[st
 def pid_map(own_pids: Iterable[int], inner_pid: Callable[[int], int | None]) -> dict[int, int]:
     """{pid as NCCL reports it: pid as the agent knows it}. A namespace pid two ranks share
     (two containers) names neither: it would attribute one rank's counts to the other."""
-    out: dict[int, int] = {}
-    ambiguous: set[int] = set()
-    for pid in own_pids:
-        out[pid] = pid
+    pids = list(own_pids)
+    claims: dict[int, set[int]] = {pid: {pid} for pid in pids}
+    for pid in pids:
         inner = inner_pid(pid)
-        if inner is None or inner == pid:
-            continue
-        if inner in out and out[inner] != pid:
-            ambiguous.add(inner)
-        out[inner] = pid
-    for inner in ambiguous:
-        out.pop(inner, None)
-    return out
+        if inner is not None and inner != pid:
+            claims.setdefault(inner, set()).add(pid)
+    # Decided over all claims at once, so the answer does not depend on the order of pids.
+    return {reported: next(iter(owners)) for reported, owners in claims.items() if len(owners) == 1}

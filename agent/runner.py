@@ -41,8 +41,7 @@ ERROR_FILE_TRIES = 3
 ORPHANS_EVERY_S = 5.0
 INTERFACES_EVERY_S = 30.0
 # Each poll of NCCL's RAS service runs a collective over every NCCL process of the job, and
-# every node's agent polls: often only while a rank here looks stuck (when the answer matters).
-NCCL_RAS_EVERY_S = 15.0
+# every node's agent polls: only while a rank here looks stuck (when the answer matters).
 NCCL_RAS_STUCK_EVERY_S = 3.0
 VANISHED = (FileNotFoundError, ProcessLookupError)
 
@@ -127,6 +126,8 @@ class Agent:
         self.config = config
         self.clock = clock
         self.started_at = clock()
+        # Set for --once: collect everything now, as a person asking for one report expects.
+        self.one_shot = False
         root = config.proc_root
         self.discovery = Discovery(proc_root=root, jobs=config.jobs, own_pid_namespace=config.own_pid_namespace)
         self.cpu = CpuSampler(root)
@@ -227,9 +228,11 @@ class Agent:
         if self.flight_recorder is not None:
             with self.health.run("flight_recorder"):
                 # Ended ranks too: NCCL's watchdog writes the dump as the rank gives up.
-                self.flight_recorder.collect(
+                self.flight_recorder.collect_soon(
                     [(t.proc.pid, t.proc.identity.rank, t.proc.env, t.started_at) for t in self.tracked.values()], now
                 )
+                if self.flight_recorder.failure:
+                    raise RuntimeError(self.flight_recorder.failure)
         self._drop_old_exits(now)
         return self.report(now)
 
@@ -246,9 +249,13 @@ class Agent:
                 self.nccl_ras.note("no ranks")
             self._nccl_ras_at = None
             return
+        # Only while a rank here looks stuck: each poll makes NCCL gather from every process of
+        # the job, every node's agent polls, and counts that still move say nothing anyway.
+        # A one-shot report (--once: a person asking now) polls whatever the ranks look like.
         stuck = any(looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since) for t in alive)
-        every = NCCL_RAS_STUCK_EVERY_S if stuck else NCCL_RAS_EVERY_S
-        if self._nccl_ras_at is not None and now - self._nccl_ras_at < every:
+        if not (stuck or self.one_shot):
+            return
+        if self._nccl_ras_at is not None and now - self._nccl_ras_at < NCCL_RAS_STUCK_EVERY_S:
             return
         with self.health.run("nccl_ras") as entry:
             self._nccl_ras_at = now

@@ -135,7 +135,7 @@ def resume_if_left_stopped(proc_root: str, pid: int) -> None:
 # --- when to dump -------------------------------------------------------------------
 
 # Dumps start 2 s into a silence, so fresh stacks are at the monitor when its stall threshold
-# (4 s at least) is reached.
+# (3.5 s at least) is reached.
 STUCK_MIN_S = 2.0
 LOW_CPU_PERCENT = 10.0
 STUCK_DUMP_EVERY_S = 3.0

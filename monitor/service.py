@@ -18,7 +18,7 @@ import pydantic
 
 import monitor.diagnosis as diagnosis
 from monitor.diagnosis import Diagnosis, JobView
-from monitor.diagnosis.stability import Settled, settle
+from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.fastwire import decode_report
 from monitor.state import MonitorState
 from monitor.store import Store, VerdictChange
@@ -27,7 +27,7 @@ from monitor.views import job_view
 log = logging.getLogger("hangwatch.monitor")
 
 # A healthy job that progressed within ADVANCING_S cannot be stalled yet (no stall rule fires
-# before MIN_STALL_S, 4 s, of silence), so until something in its lifecycle changes, its
+# before MIN_STALL_S, 3.5 s, of silence), so until something in its lifecycle changes, its
 # diagnosis is refreshed only every REFRESH_S: at 10,000 ranks that is most of the work saved.
 ADVANCING_S = 2.0
 REFRESH_S = 5.0
@@ -155,6 +155,12 @@ class Monitor:
                 count += 1
             for job_id, change in self.store.latest_verdicts().items():
                 self._last_verdicts[job_id] = (change.verdict, change.culprit_ranks)
+                if change.verdict in ALARMS:
+                    # A raised alarm stays raised across a restart: without this the first
+                    # reading would publish "healthy" while it re-confirms, and alerts would
+                    # resolve and fire again on every restart.
+                    held = Diagnosis(change.verdict, change.culprit_ranks, change.at, change.summary)
+                    self._settled[job_id] = Settled(held, held, alarm_since=change.at)
         return count
 
     # --- diagnosis ---

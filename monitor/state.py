@@ -675,6 +675,11 @@ def _mark_vanished(track: RankTrack | LauncherTrack) -> None:
 
 def _add_times(times: deque[float], new: Iterable[float]) -> None:
     for t in new:
+        if len(times) >= 2 and times[-1] == times[-2] == t:
+            # Several steps read in one go share a time: two of them tell the cadence that a
+            # sighting brought more than one step (diagnosis.cadence), and the history then
+            # spans PROGRESS_HISTORY / 2 sightings, so a pause is remembered, however fast the steps.
+            continue
         if times and t < times[-1]:
             # Rare (two logs of one job on different clocks): keep the list ordered.
             merged = sorted([*times, t])

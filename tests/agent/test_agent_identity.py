@@ -17,6 +17,7 @@ from agent.identity import (
     rank_identity,
     same_program,
     spawn_ranks,
+    spawn_env_evidence,
     spawn_socket_evidence,
 )
 from agent.sockets import TcpEntry
@@ -203,18 +204,40 @@ def _tcp(local: str, remote: str, state: str) -> TcpEntry:
         # A rank still connecting to its sibling's store.
         ({1: [_tcp("127.0.0.1:29500", "0.0.0.0:0", "LISTEN")],
           2: [_tcp("127.0.0.1:40001", "127.0.0.1:29500", "SYN_SENT")]}, True),
-        # Another node's master: every child reaches it.
-        ({1: [_tcp("10.0.0.2:40000", "10.0.0.1:29500", "ESTABLISHED")],
-          2: [_tcp("10.0.0.2:40001", "10.0.0.1:29500", "ESTABLISHED")]}, True),
         # Data-loader workers fetching over HTTPS, or one worker talking to a service: not a group.
         ({1: [_tcp("10.0.0.2:40000", "52.1.1.1:443", "ESTABLISHED")],
           2: [_tcp("10.0.0.2:40001", "52.1.1.1:443", "ESTABLISHED")]}, False),
         ({1: [_tcp("10.0.0.2:40000", "10.0.0.9:6379", "ESTABLISHED")], 2: []}, False),
+        # Every worker reaching one Redis on an unprivileged port: still not a group.
+        ({1: [_tcp("10.0.0.2:40000", "10.0.0.9:6379", "ESTABLISHED")],
+          2: [_tcp("10.0.0.2:40001", "10.0.0.9:6379", "ESTABLISHED")]}, False),
         ({1: [], 2: []}, False),
     ],
 )
 def test_spawn_socket_evidence(sockets, evidence):
     assert spawn_socket_evidence(sockets) is evidence
+
+
+@pytest.mark.parametrize(
+    "sockets, evidence",
+    [
+        # Another node's master (MASTER_PORT=29500 in the environment): the children reach it.
+        ({1: [_tcp("10.0.0.2:40000", "10.0.0.1:29500", "ESTABLISHED")],
+          2: [_tcp("10.0.0.2:40001", "10.0.0.1:29500", "ESTABLISHED")]}, True),
+        # Rank 0 of the group serves the store on MASTER_PORT.
+        ({1: [_tcp("0.0.0.0:29500", "0.0.0.0:0", "LISTEN")], 2: []}, True),
+        # MASTER_PORT exported by a job template, the workers talk to Redis only: no group.
+        ({1: [_tcp("10.0.0.2:40000", "10.0.0.9:6379", "ESTABLISHED")],
+          2: [_tcp("10.0.0.2:40001", "10.0.0.9:6379", "ESTABLISHED")]}, False),
+    ],
+)
+def test_spawn_socket_evidence_with_master_port(sockets, evidence):
+    assert spawn_socket_evidence(sockets, master_port=29500) is evidence
+
+
+def test_master_variables_alone_are_no_evidence_but_world_size_is():
+    assert not spawn_env_evidence([{"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, {}])
+    assert spawn_env_evidence([{}, {"WORLD_SIZE": "4"}])
 
 
 def test_maps_torch():

@@ -89,10 +89,13 @@ def test_checkpoint_written_in_bursts_never_leaves_healthy(torchrun_job, client)
     job.wait_for_step(5, timeout=60)
     seen = watch(client, job, 60, until="checkpoint saved")
     assert "checkpoint saved" in job.text(), job.log_tail()
-    assert_no_alarm(seen, lambda v, c: v == "healthy")
+    # As for the plain save: healthy, or at most a straggler naming the writer; never a
+    # deadlock or a stall, in our polls or in any change the monitor published between them.
+    allowed = {("healthy", ()), ("straggler", (0,))}
+    assert_no_alarm(seen, lambda v, c: (v, tuple(c)) in allowed)
     history = client.history(job.job_id)
     assert history, "the monitor recorded no verdict for the job"
-    assert [h["verdict"] for h in history] == ["healthy"], history
+    assert all((h["verdict"], tuple(h["culprit_ranks"])) in allowed for h in history), history
 
 
 def test_evaluation_pass_is_not_a_hang(torchrun_job, client, wait_for_verdict):

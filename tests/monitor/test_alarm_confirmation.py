@@ -63,3 +63,25 @@ def test_a_one_reading_flap_leaves_no_trace(confirming, clock: FakeClock) -> Non
         assert verdict(client)["verdict"] == "healthy"
         clock.advance(1)
     assert history(client) == ["healthy"]
+
+
+def test_a_raised_alarm_stays_raised_across_a_restart(tmp_path: Path, clock: FakeClock,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    stub = StubDiagnosis()
+    monkeypatch.setattr("monitor.diagnosis.diagnose", stub)
+    settings = Settings.from_raw({"db": tmp_path / "m.db", "tick_interval_s": 0})
+    for restart in range(2):
+        store = open_store(settings, clock)
+        with TestClient(create_app(settings, store, clock=clock)) as client:
+            if restart == 0:
+                body = report(ranks=[rank(rank=0), rank(rank=1)], sent_at=clock.now)
+                assert client.post("/api/v1/reports", json=body).status_code == 202
+                verdict(client)
+                clock.advance(1)
+                assert verdict(client)["verdict"] == "deadlock"
+            else:
+                # The first reading after the restart: still the deadlock, no "healthy" recorded between.
+                assert verdict(client)["verdict"] == "deadlock"
+                assert history(client) == ["healthy", "deadlock"]
+        store.close()
+        clock.advance(1)

@@ -379,3 +379,17 @@ def test_a_forgotten_jobs_dead_ranks_stay_out_of_the_next_run_under_its_id() -> 
     apply(state, report(ranks=[rank(rank=1, pid=200), dead], sent_at=T0 + 701), received_at=T0 + 701)
     jv = view(state, now=T0 + 702)
     assert [(r.rank, r.pid, r.alive) for r in jv.ranks] == [(1, 200, True)]
+
+
+def test_fast_steps_keep_a_long_history_of_sightings() -> None:
+    """16 steps read per sighting: the history keeps two per sighting, so it spans 32 sightings
+    (a pause seen half a minute ago still sets the stall threshold)."""
+    from collections import deque
+
+    from monitor.state import PROGRESS_HISTORY, _add_times
+
+    times: deque[float] = deque(maxlen=PROGRESS_HISTORY)
+    for sighting in range(40):
+        _add_times(times, [float(sighting)] * 16)
+    assert len(set(times)) == PROGRESS_HISTORY // 2
+    assert list(times)[-2:] == [39.0, 39.0]
