@@ -89,6 +89,8 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint-dir", default=None, help="checkpoint mode: where to write (default: $TMPDIR)")
     p.add_argument("--checkpoint-burst-mb", type=int, default=1, help="checkpoint mode: MB written per fsync")
     p.add_argument("--checkpoint-pause", type=float, default=0.02, help="checkpoint mode: pause after each fsync (s)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: NCCL on the GPU (several ranks may share one GPU, each posing as its own host)")
     p.add_argument("--fr-dump-every", type=float, default=0.0,
                    help="write the Flight Recorder dump to $TORCH_FR_DUMP_TEMP_FILE<rank> every S seconds (0: never)")
     return p.parse_args(argv)
@@ -143,14 +145,19 @@ def save_checkpoint(model: nn.Module, rank: int, op: str) -> None:
     else:
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         dist.broadcast(flat, src=rank)
+        if flat.is_cuda:
+            torch.cuda.synchronize()  # NCCL queues it: wait here, as a real save would
 
 
 def busy_compute(seconds: float) -> None:
-    """Heavy local work (no collective): evaluation, a slow data transform, ..."""
-    a = torch.randn(256, 256, dtype=DTYPE)
+    """Heavy local work (no collective): evaluation, a slow data transform, ... On a GPU the
+    rank grinds there, synchronising each round so the time is real."""
+    a = torch.randn(256, 256, dtype=DTYPE, device=DEVICE)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         a = torch.tanh(a @ a)
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
 
 
 def write_checkpoint(model: nn.Module, rank: int, seconds: float, directory: str | None,
@@ -189,7 +196,7 @@ def evaluate(model: nn.Module, rank: int, step: int, seconds: float, batch: int)
     n, total = 0, 0.0
     with torch.no_grad():
         while time.monotonic() < end:
-            x = torch.randn(batch * 64, 32, generator=gen).to(DTYPE)
+            x = torch.randn(batch * 64, 32, generator=gen).to(DTYPE).to(DEVICE)
             total += float(nn.functional.mse_loss(model(x), x[:, :1] * 0.5))
             busy_compute(0.2)
             n += 1
@@ -204,7 +211,7 @@ def get_future_sync(model: nn.Module, world_size: int) -> None:
     """nanochat's DistMuonAdamW pattern: reduce_scatter(async_op=True).get_future() (NCCL only)."""
     flat = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
     flat = nn.functional.pad(flat, (0, (-flat.numel()) % world_size))
-    out = torch.empty(flat.numel() // world_size, dtype=flat.dtype)
+    out = torch.empty(flat.numel() // world_size, dtype=flat.dtype, device=flat.device)
     fut = dist.reduce_scatter_tensor(out, flat, async_op=True).get_future()
     fut.wait()
 
@@ -237,11 +244,28 @@ def linger_forever() -> None:
 
 ARGS = None
 DTYPE = torch.float32
+DEVICE = torch.device("cpu")
+
+
+def init_distributed(device: str) -> torch.device:
+    """gloo on the CPU; NCCL on a GPU. Ranks sharing one GPU each pose as their own host
+    (NCCL_HOSTID), else NCCL refuses a second rank on the device (see FIELD-NOTES)."""
+    if device == "cpu":
+        dist.init_process_group(backend="gloo")
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    gpu = local_rank % torch.cuda.device_count()
+    if torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", "1")):
+        os.environ.setdefault("NCCL_HOSTID", f"hangwatch-rank{os.environ.get('RANK', local_rank)}")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    torch.cuda.set_device(gpu)
+    dist.init_process_group(backend="nccl", device_id=torch.device("cuda", gpu))
+    return torch.device("cuda", gpu)
 
 
 @record
 def main(argv=None) -> int:
-    global ARGS, DTYPE
+    global ARGS, DTYPE, DEVICE
     args = ARGS = parse_args(argv)
     DTYPE = DTYPES[args.dtype]
     torch.set_num_threads(args.threads)
@@ -249,14 +273,14 @@ def main(argv=None) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"COMPUTE_DTYPE: {DTYPE} (--dtype {args.dtype})", flush=True)
 
-    dist.init_process_group(backend="gloo")
+    DEVICE = init_distributed(args.device)
     rank = dist.get_rank()
     world_size = dist.get_world_size()
     log(rank, args, f"init done: rank {rank}/{world_size} pid {os.getpid()} fail={args.fail}")
     if args.fr_dump_every > 0:
         dump_flight_recorder_every(args.fr_dump_every, rank)
 
-    model = MLP(args.hidden).to(DTYPE)
+    model = MLP(args.hidden).to(DTYPE).to(DEVICE)
     train_model = model
     if args.ddp:
         from torch.nn.parallel import DistributedDataParallel
@@ -309,7 +333,7 @@ def main(argv=None) -> int:
             busy_compute(args.step_seconds)
 
         x, y = load_batch(gen, args.batch)
-        x, y = x.to(DTYPE), y.to(DTYPE)
+        x, y = x.to(DTYPE).to(DEVICE), y.to(DTYPE).to(DEVICE)
         opt.zero_grad(set_to_none=True)
         loss = nn.functional.mse_loss(train_model(x), y)
         loss.backward()
