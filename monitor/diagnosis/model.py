@@ -337,3 +337,6 @@ class Diagnosis:
     hints: tuple[str, ...] = ()
     ranks: tuple[RankDiagnosis, ...] = ()
     groups: tuple[WaitGroup, ...] = ()
+    # Built on a fact that cannot turn back (a launcher that exited with its error): published
+    # without the confirmation alarms otherwise wait for (diagnosis.stability).
+    final: bool = False

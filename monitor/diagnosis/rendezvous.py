@@ -3,6 +3,8 @@ network between nodes blocked, gloo on the wrong interface, or a launch that fai
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from monitor.diagnosis.context import Context, cpu_text, ranks_text, where
 from monitor.diagnosis.errors import hints_for_errors
 from monitor.diagnosis.model import Diagnosis, LauncherView, RankView, Socket
@@ -227,4 +229,5 @@ def launch_failed(ctx: Context) -> Diagnosis | None:
     summary = "launch failed before the process group formed"
     if errors:
         summary += f": {errors[-1][:160]}"
-    return ctx.diagnosis("rendezvous_hang", (), since, summary, evidence, hints)
+    # The launcher has exited: the failure is done, not a reading that may pass.
+    return replace(ctx.diagnosis("rendezvous_hang", (), since, summary, evidence, hints), final=True)

@@ -9,7 +9,8 @@ what /diagnose, the page, the metrics and the history show:
   least two evaluations. Until then the published verdict stays what it was, with a summary
   that says what is being checked.
 - Ended, stopped and finished ranks are facts with their own confirmation upstream (exit
-  records, a stop seen twice): they are published at once.
+  records, a stop seen twice): they are published at once; so is an alarm built on such a
+  fact (``Diagnosis.final``: a launcher that exited with its error).
 - Once raised, an alarm is refined at once (stalled -> deadlock as stacks arrive) and
   cleared at once when the job progresses again; a raw "healthy" without progress must
   last ``CLEAR_S`` first, so a single odd sample cannot silence a real alarm either.
@@ -80,6 +81,8 @@ def settle(
             return _through(raw)
         shown = replace(held, summary=f"{held.summary} (checking a healthy reading without new progress)")
         return replace(previous, shown=shown, clearing_since=clearing_since)
+    if raw.final:
+        return _through(raw, now)
     if held is not None and held.verdict in ALARMS:
         # Already raised: the newest raw alarm is the best description of it.
         assert previous is not None

@@ -322,3 +322,10 @@ def test_a_checkpoint_writer_silent_past_the_window_is_no_longer_writing() -> No
     result = diagnose(quiet)
     assert (result.verdict, result.culprit_ranks) == ("deadlock", (0,)), text(result)
 
+
+
+def test_a_launch_that_failed_is_final() -> None:
+    """The launcher exited with its error: the monitor publishes it without confirmation."""
+    result = diagnose(port_in_use_job())
+    assert result.verdict == "rendezvous_hang" and result.final
+    assert not diagnose(no_alarm_case("rank 0 saves a checkpoint")).final

@@ -87,3 +87,12 @@ def test_the_culprits_follow_the_newest_raw_alarm() -> None:
     for now, culprits in ((0, (1,)), (1, (1,)), (2, (0, 1))):
         state = settle(state, raw(D, culprits), now, None)
     assert state.shown.culprit_ranks == (0, 1)
+
+
+def test_an_alarm_built_on_an_ended_process_is_published_at_once() -> None:
+    """A launcher that exited with EADDRINUSE: rendezvous_hang is final, nothing to confirm."""
+    from dataclasses import replace
+
+    state = settle(None, raw(H), 0, None)
+    state = settle(state, replace(raw("rendezvous_hang"), final=True), 1, None)
+    assert state.shown.verdict == "rendezvous_hang"

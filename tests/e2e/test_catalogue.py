@@ -192,7 +192,9 @@ def test_master_port_held_by_an_orphan(orphan_port, reaper, tmp_path: Path, agen
         answer = client.diagnose()
         seen = answer.get("jobs", [])
         for j in seen:
-            if str(orphan) in text_of(j) and (j["job_id"] == f"{LOOPBACK}:{port}" or str(port) in text_of(j)):
+            # The verdict and the named holder, together (the evidence may show first).
+            if str(orphan) in text_of(j) and (j["job_id"] == f"{LOOPBACK}:{port}" or str(port) in text_of(j)) \
+                    and j["verdict"] in ("rank_exited", "rendezvous_hang"):
                 found = j
         if found:
             break
