@@ -26,6 +26,7 @@ from agent.identity import (
     LightningChild,
     RankProcess,
     lightning_ranks,
+    _int,
     maps_torch,
     same_program,
     spawn_env_evidence,
@@ -160,7 +161,7 @@ class DerivedRanks:
         facts = [parent.facts, *(c.spawn_facts or {} for c in kids)]
         if spawn_env_evidence(facts):
             return True
-        master_port = next((_port_of(f) for f in facts if _port_of(f) is not None), None)
+        master_port = next((p for p in (_int(f.get("MASTER_PORT")) for f in facts) if p is not None), None)
         sockets = {}
         for c in kids:
             try:
@@ -221,11 +222,3 @@ def _settled(members: Iterable[Candidate], now_ticks: int | None) -> bool:
     """The youngest member is SETTLE_S old: its launcher has started every sibling by now."""
     youngest = max((c.starttime for c in members), default=0)
     return now_ticks is None or now_ticks - youngest >= SETTLE_S * CLOCK_TICKS
-
-
-def _port_of(facts: dict[str, str]) -> int | None:
-    try:
-        return int(facts["MASTER_PORT"])
-    except (KeyError, ValueError):
-        return None
-
