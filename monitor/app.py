@@ -13,6 +13,8 @@ from fastapi import FastAPI
 
 from agent.sdnotify import Notifier
 from monitor.answers import AnswerCache
+from monitor.auth import INGEST, METRICS, READ, AuthLayer, TokenFile
+from monitor.http_guard import HttpStats
 from monitor.load import LoadGuard
 from monitor.routes import diagnose, metrics, page
 from monitor.routes.ingest import IngestLayer
@@ -69,11 +71,30 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
     app.state.monitor = monitor
     app.state.load_guard = guard
     app.state.answers = AnswerCache()
+    app.state.http_stats = http_stats = HttpStats()
     # Reports are answered by a plain ASGI layer in front of the app (routes/ingest.py).
     app.add_middleware(IngestLayer, monitor=monitor, settings=settings, guard=guard)
+    # Added last, so outermost: nothing runs for a request whose token is missing or wrong.
+    token_files = _token_files(settings)
+    if token_files:
+        def refused(kind: str) -> None:
+            http_stats.unauthorized[kind] += 1
+            if kind == INGEST:
+                monitor.reject("unauthorized")
+
+        app.add_middleware(AuthLayer, files=token_files, on_refused=refused)
     for module in (diagnose, metrics, page):
         app.include_router(module.router)
     return app
+
+
+def _token_files(settings: Settings) -> dict[str, TokenFile]:
+    """The configured token files, read now: raises TokenFileError rather than serve open by mistake."""
+    paths = {INGEST: settings.token_file, READ: settings.read_token_file, METRICS: settings.metrics_token_file}
+    files = {kind: TokenFile(path, allow_nodes=kind == INGEST) for kind, path in paths.items() if path is not None}
+    if INGEST not in files:
+        log.warning("no token file: any client that reaches the monitor can post reports (see --token-file)")
+    return files
 
 
 async def _keep_watchdog_fed(notifier: Notifier) -> None:

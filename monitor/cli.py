@@ -14,6 +14,9 @@ from typing import NoReturn
 import uvicorn
 
 from monitor.app import create_app
+from monitor.auth import TokenFileError
+from monitor.http_guard import ConnectionLimits, connection_cap, guarded_protocol, raise_open_file_limit
+from monitor.log_limit import limit_repeated_logs
 from monitor.settings import Settings, SettingsError
 from monitor.store import open_store
 
@@ -39,6 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds between stored snapshots of a node (default 60)")
     parser.add_argument("--verdict-retention", dest="verdict_retention_s",
                         help="seconds verdict changes are kept (default 30 days)")
+    parser.add_argument("--token-file", help="agents' tokens, one per line: TOKEN, or NODE TOKEN to bind it to a "
+                        "node (env HANGWATCH_TOKEN_FILE; unset: reports are not authenticated)")
+    parser.add_argument("--read-token-file", help="tokens for the page, /diagnose and /api (env "
+                        "HANGWATCH_READ_TOKEN_FILE; unset: reads are open)")
+    parser.add_argument("--metrics-token-file", help="tokens for /metrics (env HANGWATCH_METRICS_TOKEN_FILE; "
+                        "unset: /metrics is open)")
+    parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM; with --ssl-keyfile)")
+    parser.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
+    parser.add_argument("--max-connections", help="open connections at most (default 4096, kept under the "
+                        "open-file limit)")
     return parser
 
 
@@ -66,10 +79,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: cannot open database {settings.db}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        app = create_app(settings, store)
+        try:
+            app = create_app(settings, store)
+        except TokenFileError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        limits = ConnectionLimits(settings.max_connections, settings.header_timeout_s, settings.body_timeout_s)
+        protocol = guarded_protocol(limits, connection_cap(limits, raise_open_file_limit()), app.state.http_stats)
+        limit_repeated_logs()
+        ssl = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)} \
+            if settings.ssl_certfile else {}
         # No access log below debug: 1,250 posts a second would be as many log lines.
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, workers=1,
-                    access_log=settings.log_level in ("debug", "trace"))
+                    access_log=settings.log_level in ("debug", "trace"), http=protocol, **ssl)
     except KeyboardInterrupt:
         pass
     finally:

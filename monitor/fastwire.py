@@ -39,6 +39,13 @@ def _meta_of(metadata: list[Any]) -> msgspec.Meta | None:
         pattern = getattr(item, "pattern", None)
         if pattern is not None:
             kwargs["pattern"] = pattern
+    # A field narrows wire.Int's bounds (ge=0, lt=N): msgspec takes one bound a side, the tighter.
+    for inclusive, exclusive, tighter in (("le", "lt", min), ("ge", "gt", max)):
+        if inclusive in kwargs and exclusive in kwargs:
+            if tighter(kwargs[inclusive], kwargs[exclusive]) == kwargs[exclusive]:
+                del kwargs[inclusive]
+            else:
+                del kwargs[exclusive]
     return msgspec.Meta(**kwargs) if kwargs else None
 
 

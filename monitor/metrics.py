@@ -12,6 +12,7 @@ from __future__ import annotations
 from monitor.diagnosis import VERDICTS
 from monitor.diagnosis.activity import ACTIVITIES
 from monitor.exposition import Family, labels, render
+from monitor.http_guard import HttpStats
 from monitor.load import LoadGuard
 from monitor.service import Monitor
 
@@ -19,7 +20,7 @@ from monitor.service import Monitor
 RANK_STATES = ("running", *ACTIVITIES)
 
 
-def render_metrics(monitor: Monitor, guard: LoadGuard) -> bytes:
+def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes:
     now = monitor.clock()
     results = monitor.results(now)
 
@@ -98,7 +99,7 @@ def render_metrics(monitor: Monitor, guard: LoadGuard) -> bytes:
 
     families = [verdict, stalled, culprits, world, cpu_total, cpu_ratio, step, up, since_progress, wait_ratio,
                 rank_state, culprit, age, collector_up, collector_errors, dump_failures, reports, rejected]
-    return render([*families, *own_families(monitor, guard, now)])
+    return render([*families, *own_families(monitor, guard, now), *http_families(http)])
 
 
 def own_families(monitor: Monitor, guard: LoadGuard, now: float) -> list[Family]:
@@ -124,6 +125,22 @@ def own_families(monitor: Monitor, guard: LoadGuard, now: float) -> list[Family]
     ranks = Family("hangwatch_monitor_ranks", "Ranks the monitor tracks")
     ranks.add("", float(sum(len(j.ranks) for j in monitor.state.jobs.values())))
     return [full, shed, lag, overloaded, pass_s, pass_age, snapshots, backlog, ranks]
+
+
+def http_families(http: HttpStats) -> list[Family]:
+    """What the token checks and connection guards turned away."""
+    unauthorized = Family("hangwatch_monitor_requests_unauthorized",
+                          "Requests refused with 401 (no or a wrong token), by kind: ingest, read, metrics", "counter")
+    for kind, count in sorted(http.unauthorized.items()):
+        unauthorized.add(labels(("kind",), (kind,)), float(count))
+    open_connections = Family("hangwatch_monitor_connections", "HTTP connections open now")
+    open_connections.add("", float(http.open_connections))
+    closed = Family("hangwatch_monitor_connections_closed",
+                    "Connections the monitor closed to protect itself: header_timeout, body_timeout "
+                    "(too slow), evicted_idle (room for a new one), refused_full (every slot busy)", "counter")
+    for reason, count in sorted(http.closed.items()):
+        closed.add(labels(("reason",), (reason,)), float(count))
+    return [unauthorized, open_connections, closed]
 
 
 __all__ = ["RANK_STATES", "render_metrics"]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pydantic
 
 import monitor.diagnosis as diagnosis
@@ -32,7 +33,8 @@ log = logging.getLogger("hangwatch.monitor")
 ADVANCING_S = 2.0
 REFRESH_S = 5.0
 
-REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema", "disconnected")
+REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema", "disconnected", "unauthorized",
+                  "wrong_node")
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,13 @@ class Monitor:
 
     # --- ingest ---
 
-    def ingest(self, report: Any, body: bytes | str, received_at: float | None = None) -> IngestAnswer:
-        """Apply one decoded report (``monitor.fastwire``); ``body`` is kept as a snapshot when due."""
+    def ingest(self, report: Any, received_at: float | None = None) -> IngestAnswer:
+        """Apply one decoded report (``monitor.fastwire``); it is kept as a snapshot when due.
+
+        The snapshot is the validated report encoded again, never the body as received: fields
+        validation drops (unknown keys, padding) are not stored, so the database holds only what
+        the schema bounds (an 8 MiB padded report once grew it by gigabytes).
+        """
         received_at = self.clock() if received_at is None else received_at
         node = report.node
         with self._lock:
@@ -128,7 +135,7 @@ class Monitor:
                 self._full_seen.add(node)
                 self.full_reports_total += 1
                 if snapshot_due:
-                    self.store.add_snapshot(node, received_at, body)
+                    self.store.add_snapshot(node, received_at, msgspec.json.encode(report))
                     self._snapshot_due[node] = received_at + self.snapshot_interval_s * _spread(node)
             # A delta builds on a picture this process may not have (it restarted, or forgot
             # the node): it asks until a full report arrives, so a lost answer costs nothing.

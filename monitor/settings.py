@@ -62,6 +62,21 @@ class Settings:
     # Off (false), every single reading is published: for tests of one reading, not for paging.
     confirm_alarms: bool = True
     log_level: str = "info"
+    # Connection guards (monitor/http_guard.py): open connections at most (kept under the open-file
+    # limit), and how long a client may take over a request's headers and over its body.
+    max_connections: int = 4096
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    # Token files (monitor/auth.py); a kind of request whose file is not set is open.
+    # Agents' reports: lines "TOKEN" (any node) or "NODE TOKEN" (that node only).
+    token_file: Path | None = None
+    # The page, /diagnose and /api/...: people and their tools.
+    read_token_file: Path | None = None
+    # /metrics, for Prometheus's authorization setting.
+    metrics_token_file: Path | None = None
+    # TLS: served over HTTPS when both are set (uvicorn's certificate options).
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
 
     @classmethod
     def load(
@@ -101,15 +116,23 @@ class Settings:
         if self.max_body_bytes < 1024:
             raise SettingsError("max_body_bytes must be at least 1024")
         for name in ("snapshot_interval_s", "snapshot_retention_s", "verdict_retention_s", "job_retention_s",
-                     "shed_lag_s", "shed_keep_s"):
+                     "shed_lag_s", "shed_keep_s", "header_timeout_s", "body_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")
+        if self.max_connections < 1:
+            raise SettingsError("max_connections must be at least 1")
         if self.snapshots_per_node < 1:
             raise SettingsError("snapshots_per_node must be at least 1")
         if self.fresh_read_ranks < 0:
             raise SettingsError("fresh_read_ranks must not be negative")
         if self.tick_interval_s < 0:
             raise SettingsError("tick_interval_s must not be negative")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise SettingsError("ssl_certfile and ssl_keyfile go together: set both or neither")
+        for name in ("ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path is not None and not os.access(path, os.R_OK):
+                raise SettingsError(f"{name} {path} is not readable")
         if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
             raise SettingsError(f"unknown log level {self.log_level!r}")
 
@@ -135,6 +158,7 @@ class Settings:
 
 def _convert(name: str, value: Any, type_name: Any) -> Any:
     kind = type_name if isinstance(type_name, str) else getattr(type_name, "__name__", str(type_name))
+    kind = kind.removesuffix(" | None")
     try:
         if kind == "int":
             return int(value)

@@ -18,6 +18,11 @@ SCHEMA_VERSION = 1
 
 ShortStr = Annotated[str, Field(max_length=256)]
 LineStr = Annotated[str, Field(max_length=2048)]
+# Every number is bounded: NaN, Infinity and integers past 64 bits are refused at ingest,
+# because one such value once stored made every JSON answer and /metrics fail (and came back
+# after a restart through replay). Narrower bounds on a field add to these.
+Int = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+Float = Annotated[float, Field(allow_inf_nan=False, ge=-1e300, le=1e300)]
 
 
 class _Strict(BaseModel):
@@ -29,12 +34,12 @@ class FrameReport(_Strict):
 
     name: ShortStr
     file: Annotated[str, Field(max_length=1024)] = ""
-    line: int | None = None
+    line: Int | None = None
     native: bool = False
 
 
 class ThreadStackReport(_Strict):
-    tid: int | None = None
+    tid: Int | None = None
     name: ShortStr = ""
     active: bool | None = None
     owns_gil: bool | None = None
@@ -42,31 +47,31 @@ class ThreadStackReport(_Strict):
 
 
 class StackReport(_Strict):
-    taken_at: float
+    taken_at: Float
     native: bool = False
-    duration_s: float | None = None
+    duration_s: Float | None = None
     # Main thread first.
     threads: Annotated[list[ThreadStackReport], Field(max_length=64)] = []
 
 
 class ThreadReport(_Strict):
-    tid: int
+    tid: Int
     name: ShortStr = ""
     state: Annotated[str, Field(max_length=2)] = "?"
-    cpu_percent: float | None = None
+    cpu_percent: Float | None = None
 
 
 class ThreadsReport(_Strict):
-    total: int = 0
-    by_state: dict[Annotated[str, Field(max_length=2)], int] = {}
+    total: Int = 0
+    by_state: dict[Annotated[str, Field(max_length=2)], Int] = {}
     # The busiest few threads, busiest first.
     busiest: Annotated[list[ThreadReport], Field(max_length=32)] = []
 
 
 class ExitReport(_Strict):
-    at: float
-    code: int | None = None
-    signal: int | None = None
+    at: Float
+    code: Int | None = None
+    signal: Int | None = None
     # Where the exit status came from: "proc" (zombie's /proc stat), "launcher-log", "unknown".
     source: ShortStr = "unknown"
 
@@ -75,11 +80,11 @@ class ProgressReport(_Strict):
     # Counts every progress line seen since the agent started following the log:
     # it changes whenever the job made progress, even if the printed step resets
     # (per-epoch progress bars).
-    events: int = 0
-    step: int | None = None
-    total_steps: int | None = None
+    events: Int = 0
+    step: Int | None = None
+    total_steps: Int | None = None
     # When the agent first saw the latest progress line.
-    step_at: float | None = None
+    step_at: Float | None = None
     # "rank": lines written by (or prefixed for) this rank; "job": unprefixed lines
     # in a log shared by several ranks, or a rank-0-only log.
     scope: Literal["rank", "job"] = "rank"
@@ -88,7 +93,7 @@ class ProgressReport(_Strict):
     last_line: LineStr | None = None
     # Recent (time, step) pairs, oldest first, so the monitor sees the cadence even
     # when several steps pass between two reports.
-    recent: Annotated[list[tuple[float, int]], Field(max_length=256)] = []
+    recent: Annotated[list[tuple[Float, Int]], Field(max_length=256)] = []
 
 
 class LogPhaseReport(_Strict):
@@ -96,7 +101,7 @@ class LogPhaseReport(_Strict):
 
     phase: Literal["evaluation", "checkpoint", "compilation"]
     # When the agent read the line (its clock, like ProgressReport.step_at).
-    seen_at: float
+    seen_at: Float
     line: LineStr = ""
 
 
@@ -107,8 +112,8 @@ class SocketReport(_Strict):
     remote: ShortStr
     # SYN_SENT, ESTABLISHED, LISTEN, ... (the kernel's TCP states by name).
     state: Annotated[str, Field(max_length=16)]
-    tx_queue: int | None = None
-    rx_queue: int | None = None
+    tx_queue: Int | None = None
+    rx_queue: Int | None = None
 
 
 class ErrorFileReport(_Strict):
@@ -116,24 +121,24 @@ class ErrorFileReport(_Strict):
 
     path: Annotated[str, Field(max_length=1024)]
     message: Annotated[str, Field(max_length=8192)] = ""
-    timestamp: float | None = None
+    timestamp: Float | None = None
 
 
 class GpuReport(_Strict):
-    index: int
-    utilization_percent: float | None = None
-    memory_used_bytes: int | None = None
+    index: Int
+    utilization_percent: Float | None = None
+    memory_used_bytes: Int | None = None
     name: ShortStr = ""
 
 
 class FlightRecorderEntryReport(_Strict):
     """One recorded collective (or p2p op) of a process group, from a Flight Recorder dump."""
 
-    seq: int | None = None  # collective_seq_id (p2p_seq_id for a p2p op)
+    seq: Int | None = None  # collective_seq_id (p2p_seq_id for a p2p op)
     op: Annotated[str, Field(max_length=64)] = ""  # "all_reduce", "broadcast", ... (backend prefix cut)
     # torch's entry state: "scheduled", "started", "completed" (gloo leaves every entry "scheduled").
     state: Annotated[str, Field(max_length=16)] = ""
-    created_at: float | None = None  # the rank's clock
+    created_at: Float | None = None  # the rank's clock
     p2p: bool = False
 
 
@@ -142,11 +147,11 @@ class FlightRecorderGroupReport(_Strict):
 
     pg: Annotated[str, Field(max_length=64)]  # the group's name, "0" for the default group
     desc: ShortStr = ""  # "default_pg", or the name the job gave it
-    size: int | None = None  # ranks in the group, when the dump says
+    size: Int | None = None  # ranks in the group, when the dump says
     # Sequence ids of the last collective the rank enqueued, started and completed (-1: none).
-    last_enqueued: int | None = None
-    last_started: int | None = None
-    last_completed: int | None = None
+    last_enqueued: Int | None = None
+    last_started: Int | None = None
+    last_completed: Int | None = None
     # The group's last few entries, oldest first.
     recent: Annotated[list[FlightRecorderEntryReport], Field(max_length=8)] = []
 
@@ -155,8 +160,8 @@ class FlightRecorderReport(_Strict):
     """The latest PyTorch Flight Recorder dump of a rank (agent/flight_recorder.py)."""
 
     path: Annotated[str, Field(max_length=1024)]
-    dumped_at: float  # the file's mtime, the agent's clock
-    size: int | None = None
+    dumped_at: Float  # the file's mtime, the agent's clock
+    size: Int | None = None
     # "ok", or why the file could not be used ("unreadable: truncated ...", "too big: ...").
     status: ShortStr = "ok"
     version: Annotated[str, Field(max_length=64)] = ""
@@ -165,28 +170,28 @@ class FlightRecorderReport(_Strict):
 
 class RankReport(_Strict):
     job_id: Annotated[str, Field(min_length=1, max_length=256)]
-    rank: Annotated[int, Field(ge=0, lt=1_000_000)]
-    world_size: Annotated[int, Field(ge=1, le=1_000_000)]
-    local_rank: int | None = None
-    pid: Annotated[int, Field(ge=1)]
+    rank: Annotated[Int, Field(ge=0, lt=1_000_000)]
+    world_size: Annotated[Int, Field(ge=1, le=1_000_000)]
+    local_rank: Int | None = None
+    pid: Annotated[Int, Field(ge=1)]
     cmdline: Annotated[str, Field(max_length=4096)] = ""
     launcher: ShortStr = ""
     # How the agent knew the rank: "env:RANK", "env:SLURM_PROCID", "lightning:LOCAL_RANK",
     # "mp.spawn:start-order", ... (agent/identity.py); "" from agents before it was sent.
     identified_by: ShortStr = ""
-    started_at: float | None = None
+    started_at: Float | None = None
     alive: bool = True
     exit: ExitReport | None = None
     # Kernel process state letter: R S D T t Z X I.
     state: Annotated[str, Field(max_length=2)] | None = None
     # 100 means one full core.
-    cpu_percent: float | None = None
-    cpu_seconds: float | None = None
-    rss_bytes: int | None = None
+    cpu_percent: Float | None = None
+    cpu_seconds: Float | None = None
+    rss_bytes: Int | None = None
     threads: ThreadsReport | None = None
     # Bytes written through write()/send() (wchar in /proc/PID/io).
-    wchar: int | None = None
-    write_bytes_per_s: float | None = None
+    wchar: Int | None = None
+    write_bytes_per_s: Float | None = None
     progress: ProgressReport | None = None
     log_phase: LogPhaseReport | None = None
     # Error lines from this rank's log (last lines of tracebacks), newest last.
@@ -210,19 +215,19 @@ class RankReport(_Strict):
 class LauncherReport(_Strict):
     """A launcher process (torchrun's elastic agent) on this node, with or without workers."""
 
-    pid: Annotated[int, Field(ge=1)]
+    pid: Annotated[Int, Field(ge=1)]
     job_id: Annotated[str, Field(max_length=256)] | None = None
     cmdline: Annotated[str, Field(max_length=4096)] = ""
     alive: bool = True
     exit: ExitReport | None = None
     state: Annotated[str, Field(max_length=2)] | None = None
-    started_at: float | None = None
+    started_at: Float | None = None
     nnodes: ShortStr | None = None  # "2" or "1:4"
     nproc_per_node: ShortStr | None = None
-    node_rank: int | None = None
+    node_rank: Int | None = None
     master_addr: ShortStr | None = None
-    master_port: int | None = None
-    worker_pids: Annotated[list[int], Field(max_length=1024)] = []
+    master_port: Int | None = None
+    worker_pids: Annotated[list[Int], Field(max_length=1024)] = []
     stack: StackReport | None = None
     sockets: Annotated[list[SocketReport], Field(max_length=256)] = []
     log_errors: Annotated[list[LineStr], Field(max_length=50)] = []
@@ -231,10 +236,10 @@ class LauncherReport(_Strict):
 class OrphanReport(_Strict):
     """A leftover training or launcher process whose parent is gone (PPID 1)."""
 
-    pid: Annotated[int, Field(ge=1)]
+    pid: Annotated[Int, Field(ge=1)]
     cmdline: Annotated[str, Field(max_length=4096)] = ""
-    started_at: float | None = None
-    listening_ports: Annotated[list[int], Field(max_length=64)] = []
+    started_at: Float | None = None
+    listening_ports: Annotated[list[Int], Field(max_length=64)] = []
 
 
 class InterfaceReport(_Strict):
@@ -247,12 +252,12 @@ class CollectorHealth(_Strict):
     name: ShortStr
     ok: bool
     error: LineStr | None = None
-    duration_s: float | None = None
+    duration_s: Float | None = None
 
 
 class HostReport(_Strict):
     hostname: ShortStr = ""
-    cpu_count: int | None = None
+    cpu_count: Int | None = None
     # Only the flags that matter to the diagnosis (amx_bf16, avx512_bf16, ...).
     cpu_flags: Annotated[list[ShortStr], Field(max_length=64)] = []
     cpu_model: ShortStr = ""
@@ -262,11 +267,11 @@ class HostReport(_Strict):
 class NcclRankReport(_Strict):
     """One rank of a communicator, as NCCL's RAS service saw it (a rank of the reporting node)."""
 
-    rank: Annotated[int, Field(ge=0)]  # in the communicator, not necessarily the job's rank
-    pid: int  # as the agent knows the process (the service's pid, out of a container's namespace)
+    rank: Annotated[Int, Field(ge=0)]  # in the communicator, not necessarily the job's rank
+    pid: Int  # as the agent knows the process (the service's pid, out of a container's namespace)
     host: ShortStr = ""  # the address NCCL uses for this rank
     # Collectives launched so far, by type ("AllReduce", "Broadcast", ...).
-    collective_counts: Annotated[dict[Annotated[str, Field(max_length=32)], int], Field(max_length=16)] = {}
+    collective_counts: Annotated[dict[Annotated[str, Field(max_length=32)], Int], Field(max_length=16)] = {}
     # The communicator's asynchronous error by name ("remote error", "invalid usage"); null: none.
     async_error: ShortStr | None = None
     aborted: bool = False
@@ -277,8 +282,8 @@ class NcclRankReport(_Strict):
 class NcclMissingRankReport(_Strict):
     """A rank of a communicator the RAS service got no data from."""
 
-    rank: Annotated[int, Field(ge=0)]
-    pid: int | None = None  # the process's own pid (or the agent's, when the rank is the node's)
+    rank: Annotated[Int, Field(ge=0)]
+    pid: Int | None = None  # the process's own pid (or the agent's, when the rank is the node's)
     host: ShortStr = ""
     unresponsive: bool = False
     considered_dead: bool = False
@@ -286,9 +291,9 @@ class NcclMissingRankReport(_Strict):
 
 class NcclCommReport(_Strict):
     hash: Annotated[str, Field(max_length=64)]
-    size: Annotated[int, Field(ge=1)]
+    size: Annotated[Int, Field(ge=1)]
     # Ranks the service had data from, over the whole communicator (``ranks`` holds this node's).
-    ranks_count: int | None = None
+    ranks_count: Int | None = None
     ranks: Annotated[list[NcclRankReport], Field(max_length=256)] = []
     missing_ranks: Annotated[list[NcclMissingRankReport], Field(max_length=64)] = []
 
@@ -297,9 +302,9 @@ class NcclRasReport(_Strict):
     """The latest answer of NCCL's RAS service on the node (agent/nccl_ras.py): its communicators
     with this node's ranks in them. Every node's agent sends its own ranks; the monitor joins them."""
 
-    polled_at: float
+    polled_at: Float
     # Since when the answer has stayed the same (a hang freezes NCCL's counts).
-    unchanged_since: float | None = None
+    unchanged_since: Float | None = None
     # "ok" when NCCL answered; else why there is nothing ("no listener": no NCCL job here).
     status: ShortStr = "ok"
     address: ShortStr = ""
@@ -309,16 +314,16 @@ class NcclRasReport(_Strict):
 
 class AgentInfo(_Strict):
     version: ShortStr = ""
-    pid: int | None = None
-    started_at: float | None = None
-    interval_s: float | None = None
+    pid: Int | None = None
+    started_at: Float | None = None
+    interval_s: Float | None = None
     py_spy: LineStr | None = None  # "ok", or why stacks are unavailable
 
 
 class Report(_Strict):
     schema_version: Literal[1]
     node: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")]
-    sent_at: float
+    sent_at: Float
     agent: AgentInfo = AgentInfo()
     # null in a delta report: unchanged since the last report.
     host: HostReport | None = HostReport()

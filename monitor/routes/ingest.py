@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import pydantic
 
+from monitor.auth import BOUND_NODE_KEY
 from monitor.fastwire import decode_report
 from monitor.load import LoadGuard, peek_node
 from monitor.service import Monitor
@@ -97,7 +98,12 @@ class IngestLayer:
             monitor.reject("schema")
             raise _refuse(422, _describe(errors), errors=[_error(e) for e in errors[:MAX_ERRORS_SHOWN]]) from None
 
-        answer = monitor.ingest(report, body)
+        bound_node = scope.get(BOUND_NODE_KEY)
+        if bound_node is not None and report.node != bound_node:
+            # A per-node token (monitor/auth.py): one node cannot speak for another.
+            monitor.reject("wrong_node")
+            raise _refuse(403, f"this token may only report for node {bound_node!r}")
+        answer = monitor.ingest(report)
         self.guard.accepted(report.node, time.monotonic())
         # "delta": this monitor takes delta reports (agent/delta.py); "send_full": make the next one full.
         return {"accepted": True, "ranks": len(report.ranks), "delta": True, "send_full": answer.send_full}

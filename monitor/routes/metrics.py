@@ -16,5 +16,6 @@ router = APIRouter()
 @router.get("/metrics")
 async def get_metrics(request: Request, monitor: MonitorDep) -> Response:
     # Rendered on a worker thread: ~150,000 series at 10,000 ranks must not hold up ingest.
-    body = await run_in_threadpool(render_metrics, monitor, request.app.state.load_guard)
+    body = await run_in_threadpool(render_metrics, monitor, request.app.state.load_guard,
+                                   request.app.state.http_stats)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

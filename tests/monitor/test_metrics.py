@@ -58,7 +58,7 @@ def test_metrics_follow_the_state(client: TestClient, clock: FakeClock, monkeypa
     for samples in m.values():
         for labels, _ in samples:
             assert "pid" not in labels
-            assert set(labels) <= {"job_id", "verdict", "rank", "node", "collector", "reason", "state"}
+            assert set(labels) <= {"job_id", "verdict", "rank", "node", "collector", "reason", "state", "kind"}
 
 
 def test_ended_jobs_drop_out_after_the_retention(client: TestClient, clock: FakeClock) -> None:

@@ -15,7 +15,7 @@ from monitor.diagnosis import Diagnosis, JobView
 from monitor.service import Monitor
 from monitor.settings import Settings
 from monitor.store import Store, VerdictChange, open_store
-from monitor.wire import Report
+from monitor.fastwire import decode_report
 
 
 def test_a_restarted_monitor_sees_the_job(settings: Settings, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,7 +135,7 @@ def test_diagnosis_is_given_a_whole_job_view(settings: Settings, clock: FakeCloc
     store = open_store(settings, clock)
     try:
         monitor = monitor_of_app(settings, store, clock)
-        monitor.ingest(Report.model_validate(report(ranks=[rank(world_size=8)], sent_at=clock.now)), "{}")
+        monitor.ingest(decode_report(json.dumps(report(ranks=[rank(world_size=8)], sent_at=clock.now))))
         monitor.results()
         assert seen[-1].world_size == 8 and seen[-1].now == clock.now
     finally:

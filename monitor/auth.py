@@ -1,0 +1,204 @@
+"""Who may talk to the monitor: bearer tokens read from files, checked before anything else runs.
+
+Three kinds of request, each with its own optional token file:
+
+- ``ingest`` (``POST /api/v1/reports``): agents. A line of the file is either a token any node
+  may use, or ``NODE TOKEN``: a token bound to that node, so a node can only report for itself
+  (the ingest layer compares the report's ``node`` with the binding and answers 403).
+- ``read`` (the page, ``/diagnose``, ``/api/...``): people and their tools. A browser cannot add
+  a bearer header to a page load, so ``Basic`` credentials whose password is the token are taken
+  too; a 401 on a read offers ``Basic`` and the browser asks for it.
+- ``metrics`` (``/metrics``): Prometheus, with its ``authorization`` (bearer) setting.
+
+A kind whose file is not configured is open. ``/healthz`` is always open: liveness probes carry
+no secrets. Files are re-read when they change (rotation without a restart); a file that turns
+unreadable or empty keeps the last good tokens and is logged, so a botched edit cannot lock
+every agent out. Tokens are compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import logging
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("hangwatch.monitor.auth")
+
+INGEST, READ, METRICS, OPEN = "ingest", "read", "metrics", "open"
+KINDS = (INGEST, READ, METRICS)
+INGEST_PATH = "/api/v1/reports"
+# Where the ingest layer finds the node an accepted token is bound to (None: any node).
+BOUND_NODE_KEY = "hangwatch.bound_node"
+RELOAD_CHECK_S = 1.0
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class TokenFileError(ValueError):
+    """A token file that cannot be used; the message is one line meant for a person."""
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The tokens of one file: each maps to the node it is bound to, or None (any node)."""
+
+    bound_to: dict[str, str | None] = field(default_factory=dict)
+
+    def match(self, presented: str) -> tuple[bool, str | None]:
+        """(accepted, bound node). Every token is compared, so timing does not tell which was close."""
+        accepted, node = False, None
+        given = presented.encode()
+        for token, bound in self.bound_to.items():
+            if hmac.compare_digest(given, token.encode()):
+                accepted, node = True, bound
+        return accepted, node
+
+
+def parse_tokens(text: str, *, allow_nodes: bool, source: str) -> Tokens:
+    """The tokens in a file's text: ``TOKEN`` or (where allowed) ``NODE TOKEN`` per line; # comments."""
+    bound_to: dict[str, str | None] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) == 1:
+            bound_to[parts[0]] = None
+        elif len(parts) == 2 and allow_nodes:
+            node, token = parts
+            bound_to[token] = node
+        else:
+            form = "TOKEN or NODE TOKEN" if allow_nodes else "TOKEN"
+            raise TokenFileError(f"{source} line {number}: expected {form}")
+    for token in bound_to:
+        if len(token) < 16:
+            raise TokenFileError(f"{source}: a token is shorter than 16 characters; use a random one")
+    if not bound_to:
+        raise TokenFileError(f"{source} holds no token")
+    return Tokens(bound_to)
+
+
+def read_token_file(path: Path, *, allow_nodes: bool) -> tuple[Tokens, float]:
+    """The file's tokens and its mtime; refuses a file that others can read."""
+    try:
+        info = path.stat()
+        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise TokenFileError(f"token file {path} is readable by group or others: chmod 600 it")
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TokenFileError(f"cannot read token file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TokenFileError(f"token file {path} is not UTF-8 text") from None
+    return parse_tokens(text, allow_nodes=allow_nodes, source=f"token file {path}"), info.st_mtime
+
+
+class TokenFile:
+    """One token file, re-read when its mtime changes (looked at most once a second)."""
+
+    def __init__(self, path: Path, *, allow_nodes: bool, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path, self.allow_nodes, self._clock = path, allow_nodes, clock
+        # Raises TokenFileError at start-up: a monitor must not come up open by mistake.
+        self.tokens, self._mtime = read_token_file(path, allow_nodes=allow_nodes)
+        self._checked_at = clock()
+
+    def current(self) -> Tokens:
+        now = self._clock()
+        if now - self._checked_at >= RELOAD_CHECK_S:
+            self._checked_at = now
+            self._reload_if_changed()
+        return self.tokens
+
+    def _reload_if_changed(self) -> None:
+        try:
+            mtime = os.stat(self.path).st_mtime
+        except OSError as exc:
+            log.error("token file %s: %s; keeping the tokens read before", self.path, exc.strerror or exc)
+            return
+        if mtime == self._mtime:
+            return
+        try:
+            self.tokens, self._mtime = read_token_file(self.path, allow_nodes=self.allow_nodes)
+        except TokenFileError as exc:
+            self._mtime = mtime  # logged once per change, not once a second
+            log.error("%s; keeping the tokens read before", exc)
+            return
+        log.info("token file %s re-read: %d tokens", self.path, len(self.tokens.bound_to))
+
+
+def request_kind(path: str) -> str:
+    if path == "/healthz":
+        return OPEN
+    if path == INGEST_PATH:
+        return INGEST
+    if path == "/metrics":
+        return METRICS
+    return READ
+
+
+def presented_token(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The token in ``Authorization``: ``Bearer TOKEN``, or ``Basic`` with the token as password."""
+    for name, value in headers:
+        if name != b"authorization":
+            continue
+        scheme, _, credentials = value.decode("latin-1").strip().partition(" ")
+        scheme, credentials = scheme.lower(), credentials.strip()
+        if scheme == "bearer":
+            return credentials
+        if scheme == "basic":
+            try:
+                decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
+            except (binascii.Error, UnicodeDecodeError):
+                return None
+            return decoded.partition(":")[2]
+        return None
+    return None
+
+
+class AuthLayer:
+    """ASGI layer in front of everything: 401 unless the request's kind is open or its token matches."""
+
+    def __init__(self, app: ASGIApp, files: dict[str, TokenFile], on_refused: Callable[[str], None]) -> None:
+        self.app, self.files, self.on_refused = app, files, on_refused
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        kind = request_kind(scope["path"])
+        token_file = self.files.get(kind)
+        if token_file is None:
+            await self.app(scope, receive, send)
+            return
+        presented = presented_token(scope["headers"])
+        accepted, node = token_file.current().match(presented) if presented else (False, None)
+        if not accepted:
+            self.on_refused(kind)
+            await _unauthorized(send, kind, presented is not None)
+            return
+        if kind == INGEST:
+            scope[BOUND_NODE_KEY] = node
+        await self.app(scope, receive, send)
+
+
+async def _unauthorized(send: Send, kind: str, had_token: bool) -> None:
+    detail = "the token is not accepted" if had_token else "authentication required: send Authorization: Bearer TOKEN"
+    body = orjson.dumps({"accepted": False, "detail": detail} if kind == INGEST else {"detail": detail})
+    # A browser shows its password prompt for Basic: the page's reader types the read token there.
+    challenge = b'Basic realm="hangwatch", charset="UTF-8"' if kind == READ else b'Bearer realm="hangwatch"'
+    await send({"type": "http.response.start", "status": 401,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"www-authenticate", challenge)]})
+    await send({"type": "http.response.body", "body": body})

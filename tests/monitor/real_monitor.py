@@ -1,0 +1,82 @@
+"""The real hangwatch-monitor on uvicorn in a subprocess, on loopback, for tests that need the daemon."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+EXE = shutil.which("hangwatch-monitor") or str(Path(sys.executable).parent / "hangwatch-monitor")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningMonitor:
+    proc: subprocess.Popen[str]
+    base: str
+    db: Path
+    log: Path
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def wait_until_up(proc: subprocess.Popen[str], base: str, timeout: float = 20.0, log: Path | None = None,
+                  **client_options: object) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            said = log.read_text(errors="replace") if log else (proc.stderr.read() if proc.stderr else "")
+            raise AssertionError(f"monitor exited early with {proc.returncode}: {said}")
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1.0, **client_options).status_code == 200:  # type: ignore[arg-type]
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise AssertionError("monitor did not come up")
+
+
+def _open_file_limit(count: int) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
+    return apply
+
+
+@contextlib.contextmanager
+def running_monitor(tmp_path: Path, *args: str, db: Path | None = None, scheme: str = "http",
+                    open_file_limit: int | None = None, client_options: dict | None = None,
+                    extra_env: dict[str, str] | None = None) -> Iterator[RunningMonitor]:
+    """Start the monitor with ``args`` added; stop it (SIGKILL if need be) however the test ends."""
+    port = free_port()
+    db = db or tmp_path / "state" / "monitor.db"
+    log = tmp_path / f"monitor-{port}.log"
+    env = {**os.environ, "HANGWATCH_STATE_DIR": str(tmp_path / "unused"), **(extra_env or {})}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [EXE, "--host", "127.0.0.1", "--port", str(port), "--db", str(db), "--log-level", "warning", *args],
+            stdout=out, stderr=subprocess.STDOUT, text=True, env=env,
+            preexec_fn=_open_file_limit(open_file_limit) if open_file_limit else None,
+        )
+    try:
+        base = f"{scheme}://127.0.0.1:{port}"
+        wait_until_up(proc, base, log=log, **(client_options or {}))
+        yield RunningMonitor(proc, base, db, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
