@@ -15,6 +15,7 @@ from agent.sdnotify import Notifier
 from monitor.answers import AnswerCache
 from monitor.auth import INGEST, METRICS, READ, AuthLayer, TokenFile
 from monitor.http_guard import HttpStats
+from monitor.limits import Limits
 from monitor.load import LoadGuard
 from monitor.routes import diagnose, metrics, page
 from monitor.routes.ingest import IngestLayer
@@ -41,6 +42,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         fresh_read_ranks=settings.fresh_read_ranks,
         tick_interval_s=settings.tick_interval_s,
         confirm_alarms=settings.confirm_alarms,
+        limits=Limits(settings.max_jobs, settings.max_nodes, settings.max_world_size),
     )
     guard = LoadGuard(shed_lag_s=settings.shed_lag_s, shed_keep_s=settings.shed_keep_s)
     replayed = monitor.replay()

@@ -21,6 +21,7 @@ import monitor.diagnosis as diagnosis
 from monitor.diagnosis import Diagnosis, JobView
 from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.fastwire import decode_report
+from monitor.limits import Limits, Refusal, check_report
 from monitor.state import MonitorState
 from monitor.store import Store, VerdictChange
 from monitor.views import job_view
@@ -34,7 +35,7 @@ ADVANCING_S = 2.0
 REFRESH_S = 5.0
 
 REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema", "disconnected", "unauthorized",
-                  "wrong_node")
+                  "wrong_node", "world_size", "too_many_nodes", "too_many_jobs")
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,10 @@ class Monitor:
         fresh_read_ranks: int = 512,
         tick_interval_s: float = 0.0,
         confirm_alarms: bool = True,
+        limits: Limits | None = None,
     ) -> None:
         self.store = store
+        self.limits = limits or Limits()
         self.job_retention_s = job_retention_s
         self.clock = clock
         self._diagnose = diagnose
@@ -141,6 +144,12 @@ class Monitor:
             # the node): it asks until a full report arrives, so a lost answer costs nothing.
             missing_full = node not in self._full_seen
         return IngestAnswer(send_full=bool(report.delta) and (missing_full or snapshot_due))
+
+    def refusal(self, report: Any) -> Refusal | None:
+        """Why the monitor must not take ``report`` in (monitor/limits.py); None when it may."""
+        with self._lock:
+            state = self.state
+            return check_report(report, self.limits, state.jobs.keys(), state.nodes.keys(), state.resolve)
 
     def reject(self, reason: str) -> None:
         with self._lock:

@@ -62,6 +62,10 @@ class Settings:
     # Off (false), every single reading is published: for tests of one reading, not for paging.
     confirm_alarms: bool = True
     log_level: str = "info"
+    # What one monitor takes in (monitor/limits.py): reports past these are refused (429, 422).
+    max_jobs: int = 2000
+    max_nodes: int = 10000
+    max_world_size: int = 65536
     # Connection guards (monitor/http_guard.py): open connections at most (kept under the open-file
     # limit), and how long a client may take over a request's headers and over its body.
     max_connections: int = 4096
@@ -119,8 +123,9 @@ class Settings:
                      "shed_lag_s", "shed_keep_s", "header_timeout_s", "body_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")
-        if self.max_connections < 1:
-            raise SettingsError("max_connections must be at least 1")
+        for name in ("max_jobs", "max_nodes", "max_world_size", "max_connections"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name} must be at least 1")
         if self.snapshots_per_node < 1:
             raise SettingsError("snapshots_per_node must be at least 1")
         if self.fresh_read_ranks < 0:

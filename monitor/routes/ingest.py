@@ -103,6 +103,10 @@ class IngestLayer:
             # A per-node token (monitor/auth.py): one node cannot speak for another.
             monitor.reject("wrong_node")
             raise _refuse(403, f"this token may only report for node {bound_node!r}")
+        refusal = monitor.refusal(report)
+        if refusal is not None:
+            monitor.reject(refusal.reason)
+            raise _refuse(refusal.status, refusal.detail)
         answer = monitor.ingest(report)
         self.guard.accepted(report.node, time.monotonic())
         # "delta": this monitor takes delta reports (agent/delta.py); "send_full": make the next one full.

@@ -7,6 +7,7 @@ import sqlite3
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -14,6 +15,8 @@ from monitor_reports import progress, rank, report
 from monitor_testkit import TestClient, assert_refused, monitor_of
 from real_monitor import running_monitor
 
+from monitor.fastwire import decode_report
+from monitor.limits import Limits, check_report
 from monitor.store import Store
 
 URL = "/api/v1/reports"
@@ -77,3 +80,53 @@ def test_a_stored_report_no_answer_could_carry_is_skipped_on_replay(tmp_path: Pa
         assert httpx.get(monitor.base + "/metrics", timeout=5).status_code == 200
         assert httpx.get(monitor.base + "/diagnose", timeout=5).status_code == 200
         assert "no longer validates" in monitor.log_text()
+
+
+def _limits_report(node: str, *job_ids: str, world_size: int = 2) -> Any:
+    return decode_report(json.dumps(report(node=node, ranks=[rank(job_id=j, rank=i, world_size=world_size)
+                                                             for i, j in enumerate(job_ids)])))
+
+
+@pytest.mark.parametrize(("node", "job_ids", "world_size", "expected"), [
+    ("node-a", ("job-a",), 2, None),
+    ("node-a", ("job-a", "job-b"), 65536, None),
+    ("node-new", ("job-a",), 2, None),  # two nodes known, room for a third
+    ("node-a", ("job-c",), 2, None),  # job-c is a spelling of job-a
+    ("node-a", ("job-a",), 65537, (422, "world_size")),
+    ("node-a", ("job-new", "job-newer"), 2, (429, "too_many_jobs")),
+    ("node-a", ("job-a", "job-new"), 2, None),
+])
+def test_limits_on_what_one_monitor_takes_in(node: str, job_ids: tuple[str, ...], world_size: int,
+                                             expected: tuple[int, str] | None) -> None:
+    limits = Limits(max_jobs=3, max_nodes=3, max_world_size=65536)
+    refusal = check_report(_limits_report(node, *job_ids, world_size=world_size), limits,
+                           jobs={"job-a", "job-b"}, nodes={"node-a", "node-b"},
+                           canonical=lambda j: {"job-c": "job-a"}.get(j, j))
+    assert (refusal.status, refusal.reason) == expected if expected else refusal is None
+
+
+def test_a_monitor_full_of_nodes_refuses_a_new_one() -> None:
+    refusal = check_report(_limits_report("node-c", "job-a"), Limits(max_nodes=2), jobs={"job-a"},
+                           nodes={"node-a", "node-b"}, canonical=lambda j: j)
+    assert refusal is not None and (refusal.status, refusal.reason) == (429, "too_many_nodes")
+
+
+def test_junk_jobs_past_the_limit_are_refused_and_real_ones_go_on(tmp_path: Path) -> None:
+    env = {"HANGWATCH_MAX_JOBS": "3", "HANGWATCH_MAX_WORLD_SIZE": "1024"}
+    with running_monitor(tmp_path, extra_env=env) as monitor:
+        url = monitor.base + URL
+        real = report(node="node-real", ranks=[rank(job_id="job-real")])
+        assert httpx.post(url, json=real, timeout=5).status_code == 202
+        statuses = [httpx.post(url, json=report(node=f"junk-{i}", ranks=[rank(job_id=f"junk-{i}")]),
+                               timeout=5).status_code for i in range(20)]
+        assert statuses[:2] == [202, 202] and set(statuses[2:]) == {429}
+        assert httpx.post(url, json=real, timeout=5).status_code == 202
+        huge = report(node="node-real", ranks=[rank(job_id="job-real", world_size=1_000_000 - 1)])
+        answer = httpx.post(url, json=huge, timeout=5)
+        assert answer.status_code == 422 and "max_world_size" in answer.json()["detail"]
+        jobs = httpx.get(monitor.base + "/diagnose", params={"format": "json"}, timeout=5).json()["jobs"]
+        assert sorted(j["job_id"] for j in jobs) == ["job-real", "junk-0", "junk-1"]
+        assert [j["world_size"] for j in jobs if j["job_id"] == "job-real"] == [2]
+        metrics = httpx.get(monitor.base + "/metrics", timeout=5).text
+        assert 'hangwatch_reports_rejected_total{reason="too_many_jobs"} 18.0' in metrics
+        assert 'hangwatch_reports_rejected_total{reason="world_size"} 1.0' in metrics
