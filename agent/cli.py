@@ -9,16 +9,19 @@ import math
 import os
 import re
 import signal
+import ssl
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from agent.logpatterns import compile_user_pattern
 from agent.nccl_ras import parse_address
 from agent.report import NODE_NAME, default_node_name
 from agent.runner import Agent, Config
-from agent.sender import ShardedSender
+from agent.sender import ShardedSender, tls_context
+from agent.token_file import TokenFileError, TokenSource
 
 log = logging.getLogger("agent")
 NCCL_RAS_ONCE_WAIT_S = 2.0
@@ -30,7 +33,8 @@ class UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2, no usage block
-        raise UsageError(message)
+        # "--tok=X" is ambiguous (--token, --token-file): never echo what may be the token.
+        raise UsageError(re.sub(r"^(ambiguous option: -[^=\s]*)=\S*", r"\1=...", message))
 
 
 def _positive_float(text: str) -> float:
@@ -67,6 +71,22 @@ def _regex(text: str) -> re.Pattern[str]:
         raise argparse.ArgumentTypeError(f"bad --step-regex: {e}") from None
 
 
+def _name_pattern(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"bad --redact-pattern: {e}") from None
+    return text
+
+
+class _RefuseToken(argparse.Action):
+    """--token VALUE: refused without echoing VALUE (it would land in shell history, /proc and logs)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise UsageError("the token is never taken on the command line (any user of the node can read it "
+                         "there): put it in a file readable only by the agent and pass --token-file PATH")
+
+
 def _ras_address(text: str) -> str:
     if parse_address(text) is None:
         raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r}")
@@ -99,13 +119,30 @@ def build_parser() -> argparse.ArgumentParser:
                         "localhost:28028)")
     p.add_argument("--no-flight-recorder", action="store_true",
                    help="never read the ranks' PyTorch Flight Recorder dumps (TORCH_FR_DUMP_TEMP_FILE<rank>)")
+    p.add_argument("--redact-pattern", type=_name_pattern, action="append", default=[], metavar="REGEX",
+                   help="hide the values of options and NAME=value words whose name matches this regex too "
+                        "(case-insensitive, searched in the name); repeatable. Hidden by default: names "
+                        "with token, password, passwd, secret, key, credential; always: URL credentials")
+    p.add_argument("--no-default-redaction", action="store_true",
+                   help="only --redact-pattern names are hidden (URL credentials still are)")
+    p.add_argument("--token-file", default=None, metavar="PATH",
+                   help="file holding the bearer token for the monitor (mode 600; re-read when it changes); "
+                        "default: $HANGWATCH_TOKEN_FILE")
+    p.add_argument("--token", action=_RefuseToken, nargs="?", help=argparse.SUPPRESS)
+    p.add_argument("--ca-file", default=None, metavar="PATH",
+                   help="CA bundle that verifies an https monitor's certificate (instead of the default "
+                        "bundle); default: $HANGWATCH_CA_FILE")
     p.add_argument("--once", action="store_true",
                    help="sample twice one interval apart, print the report JSON and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
 
-def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
+def parse_config(
+    argv: list[str] | None, environ: Mapping[str, str] | None = None
+) -> tuple[Config, argparse.Namespace]:
+    """``environ``: where HANGWATCH_TOKEN_FILE and HANGWATCH_CA_FILE are read (os.environ)."""
+    environ = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
     if not args.monitor and not args.once:
         raise UsageError("--monitor URL is required (unless --once)")
@@ -125,8 +162,31 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         nccl_ras=not args.no_nccl_ras,
         nccl_ras_addr=args.nccl_ras_addr,
         flight_recorder=not args.no_flight_recorder,
+        redact_patterns=tuple(args.redact_pattern),
+        default_redaction=not args.no_default_redaction,
+        # An empty variable is as good as unset (EnvironmentFile lines left blank).
+        token_file=args.token_file or environ.get("HANGWATCH_TOKEN_FILE") or None,
+        ca_file=args.ca_file or environ.get("HANGWATCH_CA_FILE") or None,
     )
     return config, args
+
+
+def make_sender(config: Config) -> ShardedSender:
+    """The monitors' sender with the token and CA; an unusable token file or CA bundle is a
+    UsageError (exit 2 at start)."""
+    token = None
+    if config.token_file:
+        try:
+            token = TokenSource(config.token_file).current
+        except TokenFileError as e:
+            raise UsageError(str(e)) from None
+    verify: ssl.SSLContext | bool = True
+    if config.ca_file:
+        try:
+            verify = tls_context(config.ca_file)
+        except (OSError, ssl.SSLError) as e:
+            raise UsageError(f"--ca-file {config.ca_file}: {getattr(e, 'strerror', None) or e}") from None
+    return ShardedSender(config.monitors, token=token, verify=verify)
 
 
 def run_once(agent: Agent, config: Config) -> dict:
@@ -154,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per report
+    try:
+        sender = make_sender(config) if config.monitors else None
+    except UsageError as e:
+        print(f"hangwatch-agent: error: {e}", file=sys.stderr)
+        return 2
     agent = Agent(config)
     agent.start()
     try:
@@ -161,18 +226,17 @@ def main(argv: list[str] | None = None) -> int:
             report = run_once(agent, config)
             json.dump(report, sys.stdout)
             sys.stdout.write("\n")
-            if config.monitors:
-                sender = ShardedSender(config.monitors)
+            if sender is not None:
                 ok = sender.post(report)
                 sender.close()
                 return 0 if ok else 1
             return 0
-        return run_loop(agent, config)
+        return run_loop(agent, config, sender)
     finally:
         agent.close()
 
 
-def run_loop(agent: Agent, config: Config) -> int:
+def run_loop(agent: Agent, config: Config, sender: ShardedSender) -> int:
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -183,11 +247,11 @@ def run_loop(agent: Agent, config: Config) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    sender = ShardedSender(config.monitors)
     sender.start()
     log.info(
-        "reporting to %s every %.3g s as node %s (py-spy: %s)",
+        "reporting to %s every %.3g s as node %s (py-spy: %s; token: %s)",
         ", ".join(config.monitors), config.interval, config.node, agent.agent_info()["py_spy"],
+        f"from {config.token_file}" if config.token_file else "none",
     )
     try:
         agent.run(stop, sender)

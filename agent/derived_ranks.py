@@ -35,6 +35,7 @@ from agent.identity import (
 )
 from agent.procinfo import is_python, read_argv, read_environ, read_exe
 from agent.procstat import CLOCK_TICKS, Stat
+from agent.redact import DEFAULT_REDACTOR, Redactor
 from agent.sockets import SocketReader
 
 SETTLE_S = 1.0
@@ -85,10 +86,11 @@ class DerivedRanks:
     """``find()`` once per discovery scan; caches per process, forgets the ones gone."""
 
     def __init__(self, proc_root: str = "/proc", report_env: Callable[[dict[str, str]], dict[str, str]] = dict,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, redactor: Redactor = DEFAULT_REDACTOR) -> None:
         self.proc_root = proc_root
         self.report_env = report_env  # discovery's allowlist, for a parent that turns out a rank
         self.clock = clock
+        self.redactor = redactor  # for a parent's reported command line
         self.sockets = SocketReader(proc_root)
         self._parents: dict[tuple[int, int, str], _Parent | None] = {}
         self._torch: set[tuple[int, int]] = set()  # children seen with libtorch loaded
@@ -197,7 +199,7 @@ class DerivedRanks:
             return None  # gone, or not ours to read
         if not argv or not is_python(read_exe(self.proc_root, stat.pid), argv):
             return None
-        return _Parent(stat.pid, stat.ppid, stat.starttime, tuple(argv), " ".join(argv)[:4096],
+        return _Parent(stat.pid, stat.ppid, stat.starttime, tuple(argv), self.redactor.cmdline(argv),
                        self.report_env(env), spawn_facts(env))
 
     def _uptime_ticks(self) -> int | None:

@@ -28,6 +28,7 @@ from agent.identity import (  # noqa: F401 -- RankIdentity: re-exported
 )
 from agent.procinfo import is_python, parse_cmdline, parse_environ, read_exe  # noqa: F401 -- re-exported
 from agent.procstat import Stat, read_stat
+from agent.redact import DEFAULT_REDACTOR, Redactor
 
 # Whole words of is_launcher: a process with one of them in its argv is never a rank.
 LAUNCHER_SCRIPTS = ("torchrun",)
@@ -123,8 +124,9 @@ class OrphanProcess:
     launcher: LauncherProcess | None = field(default=None, compare=False)
 
 
-def allowlisted_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: env[k][:1024] for k in ENV_ALLOWLIST if k in env}
+def allowlisted_env(env: dict[str, str], redactor: Redactor = DEFAULT_REDACTOR) -> dict[str, str]:
+    # Redacted before the cut: a cut inside a URL's userinfo would hide its "@" from the redactor.
+    return {k: redactor.text(env[k])[:1024] for k in ENV_ALLOWLIST if k in env}
 
 
 def launcher_kind(argv: list[str]) -> tuple[str, int] | None:
@@ -233,10 +235,15 @@ class Discovery:
     # Every other PPID-1 process: (pid, starttime), for finding who holds a master port.
     other_ppid1: list[tuple[int, int]] = field(default_factory=list)
     derived: DerivedRanks | None = None  # Lightning's and mp.spawn's ranks (built from proc_root)
+    # Every command line and environment value reported passes through it (agent/redact.py).
+    redactor: Redactor = DEFAULT_REDACTOR
 
     def __post_init__(self) -> None:
         if self.derived is None:
-            self.derived = DerivedRanks(self.proc_root, allowlisted_env)
+            self.derived = DerivedRanks(self.proc_root, self._report_env, redactor=self.redactor)
+
+    def _report_env(self, env: dict[str, str]) -> dict[str, str]:
+        return allowlisted_env(env, self.redactor)
 
     def scan(self) -> list[RankProcess]:
         stats: dict[int, Stat] = {}
@@ -298,7 +305,7 @@ class Discovery:
     def cmdline_of(self, pid: int) -> str:
         try:
             with open(f"{self.proc_root}/{pid}/cmdline", "rb") as f:
-                return " ".join(parse_cmdline(f.read()))[:4096]
+                return self.redactor.cmdline(parse_cmdline(f.read()))
         except OSError:
             return ""
 
@@ -326,10 +333,10 @@ class Discovery:
         except OSError:
             # Gone, or not ours to read: not a process we can watch.
             return _Seen()
-        cmdline = " ".join(argv)[:4096]
         has_rank = carries_rank(env)
         launcher = launcher_kind(argv)
         if launcher:
+            cmdline = self.redactor.cmdline(argv)
             kind, first = launcher
             torchrun = kind in TORCHRUN_KINDS  # only torchrun's options are read (agent/launchers.py)
             pet = {k: v[:1024] for k, v in env.items() if k.startswith(LAUNCHER_ENV_PREFIX)} if torchrun else {}
@@ -343,14 +350,15 @@ class Discovery:
         spawned = not has_rank and is_spawn_child(argv)
         if not (has_rank or lightning or spawned):
             return _Seen()  # most processes: nothing kept
+        cmdline = self.redactor.cmdline(argv)  # only now: most processes never need it
         if not is_python(read_exe(self.proc_root, stat.pid), argv) or is_launcher(argv):
             return _Seen(carries_rank=has_rank or bool(lightning), cmdline=cmdline)
         if lightning or spawned:
-            candidate = Candidate(stat.pid, stat.ppid, stat.starttime, cmdline, tuple(argv), allowlisted_env(env),
+            candidate = Candidate(stat.pid, stat.ppid, stat.starttime, cmdline, tuple(argv), self._report_env(env),
                                   lightning, spawn_facts(env) if spawned and not lightning else None)
             return _Seen(carries_rank=bool(lightning), cmdline=cmdline, candidate=candidate)
         identity = rank_identity(env, stat.ppid)
         if identity is None:
             return _Seen(carries_rank=True, cmdline=cmdline)
-        rank = RankProcess(stat.pid, stat.ppid, stat.starttime, identity, cmdline, allowlisted_env(env))
+        rank = RankProcess(stat.pid, stat.ppid, stat.starttime, identity, cmdline, self._report_env(env))
         return _Seen(rank=rank, carries_rank=True, cmdline=cmdline)

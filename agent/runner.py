@@ -23,6 +23,7 @@ from agent.nccl_ras import NcclRasPoller, choose_address, namespace_pid
 from agent.nccl_ras_answer import pid_map
 from agent.procio import WriteRateSampler
 from agent.procstat import CLOCK_TICKS, CpuSampler, ProcessSample
+from agent.redact import make_redactor
 from agent.report import build_report, orphan_report, rank_report
 from agent.sdnotify import Notifier
 from agent.sockets import SocketReader, listening_ports, socket_inodes
@@ -63,6 +64,12 @@ class Config:
     # host:port of NCCL's RAS listener; None: the ranks' NCCL_RAS_ADDR, else NCCL's default.
     nccl_ras_addr: str | None = None
     flight_recorder: bool = True
+    # Secret-name regexes beyond the defaults (--redact-pattern), and whether the defaults apply.
+    redact_patterns: tuple[str, ...] = ()
+    default_redaction: bool = True
+    # Sending (agent/sender.py): the bearer token's file and the CA bundle for https monitors.
+    token_file: str | None = None
+    ca_file: str | None = None
 
     @property
     def monitor(self) -> str | None:
@@ -129,7 +136,10 @@ class Agent:
         # Set for --once: collect everything now, as a person asking for one report expects.
         self.one_shot = False
         root = config.proc_root
-        self.discovery = Discovery(proc_root=root, jobs=config.jobs, own_pid_namespace=config.own_pid_namespace)
+        self.discovery = Discovery(
+            proc_root=root, jobs=config.jobs, own_pid_namespace=config.own_pid_namespace,
+            redactor=make_redactor(config.redact_patterns, config.default_redaction),
+        )
         self.cpu = CpuSampler(root)
         self.io = WriteRateSampler(root)
         self.exits = ExitWatcher(root, clock)

@@ -10,14 +10,23 @@ the newest report.
 
 Once the monitor says it takes them (``"delta": true`` in its answer), reports carry only
 what changed since the last one it took (agent/delta.py).
+
+With a token (agent/token_file.py) every POST carries ``Authorization: Bearer <token>``. A 401
+or 403 is the monitor refusing it: logged once per status until a report gets through again,
+counted as failed and retried with the backoff (a token rotated in its file is picked up by
+the next try). With a CA bundle (--ca-file) an https monitor's certificate is verified against
+that bundle only.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -32,6 +41,14 @@ BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 # The longest Retry-After honoured: a monitor asking for more is treated as down.
 RETRY_AFTER_MAX_S = 30.0
+REFUSED = (401, 403)
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def tls_context(ca_file: str) -> ssl.SSLContext:
+    """Verification against this CA bundle alone (a private CA), not the system's.
+    Raises OSError or ssl.SSLError for a missing or certificate-less file."""
+    return ssl.create_default_context(cafile=ca_file)
 
 
 def reports_url(monitor: str) -> str:
@@ -43,14 +60,23 @@ def next_backoff(current: float) -> float:
 
 
 class Sender:
-    def __init__(self, monitor: str, client: httpx.Client | None = None):
+    """``token``: gives the current bearer token (TokenSource.current); ``verify``: httpx's
+    (an SSLContext from tls_context, or True for its default bundle)."""
+
+    def __init__(self, monitor: str, client: httpx.Client | None = None,
+                 token: Callable[[], str] | None = None, verify: ssl.SSLContext | bool = True):
         self.url = reports_url(monitor)
-        self.client = client or httpx.Client(timeout=TIMEOUT_S)
+        self.client = client or httpx.Client(timeout=TIMEOUT_S, verify=verify)
+        self.token = token
+        parts = urlsplit(self.url)
+        if token is not None and parts.scheme == "http" and parts.hostname not in LOOPBACK_HOSTS:
+            log.warning("sending the token to %s over plain http: anyone on the path can read it; use https", monitor)
         self._latest: dict | None = None
         self._cond = threading.Condition()
         self._stop = False
         self._logged_rejections: set[str] = set()
         self._down_logged = False
+        self._refused_logged: int | None = None  # the status of the refusal last logged
         self.sent = 0
         self.failed = 0
         self.delta = DeltaState()
@@ -78,12 +104,16 @@ class Sender:
         compact, baseline = self.delta.compact(report)
         body = dict(compact, sent_at=time.time())
         self.retry_after = None
+        headers = {"content-type": "application/json"}
+        if self.token is not None:
+            headers["authorization"] = f"Bearer {self.token()}"
         try:
-            response = self.client.post(
-                self.url, content=json.dumps(body), headers={"content-type": "application/json"}
-            )
+            response = self.client.post(self.url, content=json.dumps(body), headers=headers)
         except httpx.HTTPError as e:
-            self._note_down(f"{type(e).__name__}: {e}")
+            self._note_down(f"{type(e).__name__}: {e}{_tls_hint(e)}")
+            return False
+        if response.status_code in REFUSED:
+            self._note_refused(response)
             return False
         if response.status_code >= 500:
             if response.status_code == 503:
@@ -100,8 +130,23 @@ class Sender:
         if self._down_logged:
             log.info("monitor reachable again at %s", self.url)
             self._down_logged = False
+        if self._refused_logged is not None:
+            log.info("monitor at %s takes the reports again", self.url)
+            self._refused_logged = None
         self.sent += 1
         return True
+
+    def _note_refused(self, response: httpx.Response) -> None:
+        self.failed += 1
+        if self._refused_logged == response.status_code:
+            return
+        self._refused_logged = response.status_code
+        # The answer's text, never the request's headers: the token stays out of the log.
+        answer = f"HTTP {response.status_code} {response.text[:300]}".strip()
+        if self.token is None:
+            log.error("monitor at %s wants a token (%s): give the agent --token-file", self.url, answer)
+        else:
+            log.error("monitor refused the token: %s (from %s); retrying with backoff", answer, self.url)
 
     def _note_down(self, why: str) -> None:
         self.failed += 1
@@ -140,6 +185,12 @@ def _retry_after(value: str | None) -> float | None:
     return seconds
 
 
+def _tls_hint(error: httpx.HTTPError) -> str:
+    if "CERTIFICATE_VERIFY_FAILED" in str(error):
+        return " -- the monitor's certificate is not trusted: --ca-file names the CA bundle that signed it"
+    return ""
+
+
 def _json_or_none(response: httpx.Response) -> dict | None:
     try:
         data = response.json()
@@ -151,9 +202,10 @@ def _json_or_none(response: httpx.Response) -> dict | None:
 class ShardedSender:
     """One ``Sender`` per monitor; each report is split by job owner (agent/shards.py)."""
 
-    def __init__(self, monitors: list[str] | tuple[str, ...]) -> None:
+    def __init__(self, monitors: list[str] | tuple[str, ...], token: Callable[[], str] | None = None,
+                 verify: ssl.SSLContext | bool = True) -> None:
         self.monitors = list(monitors)
-        self.senders = {m: Sender(m) for m in self.monitors}
+        self.senders = {m: Sender(m, token=token, verify=verify) for m in self.monitors}
 
     def start(self) -> None:
         for sender in self.senders.values():

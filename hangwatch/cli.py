@@ -7,6 +7,10 @@
 ``diagnose`` and ``status`` exit 0 when every job is healthy or finished, 1 when a job has
 any other verdict, 2 when a monitor cannot be reached (or on bad options). With monitors
 sharded by job id (docs/scaling.md), give every one: their jobs are shown together.
+
+What the monitor answers is printed with its control characters escaped (monitor/safe_text.py):
+job ids, frames and log lines come from the monitored processes, and only the colour codes
+this command adds itself reach the terminal as they are.
 """
 
 from __future__ import annotations
@@ -54,13 +58,14 @@ def _positive(text: str) -> float:
 from hangwatch.cases import CASE_NAMES, demo_cases  # noqa: E402
 from hangwatch.colour import paint_verdict, paint_verdicts_in, wants_colour  # noqa: E402
 from hangwatch.harness import watch_case  # noqa: E402
+from monitor.safe_text import one_line, text_block  # noqa: E402
 
 
 
 
 
 def _say(t0: float, msg: str) -> None:
-    print(f"[+{time.monotonic() - t0:5.1f}s] {msg}", flush=True)
+    print(f"[+{time.monotonic() - t0:5.1f}s] {one_line(msg)}", flush=True)
 
 
 def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, workdir: str | None) -> int:
@@ -107,7 +112,7 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
             elif kind == "change":
                 culprits = payload.get("culprit_ranks") or []
                 _say(t0, f"verdict now: {payload['verdict']}" + (f" culprits {culprits}" if culprits else ""))
-                print(_indent(client.diagnose_text(job.job_id)), flush=True)
+                print(_indent(text_block(client.diagnose_text(job.job_id))), flush=True)
             elif kind == "detected":
                 _say(t0, "the monitor shows the expected verdict")
             elif kind == "timeout":
@@ -121,7 +126,7 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
         elif run.detection_seconds is not None:
             _say(t0, f"detected {run.detection_seconds:.1f}s after the failure began")
         _say(t0, "final /diagnose:")
-        print(_indent(client.diagnose_text(job.job_id)), flush=True)
+        print(_indent(text_block(client.diagnose_text(job.job_id))), flush=True)
     except KeyboardInterrupt:
         _say(t0, "interrupted")
         return 130
@@ -215,9 +220,11 @@ def cmd_diagnose(args) -> int:
                 except httpx.HTTPError as e:
                     raise Unreachable(monitor, e) from None
                 texts.append(r.text if r.text.endswith("\n") else r.text + "\n")
-            sys.stdout.write(paint_verdicts_in("\n".join(texts), wants_colour(sys.stdout, args.color)))
+            # A monitor of an older version sends its text unescaped: escape it here too.
+            text = text_block("\n".join(texts))
+            sys.stdout.write(paint_verdicts_in(text, wants_colour(sys.stdout, args.color)))
     except Unreachable as e:
-        print(f"hangwatch: {e}", file=sys.stderr)
+        print(f"hangwatch: {one_line(str(e))}", file=sys.stderr)
         return 2
     return _exit_code(jobs)
 
@@ -236,7 +243,7 @@ def cmd_status(args) -> int:
     try:
         jobs = _merged(_jobs_of(_monitors(args), args.job))
     except Unreachable as e:
-        print(f"hangwatch: {e}", file=sys.stderr)
+        print(f"hangwatch: {one_line(str(e))}", file=sys.stderr)
         return 2
     if not jobs:
         print("no jobs" if not args.job else f"no job {args.job!r}")
@@ -245,11 +252,11 @@ def cmd_status(args) -> int:
     for j in jobs:
         ranks = j.get("ranks", [])
         steps = [r.get("step") for r in ranks if r.get("step") is not None]
-        culprits = ",".join(str(c) for c in j.get("culprit_ranks", [])) or "-"
-        states = ",".join(f"{r['rank']}:{r.get('state')}" for r in sorted(ranks, key=lambda r: r["rank"]))
-        verdict = paint_verdict(f"{j['verdict'].upper():<15}", j["verdict"], colour)
-        print(f"{j['job_id']}  {verdict} culprits={culprits:<6} since={_ago(j.get('since')):<5} "
-              f"step={max(steps) if steps else '-'}  ranks={states}  {j.get('summary', '')}")
+        culprits = one_line(",".join(str(c) for c in j.get("culprit_ranks", []))) or "-"
+        states = one_line(",".join(f"{r['rank']}:{r.get('state')}" for r in sorted(ranks, key=lambda r: r["rank"])))
+        verdict = paint_verdict(f"{one_line(j['verdict'].upper()):<15}", j["verdict"], colour)
+        print(f"{one_line(j['job_id'])}  {verdict} culprits={culprits:<6} since={_ago(j.get('since')):<5} "
+              f"step={one_line(str(max(steps))) if steps else '-'}  ranks={states}  {one_line(j.get('summary', ''))}")
     return _exit_code(jobs)
 
 

@@ -19,6 +19,7 @@ from monitor.limits import Limits
 from monitor.load import LoadGuard
 from monitor.routes import diagnose, metrics, page
 from monitor.routes.ingest import IngestLayer
+from monitor.security_headers import SecurityHeaders
 from monitor.service import Monitor
 from monitor.settings import Settings
 from monitor.store import Store
@@ -76,7 +77,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
     app.state.http_stats = http_stats = HttpStats()
     # Reports are answered by a plain ASGI layer in front of the app (routes/ingest.py).
     app.add_middleware(IngestLayer, monitor=monitor, settings=settings, guard=guard)
-    # Added last, so outermost: nothing runs for a request whose token is missing or wrong.
+    # Around everything below it: nothing runs for a request whose token is missing or wrong.
     token_files = _token_files(settings)
     if token_files:
         def refused(kind: str) -> None:
@@ -85,6 +86,8 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
                 monitor.reject("unauthorized")
 
         app.add_middleware(AuthLayer, files=token_files, on_refused=refused)
+    # Outermost of all: every answer, 401s included, carries the page's security headers.
+    app.add_middleware(SecurityHeaders)
     for module in (diagnose, metrics, page):
         app.include_router(module.router)
     return app

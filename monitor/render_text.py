@@ -1,4 +1,9 @@
-"""``GET /diagnose`` for a person at a terminal: one block per job, a table of ranks."""
+"""``GET /diagnose`` for a person at a terminal: one block per job, a table of ranks.
+
+Strings from the monitored processes (job ids, frames, command lines, log lines in the
+evidence) go in through ``one_line``: no control character reaches the terminal, and none
+can start a line of its own.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import time
 from typing import Any
 
 from monitor.present import ranks_text
+from monitor.safe_text import one_line
 
 
 def render_text(jobs: list[dict[str, Any]], now: float) -> str:
@@ -28,25 +34,29 @@ def render_job(job: dict[str, Any], now: float) -> str:
     since = ""
     if job["since"] is not None:
         since = f"  since {_ago(now - job['since'])} ({_clock(job['since'])})"
-    lines = [f"JOB {job['job_id']}  {job['verdict'].upper()}{since}", f"  {job['summary']}"]
+    lines = [f"JOB {one_line(job['job_id'])}  {one_line(job['verdict'].upper())}{since}",
+             f"  {one_line(job['summary'])}"]
     culprits = job["culprit_ranks"]
     if culprits:
         word = "rank" if len(culprits) == 1 else "ranks"
         lines.append(f"  culprits: {word} {', '.join(str(r) for r in culprits)} (marked * below)")
-    nodes = ", ".join(job.get("nodes", []))
+    nodes = one_line(", ".join(job.get("nodes", [])))
     lines.append(f"  world size {job['world_size']}, {len(job['ranks'])} ranks seen" + (f" on {nodes}" if nodes else ""))
     if job.get("aliases"):
-        lines.append(f"  also reported as {', '.join(job['aliases'])} (another spelling of the master address)")
+        lines.append(f"  also reported as {one_line(', '.join(job['aliases']))} "
+                     "(another spelling of the master address)")
     if job.get("stacks_unavailable_reason"):
-        lines.append(f"  stacks unavailable: {job['stacks_unavailable_reason']}")
+        lines.append(f"  stacks unavailable: {one_line(job['stacks_unavailable_reason'])}")
     found = _found_by(job["ranks"])
     if found:
         lines.append(f"  ranks found by {found}")
-    _section(lines, "evidence", [f"- {e}" for e in job["evidence"]])
-    _section(lines, "hints", [f"> {h}" for h in job["hints"]])
-    _section(lines, "waiting at", [f"{_ranks_word(g['ranks'])}: {g['site']}" for g in job.get("groups") or []])
+    _section(lines, "evidence", [f"- {one_line(e)}" for e in job["evidence"]])
+    _section(lines, "hints", [f"> {one_line(h)}" for h in job["hints"]])
+    _section(lines, "waiting at",
+             [f"{_ranks_word(g['ranks'])}: {one_line(g['site'])}" for g in job.get("groups") or []])
     _section(lines, "stacks (innermost first)",
-             [f"{_ranks_word(g['ranks'])}: {' ← '.join(g['frames'])}" for g in job.get("stack_groups") or []])
+             [f"{_ranks_word(g['ranks'])}: {one_line(' ← '.join(g['frames']))}"
+              for g in job.get("stack_groups") or []])
     _section(lines, "launchers", [_launcher_line(launcher) for launcher in job.get("launchers") or []])
     _section(lines, "leftover processes (parent gone)", [_orphan_line(o) for o in job.get("orphans") or []])
     lines.append("")
@@ -64,7 +74,8 @@ def _found_by(ranks: list[dict[str, Any]]) -> str:
     for r in ranks:
         if r.get("identified_by"):
             by_how.setdefault(r["identified_by"], []).append(r["rank"])
-    return ", ".join(f"{how} ({_ranks_word(rs)})" for how, rs in sorted(by_how.items(), key=lambda i: min(i[1])))
+    ordered = sorted(by_how.items(), key=lambda i: min(i[1]))
+    return ", ".join(f"{one_line(how)} ({_ranks_word(rs)})" for how, rs in ordered)
 
 
 def _ranks_word(ranks: list[int]) -> str:
@@ -72,20 +83,20 @@ def _ranks_word(ranks: list[int]) -> str:
 
 
 def _launcher_line(launcher: dict[str, Any]) -> str:
-    parts = [f"{launcher['node']} pid {launcher['pid']}"]
+    parts = [f"{one_line(launcher['node'])} pid {launcher['pid']}"]
     if launcher.get("node_rank") is not None or launcher.get("nnodes"):
-        parts.append(f"node {_opt(launcher.get('node_rank'))} of {launcher.get('nnodes') or '?'}")
+        parts.append(f"node {_opt(launcher.get('node_rank'))} of {_opt(launcher.get('nnodes') or '?')}")
     parts.append(f"{launcher['worker_count']} workers")
     parts.append("alive" if launcher["alive"] else "ended")
     if launcher.get("top_frame"):
-        parts.append(f"at {launcher['top_frame']}")
+        parts.append(f"at {one_line(launcher['top_frame'])}")
     return ", ".join(parts)
 
 
 def _orphan_line(orphan: dict[str, Any]) -> str:
     ports = orphan.get("listening_ports") or []
     listening = f" (listening on {', '.join(str(p) for p in ports)})" if ports else ""
-    return f"{orphan['node']} pid {orphan['pid']}{listening}: {orphan['cmdline']}"
+    return f"{one_line(orphan['node'])} pid {orphan['pid']}{listening}: {one_line(orphan['cmdline'])}"
 
 
 def _rank_table(ranks: list[dict[str, Any]], culprits: set[int]) -> list[str]:
@@ -93,14 +104,14 @@ def _rank_table(ranks: list[dict[str, Any]], culprits: set[int]) -> list[str]:
     rows = [
         (
             f"{r['rank']}*" if r["rank"] in culprits else str(r["rank"]),
-            r["node"],
+            one_line(r["node"]),
             _opt(r["pid"]),
-            r["state"],
+            one_line(r["state"]),
             f"{r['cpu_percent']:.0f}" if r["cpu_percent"] is not None else "-",
             f"{100 * r['collective_wait_share']:.0f}" if r.get("collective_wait_share") is not None else "-",
             _opt(r["step"]),
             _ago(r["seconds_since_progress"]) if r["seconds_since_progress"] is not None else "-",
-            r["top_frame"] or "-",
+            one_line(r["top_frame"] or "-"),
         )
         for r in ranks
     ]
@@ -113,7 +124,7 @@ def _rank_table(ranks: list[dict[str, Any]], culprits: set[int]) -> list[str]:
 
 
 def _opt(value: object) -> str:
-    return "-" if value is None else str(value)
+    return "-" if value is None else one_line(str(value))
 
 
 def _clock(t: float) -> str:

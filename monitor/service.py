@@ -272,7 +272,7 @@ class Monitor:
             return diagnose(view)
         except Exception:
             # One job tripping a rule must not blank the page or the scrape for every job.
-            log.exception("diagnosis failed for job %s", view.job_id)
+            log.exception("diagnosis failed for job %r", view.job_id)
             return Diagnosis("stalled", (), None, "diagnosis failed inside the monitor (see its log)")
 
     def _record_change(self, result: JobResult, now: float) -> None:

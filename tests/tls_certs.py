@@ -19,13 +19,18 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def make_tls_files(directory: Path) -> TlsFiles:
+    """A CA (with the extensions strict verification asks of one) and a server certificate it signed."""
     directory.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=hangwatch test CA",
-             "-keyout", "ca.key", "-out", "ca.pem", cwd=directory)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
-             "-keyout", "server.key", "-out", "server.csr", cwd=directory)
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "2", "-extfile", "san.ext", "-out", "server.pem", cwd=directory)
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=hangwatch test CA",
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+             cwd=directory)
+    _openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1", cwd=directory)
+    (directory / "server.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
+    )
+    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-set_serial", "2",
+             "-days", "2", "-extfile", "server.ext", "-out", "server.pem", cwd=directory)
     (directory / "server.key").chmod(0o600)
     return TlsFiles(directory / "ca.pem", directory / "server.pem", directory / "server.key")

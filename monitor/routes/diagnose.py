@@ -9,13 +9,29 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
 
 from monitor.answers import answer_bytes, select, summary_dict
 from monitor.present import job_dict
 from monitor.render_text import render_monitor_status, render_text
 from monitor.routes.deps import MonitorDep
+from monitor.safe_text import one_line, text_block
 from monitor.service import Monitor
 
+
+class _JobIdConvertor(Convertor[str]):
+    """A job id in a path: any characters, "/" and newlines included (ids come from the jobs)."""
+
+    regex = "[\\s\\S]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("job_id", _JobIdConvertor())
 router = APIRouter()
 # Rendering yields to the event loop after about this much work, so a big answer does not stall ingest.
 STEP_S = 0.002
@@ -67,12 +83,18 @@ async def get_diagnose(
     # Text is for a person: built from the same data, not cached.
     if view == "summary":
         summaries = [summary_dict(r, monitor.state.jobs.get(r.view.job_id)) for r in chosen]
-        return PlainTextResponse(render_monitor_status(status) + render_summary_text(summaries), headers=headers)
+        return _text_answer(render_monitor_status(status) + render_summary_text(summaries), headers)
     jobs = [job_dict(r, monitor.state.jobs.get(r.view.job_id)) for r in chosen]
     text = render_monitor_status(status) + render_text(jobs, now)
     if job is not None and not jobs:
         text = f"hangwatch: no job {job!r}\n"
-    return PlainTextResponse(text, headers=headers)
+    return _text_answer(text, headers)
+
+
+def _text_answer(text: str, headers: dict[str, str]) -> PlainTextResponse:
+    # The renderers escape each string from the monitored processes; this last pass makes sure
+    # no control character at all reaches the reader's terminal, whatever a renderer forgot.
+    return PlainTextResponse(text_block(text), headers=headers)
 
 
 def render_summary_text(jobs: list[dict[str, Any]]) -> str:
@@ -81,12 +103,12 @@ def render_summary_text(jobs: list[dict[str, Any]]) -> str:
     lines = []
     for j in jobs:
         culprits = f" culprits {','.join(str(r) for r in j['culprit_ranks'])}" if j["culprit_ranks"] else ""
-        lines.append(f"{j['job_id']}  {j['verdict'].upper()}{culprits}  {j['ranks_seen']}/{j['world_size']} ranks"
-                     f"  {j['summary']}")
+        lines.append(f"{one_line(j['job_id'])}  {one_line(j['verdict'].upper())}{culprits}  "
+                     f"{j['ranks_seen']}/{j['world_size']} ranks  {one_line(j['summary'])}")
     return "\n".join(lines) + "\n"
 
 
-@router.get("/api/v1/jobs/{job_id}/history")
+@router.get("/api/v1/jobs/{job_id:job_id}/history")
 async def get_history(job_id: str, monitor: MonitorDep) -> JSONResponse:
     # A database read (after queued writes land): keep it off the event loop.
     changes = await run_in_threadpool(monitor.history, job_id)

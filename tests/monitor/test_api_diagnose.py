@@ -182,6 +182,13 @@ def test_verdict_changes_are_recorded_once_each(client: TestClient, clock: FakeC
     assert history["history"][1]["summary"] == "deadlock in job-a"
 
 
+def test_history_of_a_job_whose_id_has_slashes(client: TestClient, clock: FakeClock, stub: StubDiagnosis) -> None:
+    post(client, report(ranks=[rank(job_id="team/run 7", rank=0)], sent_at=clock.now))
+    monitor_of(client).tick()
+    history = client.get("/api/v1/jobs/team%2Frun%207/history")
+    assert history.status_code == 200 and history.json()["job_id"] == "team/run 7"
+
+
 def test_history_of_an_unknown_job_is_404(client: TestClient) -> None:
     assert client.get("/api/v1/jobs/nope/history").status_code == 404
 
@@ -197,7 +204,7 @@ def test_a_failing_diagnosis_does_not_break_the_report(
     [job] = diagnose_json(client)["jobs"]
     assert "diagnosis failed" in job["summary"]
     assert job["ranks"][0]["state"] == "unknown"
-    assert "diagnosis failed for job job-a" in caplog.text
+    assert "diagnosis failed for job 'job-a'" in caplog.text
 
 
 def test_health(client: TestClient) -> None:

@@ -6,6 +6,7 @@ import base64
 import os
 import ssl
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -217,3 +218,33 @@ def test_the_monitor_serves_https_with_its_certificate(tmp_path: Path) -> None:
             httpx.get(monitor.base + "/healthz", timeout=5)  # no CA given: the certificate is not trusted
         with pytest.raises(httpx.TransportError):
             httpx.get(monitor.base.replace("https", "http") + "/healthz", timeout=5)
+
+
+def _agent_once(monitor: str, node: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent.cli", "--once", "--monitor", monitor, "--node", node,
+                           "--interval", "0.1", "--no-stacks", "--no-nccl-ras", "--job", "no-such-job", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_real_agent_reports_over_https_with_its_node_token(tmp_path: Path) -> None:
+    tls = make_tls_files(tmp_path / "tls")
+    trusted = ssl.create_default_context(cafile=str(tls.ca_cert))
+    tokens = _token_file(tmp_path, "agents.token", f"node-x {NODE_A}")
+    agent_token = _token_file(tmp_path, "agent.token", NODE_A)
+    wrong_token = _token_file(tmp_path, "wrong.token", SHARED)
+    args = ("--token-file", str(tokens), "--ssl-certfile", str(tls.server_cert), "--ssl-keyfile", str(tls.server_key))
+    with running_monitor(tmp_path, *args, scheme="https", client_options={"verify": trusted}) as monitor:
+        ca = ("--ca-file", str(tls.ca_cert))
+        done = _agent_once(monitor.base, "node-x", "--token-file", str(agent_token), *ca)
+        assert done.returncode == 0, done.stderr
+        assert _agent_once(monitor.base, "node-x", "--token-file", str(wrong_token), *ca).returncode == 1
+        assert _agent_once(monitor.base, "node-y", "--token-file", str(agent_token), *ca).returncode == 1
+        refused = _agent_once(monitor.base, "node-x", "--token-file", str(agent_token))  # no CA: not trusted
+        assert refused.returncode == 1 and "--ca-file" in refused.stderr
+        with httpx.Client(verify=trusted, timeout=5) as client:
+            text = client.get(monitor.base + "/metrics").text
+        assert 'hangwatch_agent_last_report_age_seconds{node="node-x"}' in text and 'node="node-y"' not in text
+        assert 'hangwatch_monitor_requests_unauthorized_total{kind="ingest"} 1.0' in text
+        assert 'hangwatch_reports_rejected_total{reason="wrong_node"} 1.0' in text
+        for done in (done, refused):
+            assert NODE_A not in done.stderr + done.stdout
