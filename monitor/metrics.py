@@ -81,9 +81,18 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
                               "counter")
     dump_failures = Family("hangwatch_agent_stack_dump_failures", "Rank entries reported with a failed py-spy dump",
                            "counter")
+    agent_cpu = Family("hangwatch_agent_cpu_ratio", "The agent's own CPU use (py-spy included) over its last tick, "
+                                                     "1 = one core")
+    agent_memory = Family("hangwatch_agent_memory_bytes", "The agent's resident memory")
     for node in monitor.nodes():
         node_l = labels(("node",), (node.node,))
         age.add(node_l, max(0.0, now - node.last_report_at))
+        track = monitor.state.nodes.get(node.node)
+        own = track.agent if track else None
+        if own is not None and own.cpu_percent is not None:
+            agent_cpu.add(node_l, own.cpu_percent / 100.0)
+        if own is not None and own.rss_bytes is not None:
+            agent_memory.add(node_l, float(own.rss_bytes))
         errors = dict(node.collector_errors)
         for name, ok in node.collectors:
             node_collector = labels(("node", "collector"), (node.node, name))
@@ -98,7 +107,8 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
         rejected.add(labels(("reason",), (reason,)), float(count))
 
     families = [verdict, stalled, culprits, world, cpu_total, cpu_ratio, step, up, since_progress, wait_ratio,
-                rank_state, culprit, age, collector_up, collector_errors, dump_failures, reports, rejected]
+                rank_state, culprit, age, collector_up, collector_errors, dump_failures, agent_cpu, agent_memory,
+                reports, rejected]
     return render([*families, *own_families(monitor, guard, now), *http_families(http)])
 
 
@@ -122,9 +132,15 @@ def own_families(monitor: Monitor, guard: LoadGuard, now: float) -> list[Family]
     snapshots.add("", float(monitor.store.snapshots_written))
     backlog = Family("hangwatch_monitor_store_backlog", "Database writes queued and not yet committed")
     backlog.add("", float(monitor.store.backlog))
+    replayed = Family("hangwatch_monitor_reports_replayed",
+                      "Reports agents kept through an outage, applied late at their own times", "counter")
+    replayed.add("", float(monitor.replayed_total))
+    replay_dropped = Family("hangwatch_monitor_reports_replay_dropped",
+                            "Reports kept through an outage that came too late to apply", "counter")
+    replay_dropped.add("", float(monitor.replayed_dropped))
     ranks = Family("hangwatch_monitor_ranks", "Ranks the monitor tracks")
     ranks.add("", float(sum(len(j.ranks) for j in monitor.state.jobs.values())))
-    return [full, shed, lag, overloaded, pass_s, pass_age, snapshots, backlog, ranks]
+    return [full, shed, lag, overloaded, pass_s, pass_age, snapshots, backlog, replayed, replay_dropped, ranks]
 
 
 def http_families(http: HttpStats) -> list[Family]:

@@ -34,6 +34,9 @@ log = logging.getLogger("hangwatch.monitor")
 ADVANCING_S = 2.0
 REFRESH_S = 5.0
 
+# A report kept through an outage longer ago than this is not applied (its verdicts are history
+# nobody will page on, and the state it would set up is long gone).
+MAX_REPLAY_AGE_S = 3600.0
 REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema", "disconnected", "unauthorized",
                   "wrong_node", "world_size", "too_many_nodes", "too_many_jobs")
 
@@ -88,8 +91,10 @@ class Monitor:
     ) -> None:
         self.store = store
         self.limits = limits or Limits()
-        self.job_retention_s = job_retention_s
         self.clock = clock
+        # Reports received before this were replayed from the store (see JobView.monitor_started_at).
+        self.started_at = clock()
+        self.job_retention_s = job_retention_s
         self._diagnose = diagnose
         self.snapshot_interval_s = snapshot_interval_s
         self.fresh_read_ranks = fresh_read_ranks
@@ -103,6 +108,9 @@ class Monitor:
         # caller (a threadpool route, a test) come from another thread.
         self._lock = threading.RLock()
         self.reports_total = 0
+        # Reports agents kept through an outage: applied late at their own times, or too old to use.
+        self.replayed_total = 0
+        self.replayed_dropped = 0
         self.full_reports_total = 0
         self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
         self._last_verdicts: dict[str, tuple[str, tuple[int, ...]]] = {}
@@ -127,6 +135,8 @@ class Monitor:
         the schema bounds (an 8 MiB padded report once grew it by gigabytes).
         """
         received_at = self.clock() if received_at is None else received_at
+        if report.replayed:
+            return self._ingest_replayed(report, received_at)
         node = report.node
         with self._lock:
             touched = self.state.apply(report, received_at)
@@ -144,6 +154,25 @@ class Monitor:
             # the node): it asks until a full report arrives, so a lost answer costs nothing.
             missing_full = node not in self._full_seen
         return IngestAnswer(send_full=bool(report.delta) and (missing_full or snapshot_due))
+
+    def _ingest_replayed(self, report: Any, received_at: float) -> IngestAnswer:
+        """Apply a report the agent kept through an outage at the time it was taken, and record
+        the verdicts it leads to at that time: the job's history gets what happened meanwhile."""
+        with self._lock:
+            known = self.state.nodes.get(report.node)
+            # The node's clock offset as its live reports showed it (none known: trust its clock).
+            at = report.sent_at + (known.offset if known is not None else 0.0)
+            at = min(at, received_at)
+            if known is not None:
+                at = max(at, known.last_report_at)  # never behind what is already applied
+            if received_at - at > MAX_REPLAY_AGE_S:
+                self.replayed_dropped += 1
+                return IngestAnswer(send_full=False)
+            touched = self.state.apply(report, at)
+            self.reports_total += 1
+            self.replayed_total += 1
+            self._diagnose_jobs(sorted(j for j in touched if j in self.state.jobs), at)
+        return IngestAnswer(send_full=False)
 
     def refusal(self, report: Any) -> Refusal | None:
         """Why the monitor must not take ``report`` in (monitor/limits.py); None when it may."""
@@ -249,7 +278,7 @@ class Monitor:
     def _diagnose_jobs(self, ids: Iterable[str], now: float) -> None:
         for job_id in ids:
             job = self.state.jobs[job_id]
-            view = job_view(job, self.state.nodes, now)
+            view = job_view(job, self.state.nodes, now, self.started_at)
             found = self._run_diagnosis(view)
             if self.confirm_alarms:
                 settled = self._settled[job_id] = settle(self._settled.get(job_id), found, now, job.last_progress_at)

@@ -226,8 +226,9 @@ class Store:
         self.flush()
         with self._reader_lock:
             rows = self._reader.execute(
+                # By time, not by row: changes an agent delivered after an outage come in late.
                 "SELECT job_id, at, verdict, culprits, summary FROM verdicts WHERE job_id = ? "
-                "ORDER BY id DESC LIMIT ?",
+                "ORDER BY at DESC, id DESC LIMIT ?",
                 (job_id, limit),
             ).fetchall()
         return [VerdictChange(j, at, v, tuple(json.loads(c)), s) for j, at, v, c, s in reversed(rows)]

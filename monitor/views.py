@@ -79,16 +79,22 @@ def host_facts(host: HostReport) -> HostFacts:
     return HostFacts(frozenset(host.cpu_flags), host.cpu_model, interfaces)
 
 
+def is_fresh(node: NodeTrack, now: float) -> bool:
+    return now - node.last_report_at <= max(NODE_FRESH_S, 3 * (node.agent.interval_s or 0.0))
+
+
 def nodes_reporting(nodes: Mapping[str, NodeTrack], now: float) -> frozenset[str]:
-    fresh = set()
-    for n in nodes.values():
-        limit = max(NODE_FRESH_S, 3 * (n.agent.interval_s or 0.0))
-        if now - n.last_report_at <= limit:
-            fresh.add(n.node)
-    return frozenset(fresh)
+    return frozenset(n.node for n in nodes.values() if is_fresh(n, now))
 
 
-def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float) -> JobView:
+def silent_nodes(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float) -> tuple[tuple[str, float], ...]:
+    """The nodes holding live ranks of the job whose agents stopped reporting, with their last report."""
+    holding = {t.node for t in job.ranks.values() if t.alive}
+    return tuple((n, nodes[n].last_report_at) for n in sorted(holding) if n in nodes and not is_fresh(nodes[n], now))
+
+
+def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float,
+             monitor_started_at: float | None = None) -> JobView:
     ranks = tuple(rank_view(job.ranks[r], now) for r in sorted(job.ranks))
     launchers = tuple(launcher_view(job.launchers[k]) for k in sorted(job.launchers))
     job_nodes = [nodes[n] for n in sorted(job.nodes) if n in nodes]
@@ -110,6 +116,8 @@ def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float) -> JobVi
         nodes_reporting=nodes_reporting(nodes, now),
         phase_marks=tuple(job.phase_marks),
         nccl=job_nccl(job, job_nodes),
+        silent_nodes=silent_nodes(job, nodes, now),
+        monitor_started_at=monitor_started_at,
     )
 
 

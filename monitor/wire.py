@@ -318,6 +318,9 @@ class AgentInfo(_Strict):
     started_at: Float | None = None
     interval_s: Float | None = None
     py_spy: LineStr | None = None  # "ok", or why stacks are unavailable
+    # The agent's own use: percent of one core over its last tick (py-spy included), resident bytes.
+    cpu_percent: Float | None = None
+    rss_bytes: Int | None = None
 
 
 class Report(_Strict):
@@ -338,3 +341,7 @@ class Report(_Strict):
     # and null host/sockets, empty env/cmdline when unchanged. The monitor keeps the rest.
     # Agents send deltas only to a monitor whose answer says ``"delta": true``.
     delta: bool = False
+    # A report kept by the agent while the monitor was unreachable, delivered late, oldest first
+    # and always full: the monitor applies it at the time it was taken (its ``sent_at``) and
+    # records the verdicts it leads to at that time (agent/outage_journal.py).
+    replayed: bool = False

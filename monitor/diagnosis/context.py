@@ -66,10 +66,25 @@ class Context:
         )
 
 
+# Up to this many ranks are listed one by one; more are written as runs ("ranks 0-511, 600").
+RANKS_LISTED = 16
+RUNS_LISTED = 20
+
+
 def ranks_text(ranks: Iterable[int]) -> str:
-    ranks = sorted(ranks)
+    ranks = sorted(set(ranks))
     word = "rank" if len(ranks) == 1 else "ranks"
-    return f"{word} {', '.join(str(r) for r in ranks)}"
+    if len(ranks) <= RANKS_LISTED:
+        return f"{word} {', '.join(str(r) for r in ranks)}"
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:RUNS_LISTED])
+    more = f", ... ({len(ranks)} ranks in all)" if len(runs) > RUNS_LISTED else ""
+    return f"{word} {shown}{more}"
 
 
 def wait_verb(ranks: Iterable[int]) -> str:

@@ -19,6 +19,9 @@ Verdict = Literal[
     "rendezvous_hang",
     "stalled",
     "finished",
+    # The monitor cannot tell: the agent of a node running the job has gone silent (or the
+    # monitor has just restarted and waits for fresh reports).
+    "unknown",
 ]
 
 VERDICTS: tuple[str, ...] = Verdict.__args__  # type: ignore[attr-defined]
@@ -294,6 +297,11 @@ class JobView:
     phase_marks: tuple[tuple[float, str], ...] = ()
     # The job's NCCL communicators as NCCL's RAS service sees them (empty without NCCL).
     nccl: tuple[NcclComm, ...] = ()
+    # (node, its agent's last report) for each node of the job whose agent stopped reporting:
+    # what the monitor holds of its ranks is old, and is no evidence for anything.
+    silent_nodes: tuple[tuple[str, float], ...] = ()
+    # When this monitor process started: reports from before it were replayed from storage.
+    monitor_started_at: float | None = None
 
 
 RankState = Literal[

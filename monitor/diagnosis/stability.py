@@ -14,6 +14,7 @@ what /diagnose, the page, the metrics and the history show:
 - Once raised, an alarm is refined at once (stalled -> deadlock as stacks arrive) and
   cleared at once when the job progresses again; a raw "healthy" without progress must
   last ``CLEAR_S`` first, so a single odd sample cannot silence a real alarm either.
+- A raw "unknown" (an agent silent, the monitor just restarted) holds a raised alarm.
 
 Pure: the caller keeps one ``Settled`` per job and passes it back in.
 """
@@ -70,6 +71,11 @@ def settle(
 ) -> Settled:
     """What to publish now, given what was published and this evaluation's raw verdict."""
     held = previous.basis if previous is not None else None
+    if raw.verdict == "unknown" and held is not None and held.verdict in ALARMS:
+        # The monitor cannot see now (an agent silent, a restart): no news does not clear an alarm.
+        assert previous is not None
+        shown = replace(held, summary=f"{held.summary} (cannot check now: {raw.summary})")
+        return replace(previous, shown=shown)
     if raw.verdict not in ALARMS:
         if held is None or held.verdict not in ALARMS or raw.verdict != "healthy":
             return _through(raw)

@@ -2,8 +2,9 @@
 
 Rules run in order and the first that applies wins: ended ranks explain
 everything after them, a stopped rank explains the waits of its peers, a
-process group that never formed comes next, and only then does a stall get read
-from where the live ranks are.
+process group that never formed comes next (after a node whose agent went silent,
+which leaves the verdict unknown), and only then does a stall get read from where the
+live ranks are.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from monitor.diagnosis.context import Context, progress_evidence
 from monitor.diagnosis.lifecycle import ended_ranks, stopped_ranks
 from monitor.diagnosis.model import Diagnosis, JobView
 from monitor.diagnosis.rendezvous import launch_failed, launcher_waiting, rendezvous
+from monitor.diagnosis.silence import agents_silent
 from monitor.diagnosis.stall import comm_share_text, stall
 
 # Without a known pace, ranks parked this long in a collective count as stalled ...
@@ -34,6 +36,7 @@ RULES: tuple[Callable[[Context], Diagnosis | None], ...] = (
     launcher_waiting,
     ended_ranks,
     stopped_ranks,
+    agents_silent,
     rendezvous,
 )
 

@@ -110,7 +110,9 @@ class IngestLayer:
         answer = monitor.ingest(report)
         self.guard.accepted(report.node, time.monotonic())
         # "delta": this monitor takes delta reports (agent/delta.py); "send_full": make the next one full.
-        return {"accepted": True, "ranks": len(report.ranks), "delta": True, "send_full": answer.send_full}
+        # "replay": this monitor applies reports kept through an outage at their own times.
+        return {"accepted": True, "ranks": len(report.ranks), "delta": True, "send_full": answer.send_full,
+                "replay": True}
 
     async def _read_body(self, receive: Receive, limit: int) -> bytes:
         # Content-Length may be absent (chunked) or lie: count what actually arrives.

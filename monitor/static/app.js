@@ -9,7 +9,7 @@ const POLL_MS = 2000;
 const FULL_CARDS_MAX = 20;
 const TONE = {
   healthy: "ok", finished: "info", straggler: "warn", slow_compute: "warn",
-  deadlock: "bad", rank_exited: "bad", rank_stopped: "bad", rendezvous_hang: "bad", stalled: "bad",
+  deadlock: "bad", rank_exited: "bad", rank_stopped: "bad", rendezvous_hang: "bad", stalled: "bad", unknown: "warn",
 };
 // Jobs keep the place they first appeared in, so live jobs do not swap places on every poll.
 const jobOrder = [];

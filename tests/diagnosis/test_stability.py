@@ -57,6 +57,11 @@ CASES = {
         [(0, D, (1,)), (1, D, (1,)), (2, "rank_exited", (1,))], [H, D, "rank_exited"]),
     # The first reading of a new job is an alarm: still confirmed first.
     "a job first seen deadlocked": ([(0, D, (1,)), (1, D, (1,))], [H, D]),
+    # An agent going silent (or a restart) is no news: a raised alarm stays raised ...
+    "a deadlock while an agent is silent": (
+        [(0, D, (1,)), (1, D, (1,)), (2, "unknown", ()), (30, "unknown", ()), (31, D, (1,))], [H, D, D, D, D]),
+    # ... and unknown is published at once otherwise.
+    "a healthy job whose agent goes silent": ([(0, H, ()), (1, "unknown", ())], [H, "unknown"]),
 }
 
 

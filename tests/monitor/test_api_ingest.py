@@ -22,7 +22,7 @@ def test_accepts_a_valid_report(client: TestClient, clock: FakeClock, store: Sto
     body = report(ranks=[rank(rank=0), rank(rank=1)], sent_at=clock.now)
     response = client.post(URL, json=body)
     assert response.status_code == 202
-    assert response.json() == {"accepted": True, "ranks": 2, "delta": True, "send_full": False}
+    assert response.json() == {"accepted": True, "ranks": 2, "delta": True, "send_full": False, "replay": True}
     [job] = jobs(client)
     assert job["job_id"] == "job-a"
     assert [r["rank"] for r in job["ranks"]] == [0, 1]

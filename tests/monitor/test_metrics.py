@@ -61,6 +61,21 @@ def test_metrics_follow_the_state(client: TestClient, clock: FakeClock, monkeypa
             assert set(labels) <= {"job_id", "verdict", "rank", "node", "collector", "reason", "state", "kind"}
 
 
+def test_agents_own_cpu_and_memory_per_node(client: TestClient, clock: FakeClock) -> None:
+    agent = {"version": "0.1.0", "pid": 42, "py_spy": "ok", "cpu_percent": 12.5, "rss_bytes": 50_000_000}
+    client.post("/api/v1/reports", json=report(node="node-a", agent=agent, sent_at=clock.now))
+    # An older agent says nothing of its own use: no series rather than a made-up 0.
+    client.post("/api/v1/reports", json=report(node="node-b", ranks=[rank(rank=1)], sent_at=clock.now))
+    m = scrape(client)
+    assert value(m, "hangwatch_agent_cpu_ratio", node="node-a") == 0.125
+    assert value(m, "hangwatch_agent_memory_bytes", node="node-a") == 50_000_000.0
+    assert [labels for labels, _ in m["hangwatch_agent_cpu_ratio"]] == [{"node": "node-a"}]
+    assert [labels for labels, _ in m["hangwatch_agent_memory_bytes"]] == [{"node": "node-a"}]
+    # The next report's figures replace these.
+    client.post("/api/v1/reports", json=report(node="node-a", agent={**agent, "cpu_percent": 3.0}, sent_at=clock.now))
+    assert value(scrape(client), "hangwatch_agent_cpu_ratio", node="node-a") == 0.03
+
+
 def test_ended_jobs_drop_out_after_the_retention(client: TestClient, clock: FakeClock) -> None:
     done = rank(job_id="done", world_size=1, alive=False, exit={"at": clock.now, "code": 0, "source": "proc"})
     client.post("/api/v1/reports", json=report(ranks=[done], sent_at=clock.now))

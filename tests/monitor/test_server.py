@@ -67,7 +67,7 @@ def test_real_server_ingests_diagnoses_and_stops_on_sigterm(server: tuple[subpro
     body = report(ranks=[rank(job_id="real-job", rank=0), rank(job_id="real-job", rank=1)])
     response = httpx.post(f"{base}/api/v1/reports", json=body, timeout=5.0)
     assert response.status_code == 202
-    assert response.json() == {"accepted": True, "ranks": 2, "delta": True, "send_full": False}
+    assert response.json() == {"accepted": True, "ranks": 2, "delta": True, "send_full": False, "replay": True}
 
     text = httpx.get(f"{base}/diagnose", timeout=5.0).text
     assert "real-job" in text

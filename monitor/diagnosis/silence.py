@@ -1,0 +1,43 @@
+"""A node whose agent went silent: its ranks are unknown, and the job's verdict with them.
+
+What the monitor holds of a silent node's ranks is its last report: a rank busy in it looks
+busy forever, one idle in it idle forever. Read as live, that made a healthy job turn
+``slow_compute`` within seconds of its agent stopping, long enough to page. So the ranks of
+a silent node are never evidence: the job is ``unknown`` until the node reports again, unless
+a fact from the nodes still reporting (a rank that exited or was stopped there) explains it.
+Right after a monitor restart every node is "silent" until its first fresh report: that is
+said as such, not as a lost agent.
+"""
+
+from __future__ import annotations
+
+from monitor.diagnosis.context import Context, ranks_text
+from monitor.diagnosis.model import Diagnosis
+
+
+def agents_silent(ctx: Context) -> Diagnosis | None:
+    silent = dict(ctx.job.silent_nodes)
+    if not silent:
+        return None
+    unknown = sorted(a.rank.rank for a in ctx.live() if a.rank.node in silent)
+    if not unknown:
+        return None
+    started = ctx.job.monitor_started_at
+    replayed = [n for n, last in silent.items() if started is not None and last < started]
+    evidence = [f"node {n}: no report for {ctx.now - last:.0f}s" + (" (before the monitor restarted)"
+                                                                   if n in replayed else "")
+                for n, last in sorted(silent.items())]
+    evidence.append(f"{ranks_text(unknown)} on {'these nodes' if len(silent) > 1 else 'it'}: state unknown")
+    nodes = ", ".join(sorted(silent))
+    if replayed and len(replayed) == len(silent) and started is not None:
+        summary = (f"monitor restarted {ctx.now - started:.0f}s ago: refreshing from the agents "
+                   f"(waiting for {nodes})")
+        hints: tuple[str, ...] = ()
+    else:
+        oldest = min(silent.values())
+        summary = (f"agent on {nodes} silent for {ctx.now - oldest:.0f}s: {ranks_text(unknown)} unknown; "
+                   "no verdict from old data")
+        hints = (f"check the node{'s' if len(silent) > 1 else ''} ({nodes}): is it up, is hangwatch-agent "
+                 "running (systemctl status hangwatch-agent), can it reach the monitor?",)
+    states = dict.fromkeys(unknown, "unknown")
+    return ctx.diagnosis("unknown", (), min(silent.values()), summary, evidence, hints, states=states)

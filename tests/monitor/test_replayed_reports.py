@@ -1,0 +1,71 @@
+"""Reports an agent kept through an outage: applied at the time they were taken, their verdicts in history."""
+
+from __future__ import annotations
+
+from monitor_reports import progress, rank, report
+from monitor_testkit import FakeClock, TestClient, monitor_of
+
+URL = "/api/v1/reports"
+
+
+def _ranks(clock: FakeClock, step: int, *, rank1_alive: bool = True) -> list[dict]:
+    recent = [(clock.now - 0.5, step - 1), (clock.now, step)]
+    second = rank(rank=1, progress=progress(step, step, recent)) if rank1_alive else rank(
+        rank=1, alive=False, exit={"at": clock.now, "code": None, "signal": 9, "source": "proc"}, cpu_percent=None)
+    return [rank(rank=0, progress=progress(step, step, recent)), second]
+
+
+def _history(client: TestClient) -> list[tuple[float, str, list[int]]]:
+    return [(h["at"], h["verdict"], h["culprit_ranks"]) for h in client.get("/api/v1/jobs/job-a/history").json()["history"]]
+
+
+def test_a_rank_that_exited_during_an_outage_is_in_the_history_at_the_time_it_exited(
+        client: TestClient, clock: FakeClock) -> None:
+    start = clock.now
+    for step in range(1, 4):
+        assert client.post(URL, json=report(ranks=_ranks(clock, step), sent_at=clock.now)).status_code == 202
+        monitor_of(client).tick()
+        clock.advance(1)
+    # The monitor is unreachable for 2 minutes; rank 1 is killed 10 s in. The agent keeps what changed.
+    kept = []
+    clock.advance(10)
+    exited_at = clock.now
+    kept.append(report(ranks=_ranks(clock, 4, rank1_alive=False), sent_at=clock.now, replayed=True))
+    clock.advance(60)
+    kept.append(report(ranks=_ranks(clock, 4, rank1_alive=False), sent_at=clock.now, replayed=True))
+    clock.advance(60)
+    for body in kept:
+        answer = client.post(URL, json=body)
+        assert answer.status_code == 202 and answer.json()["replay"] is True
+    assert client.post(URL, json=report(ranks=_ranks(clock, 4, rank1_alive=False), sent_at=clock.now)).status_code == 202
+    monitor_of(client).tick()
+
+    history = _history(client)
+    assert history[0][:2] == (start, "healthy")
+    assert (exited_at, "rank_exited", [1]) in history
+    assert [at for at, _, _ in history] == sorted(at for at, _, _ in history)
+    assert client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]["verdict"] == "rank_exited"
+    assert monitor_of(client).replayed_total == 2
+
+
+def test_replayed_times_follow_the_nodes_clock_offset_and_never_go_back(client: TestClient, clock: FakeClock) -> None:
+    skew = 100.0  # the node's clock runs 100 s ahead of the monitor's
+    assert client.post(URL, json=report(ranks=_ranks(clock, 1), sent_at=clock.now + skew)).status_code == 202
+    live_at = clock.now
+    clock.advance(30)
+    taken_at = clock.now
+    kept = report(ranks=_ranks(clock, 2, rank1_alive=False), sent_at=clock.now + skew, replayed=True)
+    clock.advance(30)
+    assert client.post(URL, json=kept).status_code == 202
+    assert (taken_at, "rank_exited", [1]) in _history(client)
+    # A kept report older than what the monitor already applied lands at that time, not before it.
+    stale = report(ranks=_ranks(clock, 1), sent_at=live_at - 50 + skew, replayed=True)
+    assert client.post(URL, json=stale).status_code == 202
+    assert all(at >= live_at for at, _, _ in _history(client))
+
+
+def test_a_report_kept_too_long_is_not_applied(client: TestClient, clock: FakeClock) -> None:
+    ancient = report(ranks=_ranks(clock, 1), sent_at=clock.now - 7200, replayed=True)
+    assert client.post(URL, json=ancient).status_code == 202
+    assert client.get("/diagnose", params={"format": "json"}).json()["jobs"] == []
+    assert monitor_of(client).replayed_dropped == 1
