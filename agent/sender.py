@@ -1,9 +1,12 @@
 """POST reports to the monitor from a background thread, always the newest one.
 
 The sampling loop hands over each report and never waits on the network. When
-the monitor is down (connection error, 5xx) the sender backs off exponentially
-(up to 30 s) and then sends whatever report is newest: stale reports are
-replaced, never queued. A 4xx means the monitor rejects what we send: it is
+the monitor is down (connection error, 5xx, a refused token) the sender backs off
+exponentially (up to 4 s) and then sends whatever report is newest. Meanwhile every
+report is offered to the outage journal (agent/outage_journal.py), which keeps the ones
+where something changed; when the monitor answers again they are delivered first, oldest
+first, marked ``replayed``, so what happened during the outage reaches the job's history
+with its own times. A 4xx means the monitor rejects what we send: it is
 logged once per distinct answer, and sending goes on. A 503 with ``Retry-After`` is a
 monitor shedding load: the sender waits as told (not the growing backoff) and then sends
 the newest report.
@@ -20,17 +23,20 @@ that bundle only.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import ssl
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 
 from agent.delta import DeltaState
+from agent.outage_journal import OutageJournal
 from agent.shards import split
 
 log = logging.getLogger(__name__)
@@ -38,7 +44,9 @@ log = logging.getLogger(__name__)
 REPORTS_PATH = "/api/v1/reports"
 TIMEOUT_S = 2.0
 BACKOFF_START_S = 0.5
-BACKOFF_MAX_S = 30.0
+# Capped low so the first report reaches a returning monitor within a few seconds; an attempt on a
+# monitor that is down costs one refused (or timed-out) connection.
+BACKOFF_MAX_S = 4.0
 # The longest Retry-After honoured: a monitor asking for more is treated as down.
 RETRY_AFTER_MAX_S = 30.0
 REFUSED = (401, 403)
@@ -64,8 +72,13 @@ class Sender:
     (an SSLContext from tls_context, or True for its default bundle)."""
 
     def __init__(self, monitor: str, client: httpx.Client | None = None,
-                 token: Callable[[], str] | None = None, verify: ssl.SSLContext | bool = True):
+                 token: Callable[[], str] | None = None, verify: ssl.SSLContext | bool = True,
+                 journal: OutageJournal | None = None):
         self.url = reports_url(monitor)
+        # What changed while the monitor could not be reached (agent/outage_journal.py).
+        self.journal = journal if journal is not None else OutageJournal()
+        self._down = len(self.journal) > 0  # a journal left from before a restart: deliver it first
+        self._latest_at = 0.0
         self.client = client or httpx.Client(timeout=TIMEOUT_S, verify=verify)
         self.token = token
         parts = urlsplit(self.url)
@@ -79,6 +92,7 @@ class Sender:
         self._refused_logged: int | None = None  # the status of the refusal last logged
         self.sent = 0
         self.failed = 0
+        self.replayed = 0
         self.delta = DeltaState()
         # Seconds the monitor asked to wait (503 + Retry-After), for the sending thread.
         self.retry_after: float | None = None
@@ -89,7 +103,9 @@ class Sender:
 
     def offer(self, report: dict) -> None:
         with self._cond:
-            self._latest = report
+            self._latest, self._latest_at = report, time.time()
+            if self._down:
+                self.journal.keep(report, self._latest_at)
             self._cond.notify()
 
     def stop(self) -> None:
@@ -102,7 +118,42 @@ class Sender:
     def post(self, report: dict) -> bool:
         """Send one report now; True when the monitor took it. Sets sent_at at sending time."""
         compact, baseline = self.delta.compact(report)
-        body = dict(compact, sent_at=time.time())
+        response = self._send(dict(compact, sent_at=time.time()))
+        if response is None:
+            return False
+        if response.status_code >= 400:
+            return True  # refused as malformed (logged): retrying the same shape would not help
+        self.delta.delivered(baseline, _json_or_none(response))
+        self._note_up()
+        return True
+
+    def deliver_journal(self) -> bool:
+        """Send what the journal kept, oldest first; True once it is empty (False: the monitor is down)."""
+        while True:
+            with self._cond:  # the sampling thread adds to the journal while this sends
+                kept = self.journal.oldest()
+            if kept is None:
+                break
+            body = dict(kept.report, sent_at=kept.taken_at, replayed=True, delta=False)
+            response = self._send(body)
+            if response is None:
+                return False
+            answer = _json_or_none(response) or {}
+            with self._cond:
+                if response.status_code < 400 and not answer.get("replay"):
+                    # A monitor that cannot place reports in the past would take them as news.
+                    log.warning("monitor at %s does not take reports kept through an outage; %d dropped",
+                                self.url, len(self.journal))
+                    self.journal.clear()
+                    break
+                self.journal.delivered_oldest()
+            self.replayed += 1
+        # The monitor's picture of this node is now the last kept report: the next one is full.
+        self.delta.reset()
+        return True
+
+    def _send(self, body: dict) -> httpx.Response | None:
+        """POST one body; the answer, or None when the monitor is down or refused the token."""
         self.retry_after = None
         headers = {"content-type": "application/json"}
         if self.token is not None:
@@ -111,22 +162,23 @@ class Sender:
             response = self.client.post(self.url, content=json.dumps(body), headers=headers)
         except httpx.HTTPError as e:
             self._note_down(f"{type(e).__name__}: {e}{_tls_hint(e)}")
-            return False
+            return None
         if response.status_code in REFUSED:
             self._note_refused(response)
-            return False
+            return None
         if response.status_code >= 500:
             if response.status_code == 503:
                 self.retry_after = _retry_after(response.headers.get("retry-after"))
             self._note_down(f"HTTP {response.status_code}")
-            return False
+            return None
         if response.status_code >= 400:
             key = f"{response.status_code} {response.text[:500]}"
             if key not in self._logged_rejections:
                 self._logged_rejections.add(key)
                 log.error("monitor rejected the report: %s", key)
-            return True  # retrying the same shape would not help
-        self.delta.delivered(baseline, _json_or_none(response))
+        return response
+
+    def _note_up(self) -> None:
         if self._down_logged:
             log.info("monitor reachable again at %s", self.url)
             self._down_logged = False
@@ -134,7 +186,6 @@ class Sender:
             log.info("monitor at %s takes the reports again", self.url)
             self._refused_logged = None
         self.sent += 1
-        return True
 
     def _note_refused(self, response: httpx.Response) -> None:
         self.failed += 1
@@ -162,16 +213,33 @@ class Sender:
                     self._cond.wait()
                 if self._stop:
                     return
-                report, self._latest = self._latest, None
-            if self.post(report):
+                report, taken_at, self._latest = self._latest, self._latest_at, None
+            # Back from an outage: what was kept goes first, oldest first, then the newest report.
+            if (not self._down or self.deliver_journal()) and self.post(report):
+                with self._cond:
+                    self._down = False
                 backoff = 0.0
                 continue
-            # A shedding monitor says when to come back; a failing one gets the growing backoff.
-            backoff = self.retry_after if self.retry_after is not None else next_backoff(backoff)
+            shedding = self.retry_after is not None
             with self._cond:
+                if not shedding and not self._down:
+                    # The outage starts: from now on every report is offered to the journal.
+                    self._down = True
+                    self.journal.keep(report, taken_at)
                 if self._latest is None:
-                    self._latest = report  # nothing newer yet: retry this one
+                    self._latest, self._latest_at = report, taken_at  # nothing newer yet: retry this one
+            # A shedding monitor says when to come back (it is up: nothing to keep); a failing one
+            # gets the growing backoff.
+            backoff = self.retry_after if shedding else next_backoff(backoff)
+            with self._cond:
                 self._cond.wait_for(lambda: self._stop, timeout=backoff)
+
+
+def journal_path(directory: Path | None, monitor: str) -> Path | None:
+    """The outage journal's file for one monitor in ``directory`` (None: kept in memory only)."""
+    if directory is None:
+        return None
+    return directory / f"outage-{hashlib.sha256(monitor.encode()).hexdigest()[:16]}.jsonl"
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -203,9 +271,10 @@ class ShardedSender:
     """One ``Sender`` per monitor; each report is split by job owner (agent/shards.py)."""
 
     def __init__(self, monitors: list[str] | tuple[str, ...], token: Callable[[], str] | None = None,
-                 verify: ssl.SSLContext | bool = True) -> None:
+                 verify: ssl.SSLContext | bool = True, journal_dir: Path | None = None) -> None:
         self.monitors = list(monitors)
-        self.senders = {m: Sender(m, token=token, verify=verify) for m in self.monitors}
+        self.senders = {m: Sender(m, token=token, verify=verify, journal=OutageJournal(journal_path(journal_dir, m)))
+                        for m in self.monitors}
 
     def start(self) -> None:
         for sender in self.senders.values():

@@ -1,12 +1,19 @@
 """The ``hangwatch`` command: a live demo, and /diagnose for a person at a terminal.
 
     hangwatch demo deadlock|straggler|exit|slow|stopped|killed|collective|ddp|async|rendezvous|finish
-    hangwatch diagnose [--monitor URL ...] [--json] [--job ID]
-    hangwatch status [--monitor URL ...] [--job ID]
+    hangwatch diagnose [--monitor URL ...] [--json] [--job ID] [--token-file PATH] [--ca-file PATH]
+    hangwatch status [--monitor URL ...] [--job ID] [--token-file PATH] [--ca-file PATH]
 
 ``diagnose`` and ``status`` exit 0 when every job is healthy or finished, 1 when a job has
-any other verdict, 2 when a monitor cannot be reached (or on bad options). With monitors
-sharded by job id (docs/scaling.md), give every one: their jobs are shown together.
+any other verdict, 2 when a monitor cannot be reached or refuses the request (or on bad
+options). With monitors sharded by job id (docs/scaling.md), give every one: their jobs are
+shown together.
+
+A monitor started with --read-token-file wants a read token: ``--token-file`` (default
+$HANGWATCH_READ_TOKEN_FILE) names a file holding it, with the agent's rules
+(agent/token_file.py: one token, mode 600), sent as ``Authorization: Bearer``. Never on the
+command line, never printed. ``--ca-file`` (default $HANGWATCH_CA_FILE) is the CA bundle that
+verifies an https monitor's certificate.
 
 What the monitor answers is printed with its control characters escaped (monitor/safe_text.py):
 job ids, frames and log lines come from the monitored processes, and only the colour codes
@@ -18,10 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
+import ssl
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -35,7 +45,16 @@ class UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2
-        raise UsageError(message)
+        # "--tok=X" is ambiguous (--token, --token-file): never echo what may be the token.
+        raise UsageError(re.sub(r"^(ambiguous option: -[^=\s]*)=\S*", r"\1=...", message))
+
+
+class _RefuseToken(argparse.Action):
+    """--token VALUE: refused without echoing VALUE (it would land in shell history and /proc)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise UsageError("the token is never taken on the command line (any user of the machine can read it "
+                         "there): put it in a file only you can read (chmod 600) and pass --token-file PATH")
 
 
 def _url(text: str) -> str:
@@ -154,35 +173,85 @@ def _indent(text: str) -> str:
 # ---------------------------------------------------------------- diagnose / status
 
 
-def _fetch(url: str, params: dict) -> "httpx.Response":  # noqa: F821
-    import httpx
+@dataclass(frozen=True)
+class Access:
+    """What every request to the monitors carries: the read token (and the file it came from),
+    and what verifies an https monitor's certificate (httpx's ``verify``)."""
 
-    return httpx.get(url, params=params, timeout=10.0)
+    token: str | None = None
+    token_file: str | None = None
+    verify: ssl.SSLContext | bool = True
+
+
+def _access(args) -> Access:
+    """From --token-file/--ca-file or their variables (an empty one is as good as unset);
+    an unusable file is a UsageError naming it (never the token)."""
+    from agent.sender import tls_context
+    from agent.token_file import TokenFileError, read_token
+
+    token_file = args.token_file or os.environ.get("HANGWATCH_READ_TOKEN_FILE") or None
+    ca_file = args.ca_file or os.environ.get("HANGWATCH_CA_FILE") or None
+    token = None
+    if token_file:
+        try:
+            token, _ = read_token(token_file)
+        except TokenFileError as e:
+            raise UsageError(str(e)) from None
+    verify: ssl.SSLContext | bool = True
+    if ca_file:
+        try:
+            verify = tls_context(ca_file)
+        except (OSError, ssl.SSLError) as e:
+            raise UsageError(f"--ca-file {ca_file}: {getattr(e, 'strerror', None) or e}") from None
+    return Access(token, token_file, verify)
 
 
 class Unreachable(Exception):
     def __init__(self, monitor: str, error: Exception) -> None:
-        super().__init__(f"monitor {monitor} unreachable: {error or type(error).__name__}")
+        hint = ""
+        if "CERTIFICATE_VERIFY_FAILED" in str(error):
+            hint = " -- its certificate is not trusted: --ca-file names the CA bundle that signed it"
+        super().__init__(f"monitor {monitor} unreachable: {error or type(error).__name__}{hint}")
         self.monitor = monitor
 
 
-def _jobs(monitor: str, job: str | None) -> list[dict]:
+class Refused(Exception):
+    """401/403: the monitor wants a read token, or not this one."""
+
+    def __init__(self, monitor: str, status: int, access: Access) -> None:
+        if access.token is None:
+            why = "it wants a read token: pass --token-file PATH (or set HANGWATCH_READ_TOKEN_FILE)"
+        else:
+            why = (f"it refused the read token in {access.token_file}: pass --token-file with one of the "
+                   "tokens of the monitor's --read-token-file")
+        super().__init__(f"monitor {monitor} answered HTTP {status}: {why}")
+
+
+def _fetch(monitor: str, params: dict, access: Access) -> "httpx.Response":  # noqa: F821
+    """GET /diagnose; raises Refused on 401/403 and Unreachable on any other failure."""
     import httpx
 
-    params = {"format": "json"}
-    if job:
-        params["job"] = job
+    headers = {"authorization": f"Bearer {access.token}"} if access.token else {}
     try:
-        r = _fetch(monitor + "/diagnose", params)
+        r = httpx.get(monitor + "/diagnose", params=params, headers=headers, verify=access.verify, timeout=10.0)
+        if r.status_code in (401, 403):
+            raise Refused(monitor, r.status_code, access)
         r.raise_for_status()
     except httpx.HTTPError as e:
         raise Unreachable(monitor, e) from None
-    return r.json().get("jobs", [])
+    return r
 
 
-def _jobs_of(monitors: list[str], job: str | None) -> dict[str, list[dict]]:
-    """Each monitor's jobs (sharded monitors each hold a share); raises Unreachable for any."""
-    return {m: _jobs(m, job) for m in monitors}
+def _jobs(monitor: str, job: str | None, access: Access) -> list[dict]:
+    params = {"format": "json"}
+    if job:
+        params["job"] = job
+    return _fetch(monitor, params, access).json().get("jobs", [])
+
+
+def _jobs_of(monitors: list[str], job: str | None, access: Access) -> dict[str, list[dict]]:
+    """Each monitor's jobs (sharded monitors each hold a share); raises Unreachable or Refused for any."""
+    return {m: _jobs(m, job, access) for m in monitors}
 
 
 def _merged(by_monitor: dict[str, list[dict]]) -> list[dict]:
@@ -196,12 +265,10 @@ def _exit_code(jobs: list[dict]) -> int:
     return 1 if any(j.get("verdict") not in OK_VERDICTS for j in jobs) else 0
 
 
-def cmd_diagnose(args) -> int:
-    import httpx
-
+def cmd_diagnose(args, access: Access) -> int:
     monitors = _monitors(args)
     try:
-        by_monitor = _jobs_of(monitors, args.job)
+        by_monitor = _jobs_of(monitors, args.job, access)
         jobs = _merged(by_monitor)
         if args.job and not jobs:
             print(f"hangwatch: no job {args.job!r} at {', '.join(monitors)}", file=sys.stderr)
@@ -214,16 +281,12 @@ def cmd_diagnose(args) -> int:
             asked = [m for m, found in by_monitor.items() if found] or monitors[:1]
             texts = []
             for monitor in asked:
-                try:
-                    r = _fetch(monitor + "/diagnose", params)
-                    r.raise_for_status()
-                except httpx.HTTPError as e:
-                    raise Unreachable(monitor, e) from None
+                r = _fetch(monitor, params, access)
                 texts.append(r.text if r.text.endswith("\n") else r.text + "\n")
             # A monitor of an older version sends its text unescaped: escape it here too.
             text = text_block("\n".join(texts))
             sys.stdout.write(paint_verdicts_in(text, wants_colour(sys.stdout, args.color)))
-    except Unreachable as e:
+    except (Unreachable, Refused) as e:
         print(f"hangwatch: {one_line(str(e))}", file=sys.stderr)
         return 2
     return _exit_code(jobs)
@@ -239,10 +302,10 @@ def _ago(since: float | None) -> str:
     return f"{max(0.0, time.time() - since):.0f}s"
 
 
-def cmd_status(args) -> int:
+def cmd_status(args, access: Access) -> int:
     try:
-        jobs = _merged(_jobs_of(_monitors(args), args.job))
-    except Unreachable as e:
+        jobs = _merged(_jobs_of(_monitors(args), args.job, access))
+    except (Unreachable, Refused) as e:
         print(f"hangwatch: {one_line(str(e))}", file=sys.stderr)
         return 2
     if not jobs:
@@ -276,18 +339,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     monitor_help = (f"monitor URL (default $HANGWATCH_MONITOR or {DEFAULT_MONITOR}); repeat for monitors "
                     "sharded by job id")
+
+    def add_access(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("--token-file", default=None, metavar="PATH",
+                         help="file holding the monitor's read token (mode 600), for a monitor started with "
+                              "--read-token-file; default: $HANGWATCH_READ_TOKEN_FILE")
+        cmd.add_argument("--token", action=_RefuseToken, nargs="?", help=argparse.SUPPRESS)
+        cmd.add_argument("--ca-file", default=None, metavar="PATH",
+                         help="CA bundle that verifies an https monitor's certificate (instead of the default "
+                              "bundle); default: $HANGWATCH_CA_FILE")
+
     g = sub.add_parser("diagnose", help="print the monitor's /diagnose")
     g.add_argument("--monitor", type=_url, action="append", help=monitor_help)
     g.add_argument("--json", action="store_true", help="JSON instead of text")
     g.add_argument("--job", default=None, help="only this job id")
     g.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the verdicts: auto = only on a terminal (default)")
+    add_access(g)
 
     s = sub.add_parser("status", help="one line per job")
     s.add_argument("--monitor", type=_url, action="append", help=monitor_help)
     s.add_argument("--job", default=None, help="only this job id")
     s.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the verdicts: auto = only on a terminal (default)")
+    add_access(s)
     return p
 
 
@@ -318,9 +393,14 @@ def _main(argv: list[str] | None) -> int:
             return 2
         return run_demo(args.case, timeout=args.timeout, linger=max(0.0, args.linger),
                         stall_step=args.stall_step, workdir=args.workdir)
+    try:
+        access = _access(args)
+    except UsageError as e:
+        print(f"hangwatch: error: {one_line(str(e))}", file=sys.stderr)
+        return 2
     if args.command == "diagnose":
-        return cmd_diagnose(args)
-    return cmd_status(args)
+        return cmd_diagnose(args, access)
+    return cmd_status(args, access)
 
 
 if __name__ == "__main__":

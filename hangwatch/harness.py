@@ -149,12 +149,24 @@ class Service:
             return ""
 
 
+# Settings for talking to a real monitor: the harness's own loopback monitor and agent run without them.
+REAL_MONITOR_SETTINGS = ("HANGWATCH_TOKEN_FILE", "HANGWATCH_READ_TOKEN_FILE", "HANGWATCH_METRICS_TOKEN_FILE",
+                         "HANGWATCH_SSL_CERTFILE", "HANGWATCH_SSL_KEYFILE", "HANGWATCH_CA_FILE")
+
+
+def own_settings_only() -> dict[str, str]:
+    """The environment without the token files and certificates exported for a real monitor in the
+    same shell: the demo's monitor would demand a token its agent and client do not have."""
+    return {k: v for k, v in os.environ.items() if k not in REAL_MONITOR_SETTINGS}
+
+
 def start_monitor(reaper: Reaper, workdir: Path, *, port: int | None = None, timeout: float = 30.0) -> Service:
     port = port or free_port()
     log = workdir / "monitor.log"
     with open(log, "wb") as out:
         proc = reaper.popen([tool("hangwatch-monitor"), "--host", LOOPBACK, "--port", str(port),
-                             "--db", str(workdir / "monitor.db")], stdout=out, stderr=subprocess.STDOUT)
+                             "--db", str(workdir / "monitor.db")], stdout=out, stderr=subprocess.STDOUT,
+                            env=own_settings_only())
     svc = Service(proc, log, f"http://{LOOPBACK}:{port}")
     wait_until_ready(proc, svc.url + "/healthz", "monitor", svc.log_tail, timeout)
     return svc
@@ -183,7 +195,8 @@ def start_agent(reaper: Reaper, workdir: Path, monitor_url: str, *, interval: fl
         # --own-pid-namespace: simulated nodes run agents of their own, and two agents
         # tracing one rank would fight over ptrace and report it twice.
         proc = reaper.popen([tool("hangwatch-agent"), "--monitor", monitor_url, "--interval", str(interval),
-                             "--own-pid-namespace", *extra], stdout=out, stderr=subprocess.STDOUT)
+                             "--own-pid-namespace", *extra], stdout=out, stderr=subprocess.STDOUT,
+                            env=own_settings_only())
     time.sleep(0.3)
     if proc.poll() is not None:
         raise RuntimeError(f"agent exited with {proc.returncode}:\n{Service(proc, log).log_tail()}")

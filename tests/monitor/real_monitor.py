@@ -60,9 +60,9 @@ def _open_file_limit(count: int) -> Callable[[], None]:
 @contextlib.contextmanager
 def running_monitor(tmp_path: Path, *args: str, db: Path | None = None, scheme: str = "http",
                     open_file_limit: int | None = None, client_options: dict | None = None,
-                    extra_env: dict[str, str] | None = None) -> Iterator[RunningMonitor]:
+                    extra_env: dict[str, str] | None = None, port: int | None = None) -> Iterator[RunningMonitor]:
     """Start the monitor with ``args`` added; stop it (SIGKILL if need be) however the test ends."""
-    port = free_port()
+    port = port or free_port()
     db = db or tmp_path / "state" / "monitor.db"
     log = tmp_path / f"monitor-{port}.log"
     env = {**os.environ, "HANGWATCH_STATE_DIR": str(tmp_path / "unused"), **(extra_env or {})}

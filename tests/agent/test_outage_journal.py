@@ -1,0 +1,127 @@
+"""The outage journal: what it keeps, its bounds, its file; and a sender delivering it to a real monitor."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.outage_journal import OutageJournal, signature
+from agent.sender import Sender
+from tests.monitor.real_monitor import free_port, running_monitor
+
+
+def _rank(r: int = 0, **fields) -> dict:
+    return {"job_id": "job-j", "rank": r, "world_size": 2, "pid": 100 + r, "alive": True, "state": "S",
+            "cpu_percent": 50.0, "log_errors": [], **fields}
+
+
+def _report(*ranks: dict, **fields) -> dict:
+    return {"schema_version": 1, "node": "node-j", "sent_at": 0.0, "ranks": list(ranks or (_rank(0), _rank(1))),
+            **fields}
+
+
+BASE = _report()
+
+
+def _changed(**rank1) -> dict:
+    return _report(_rank(0), _rank(1, **rank1))
+
+
+@pytest.mark.parametrize(("name", "other", "event"), [
+    ("the same report", BASE, False),
+    ("only numbers moved", _report(_rank(0, cpu_percent=99.0), _rank(1, progress={"step": 7})), False),
+    ("a rank exited", _changed(alive=False, exit={"code": None, "signal": 9}), True),
+    ("a rank was stopped", _changed(state="T"), True),
+    ("a new log error", _changed(log_errors=["RuntimeError: boom"]), True),
+    ("a first stack", _changed(stack={"threads": [{"frames": [{"name": "all_reduce"}]}]}), True),
+    ("a rank restarted under a new pid", _changed(pid=999), True),
+    ("a launcher appeared", _report(_rank(0), _rank(1), launchers=[{"pid": 5}]), True),
+])
+def test_what_counts_as_an_event(name: str, other: dict, event: bool) -> None:
+    assert (signature(other) != signature(BASE)) is event
+
+
+def test_events_are_kept_at_once_and_quiet_stretches_every_few_seconds() -> None:
+    journal = OutageJournal(keep_every_s=5.0)
+    kept = [journal.keep(BASE, t) for t in (0, 1, 2, 3, 4, 5, 6)]
+    assert kept == [True, False, False, False, False, True, False]
+    assert journal.keep(_changed(state="T"), 6.5)
+    assert [k.taken_at for k in journal._entries] == [0, 5, 6.5]
+
+
+def test_past_its_bound_the_oldest_quiet_entry_goes_first() -> None:
+    journal = OutageJournal(max_entries=4, keep_every_s=1.0)
+    journal.keep(BASE, 0)  # the first one is an event (nothing before it)
+    journal.keep(BASE, 1)
+    journal.keep(_changed(state="T"), 2)
+    journal.keep(_changed(state="T"), 3)
+    journal.keep(_changed(state="T"), 4)
+    assert [(k.taken_at, k.event) for k in journal._entries] == [(0, True), (2, True), (3, False), (4, False)]
+    assert journal.dropped == 1
+    journal.keep(_changed(alive=False), 5)
+    assert [k.taken_at for k in journal._entries] == [0, 2, 4, 5]
+
+
+def test_a_journal_on_disk_survives_an_agent_restart(tmp_path: Path) -> None:
+    path = tmp_path / "outage.jsonl"
+    journal = OutageJournal(path)
+    journal.keep(BASE, 10.0)
+    journal.keep(_changed(alive=False), 11.0)
+    with path.open("a") as f:
+        f.write('{"taken_at": 12.0, "ev')  # cut short by a crash
+    again = OutageJournal(path)
+    assert [(k.taken_at, k.report["ranks"][1]["alive"]) for k in again._entries] == [(10.0, True), (11.0, False)]
+    again.delivered_oldest()
+    again.delivered_oldest()
+    assert len(again) == 0 and path.read_text() == ""
+
+
+def _history(base: str, job_id: str) -> list[dict]:
+    answer = httpx.get(f"{base}/api/v1/jobs/{job_id}/history", timeout=5)
+    return answer.json()["history"] if answer.status_code == 200 else []
+
+
+def test_a_sender_delivers_what_it_kept_when_the_monitor_comes_back(tmp_path: Path) -> None:
+    port = free_port()
+    db = tmp_path / "monitor.db"
+    sender = Sender(f"http://127.0.0.1:{port}")
+    sender.start()
+    try:
+        def live(report: dict) -> dict:
+            body = copy.deepcopy(report)
+            sender.offer(body)
+            return body
+
+        with running_monitor(tmp_path, port=port, db=db) as monitor:
+            live(BASE)
+            deadline = time.monotonic() + 15
+            while sender.sent < 1:
+                assert time.monotonic() < deadline, "the first report never arrived"
+                time.sleep(0.1)
+        # The monitor is gone. Rank 1 exits 2 s into the outage; the agent goes on sampling.
+        outage_started = time.time()
+        for i in range(8):
+            live(BASE if i < 2 else _changed(alive=False, exit={"at": time.time(), "code": 1, "source": "proc"}))
+            if i == 2:
+                exited_at = time.time()
+            time.sleep(1)
+        assert len(sender.journal) >= 2
+        with running_monitor(tmp_path, port=port, db=db) as monitor:
+            back = time.monotonic()
+            deadline = back + 20
+            while not any(h["verdict"] == "rank_exited" for h in _history(monitor.base, "job-j")):
+                live(_changed(alive=False, exit={"at": exited_at, "code": 1, "source": "proc"}))
+                assert time.monotonic() < deadline, _history(monitor.base, "job-j")
+                time.sleep(0.5)
+            delivered_in = time.monotonic() - back
+            [exit_change] = [h for h in _history(monitor.base, "job-j") if h["verdict"] == "rank_exited"]
+            assert outage_started < exit_change["at"] <= exited_at + 1.5
+            assert exit_change["culprit_ranks"] == [1]
+            assert sender.replayed >= 2 and len(sender.journal) == 0
+            assert delivered_in < 10
+    finally:
+        sender.stop()
