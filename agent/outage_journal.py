@@ -5,8 +5,9 @@ its first and last second: a rank that exited and was restarted, the first stack
 the log errors of a crash. While the monitor cannot be reached, every report the agent takes is
 offered here; one is kept when it differs from the last kept one in what the diagnosis reads
 as an event (``signature``: a rank appeared, ended, changed process state, logged a new error,
-got its first stack; a launcher came or went), and otherwise one every ``keep_every_s``
-so the monitor sees the pace of the outage too. Kept reports are full reports with the time
+got its first stack; a launcher came or went), the next one a second after such an event (the
+monitor confirms over two readings), and otherwise one every ``keep_every_s`` so the monitor
+sees the pace of the outage too. Kept reports are full reports with the time
 they were taken; the sender delivers them oldest first, marked ``replayed``, before anything new.
 
 Bounded by entries and bytes: past a bound the oldest periodic entry goes first (events are
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 MAX_ENTRIES = 512
 MAX_BYTES = 32 * 1024 * 1024
 KEEP_EVERY_S = 5.0
+# The report after an event is kept sooner: the monitor confirms what it reads over two readings.
+FOLLOW_UP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class OutageJournal:
         self._bytes = 0
         self._last_signature: Hashable | None = None
         self._last_kept_at: float | None = None
+        self._last_was_event = False
         self.dropped = 0
         if path is not None:
             self._load()
@@ -79,12 +83,14 @@ class OutageJournal:
         """Offer one report taken during the outage; True when it was kept."""
         sig = signature(report)
         event = sig != self._last_signature
-        if not event and self._last_kept_at is not None and taken_at - self._last_kept_at < self.keep_every_s:
-            return False
+        if not event and self._last_kept_at is not None:
+            wait = FOLLOW_UP_S if self._last_was_event else self.keep_every_s
+            if taken_at - self._last_kept_at < wait:
+                return False
         line = json.dumps({"taken_at": taken_at, "event": event, "report": report})
         self._entries.append(Kept(taken_at, report, event, len(line)))
         self._bytes += len(line)
-        self._last_signature, self._last_kept_at = sig, taken_at
+        self._last_signature, self._last_kept_at, self._last_was_event = sig, taken_at, event
         if self._over_bounds():
             self._shed()
             self._rewrite()
@@ -105,6 +111,7 @@ class OutageJournal:
         self._entries.clear()
         self._bytes = 0
         self._last_signature = self._last_kept_at = None
+        self._last_was_event = False
         self._rewrite()
 
     def _over_bounds(self) -> bool:

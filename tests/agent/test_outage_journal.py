@@ -47,23 +47,25 @@ def test_what_counts_as_an_event(name: str, other: dict, event: bool) -> None:
 
 def test_events_are_kept_at_once_and_quiet_stretches_every_few_seconds() -> None:
     journal = OutageJournal(keep_every_s=5.0)
-    kept = [journal.keep(BASE, t) for t in (0, 1, 2, 3, 4, 5, 6)]
-    assert kept == [True, False, False, False, False, True, False]
-    assert journal.keep(_changed(state="T"), 6.5)
-    assert [k.taken_at for k in journal._entries] == [0, 5, 6.5]
+    kept = [journal.keep(BASE, t) for t in (0, 0.5, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)]
+    # The first is an event, the one a second later its follow-up, then one every 5 s.
+    assert kept == [True, False, True, False, False, False, False, True, False, False, False, False, True]
+    assert journal.keep(_changed(state="T"), 11.5)
+    assert not journal.keep(_changed(state="T"), 12.0) and journal.keep(_changed(state="T"), 12.5)
+    assert [k.taken_at for k in journal._entries] == [0, 1, 6, 11, 11.5, 12.5]
 
 
 def test_past_its_bound_the_oldest_quiet_entry_goes_first() -> None:
-    journal = OutageJournal(max_entries=4, keep_every_s=1.0)
+    journal = OutageJournal(max_entries=4, keep_every_s=2.0)
     journal.keep(BASE, 0)  # the first one is an event (nothing before it)
-    journal.keep(BASE, 1)
+    journal.keep(BASE, 1)  # its follow-up
     journal.keep(_changed(state="T"), 2)
     journal.keep(_changed(state="T"), 3)
-    journal.keep(_changed(state="T"), 4)
-    assert [(k.taken_at, k.event) for k in journal._entries] == [(0, True), (2, True), (3, False), (4, False)]
+    journal.keep(_changed(state="T"), 5)
+    assert [(k.taken_at, k.event) for k in journal._entries] == [(0, True), (2, True), (3, False), (5, False)]
     assert journal.dropped == 1
-    journal.keep(_changed(alive=False), 5)
-    assert [k.taken_at for k in journal._entries] == [0, 2, 4, 5]
+    journal.keep(_changed(alive=False), 6)
+    assert [k.taken_at for k in journal._entries] == [0, 2, 5, 6]
 
 
 def test_a_journal_on_disk_survives_an_agent_restart(tmp_path: Path) -> None:

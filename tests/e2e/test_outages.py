@@ -1,0 +1,66 @@
+"""A monitor outage loses nothing: the real agent keeps what changed and delivers it when the
+monitor is back, and the job's history shows it at the times it happened.
+
+The session's monitor is killed (SIGKILL) for OUTAGE_S while a rank of one job exits and a
+rank of another leaves the loop and lingers (its peer deadlocks in all_reduce); it is then
+restarted on the same port and database.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+from hangwatch.harness import STALL_MARKER, MonitorClient, Reaper, Service, start_monitor
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+
+OUTAGE_S = float(os.environ.get("HANGWATCH_TEST_OUTAGE_S", "120"))
+# Late enough that both jobs are seen healthy before the outage starts, early in it.
+FAIL_AT = ("--fail-at-step", "200", "--step-sleep", "0.1")
+
+
+def _change(history: list[dict], verdict: str) -> dict:
+    found = [h for h in history if h["verdict"] == verdict]
+    assert found, f"no {verdict} in the history: {history}"
+    return found[0]
+
+
+def test_a_rank_that_exits_and_one_that_stalls_during_an_outage_reach_the_history(
+        monitor: Service, agent: Service, client: MonitorClient, session_reaper: Reaper, e2e_dir,
+        torchrun_job, wait_for_verdict) -> None:
+    exits = torchrun_job("--fail", "exit", *FAIL_AT)
+    lingers = torchrun_job("--fail", "linger", *FAIL_AT)
+    wait_for_verdict(exits, "healthy")
+    wait_for_verdict(lingers, "healthy")
+
+    session_reaper.kill(monitor.proc.pid)
+    monitor.proc.wait(timeout=10)
+    outage_started = time.time()
+    exits.wait_for(STALL_MARKER, timeout=90)
+    lingers.wait_for(STALL_MARKER, timeout=90)
+    exited_at, lingered_at = exits.stall_time(), lingers.stall_time()
+    assert exited_at is not None and lingered_at is not None
+    assert exited_at > outage_started and lingered_at > outage_started, "the jobs failed before the outage"
+    # The outage lasts OUTAGE_S, and at least 20 s past the last failure (a slow machine).
+    time.sleep(max(0.0, outage_started + OUTAGE_S - time.time(), max(exited_at, lingered_at) + 20 - time.time()))
+
+    restarted = start_monitor(session_reaper, e2e_dir, port=urlsplit(monitor.url).port)
+    monitor.proc, monitor.log = restarted.proc, restarted.log  # the session's monitor from here on
+    back = time.time()
+    wait_for_verdict(exits, "rank_exited", culprits=[1], timeout=30)
+    wait_for_verdict(lingers, "deadlock", culprits=[1], timeout=30)
+    right_after_s = time.time() - back
+
+    exit_change = _change(client.history(exits.job_id) or [], "rank_exited")
+    assert exit_change["culprit_ranks"] == [1]
+    assert exited_at - 1 <= exit_change["at"] <= exited_at + 8, (exit_change, exited_at)
+    deadlock_change = _change(client.history(lingers.job_id) or [], "deadlock")
+    assert lingered_at <= deadlock_change["at"] < back, (deadlock_change, lingered_at, back)
+    assert deadlock_change["at"] - lingered_at < 30
+    print(f"outage {OUTAGE_S:.0f}s: verdicts right {right_after_s:.1f}s after the restart; "
+          f"exit recorded {exit_change['at'] - exited_at:+.1f}s, deadlock {deadlock_change['at'] - lingered_at:+.1f}s "
+          "from when they happened")
