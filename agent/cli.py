@@ -20,6 +20,7 @@ from agent.logpatterns import compile_user_pattern
 from agent.nccl_ras import parse_address
 from agent.report import NODE_NAME, default_node_name
 from agent.runner import Agent, Config
+from agent.selfwatch import DEFAULT_MAX_CPU_PERCENT, DEFAULT_MAX_RSS_MB, EXIT_OVER_MEMORY, MIN_NICE, lower_priority
 from agent.sender import ShardedSender, tls_context
 from agent.token_file import TokenFileError, TokenSource
 
@@ -87,6 +88,35 @@ class _RefuseToken(argparse.Action):
                          "there): put it in a file readable only by the agent and pass --token-file PATH")
 
 
+def _cap(kind: type):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"must be 0 (no cap) or more: {text!r}")
+        return value or None
+
+    return parse
+
+
+def _nice(text: str) -> int:
+    if not text.isdigit() or int(text) > 19:
+        raise argparse.ArgumentTypeError(f"must be a nice value from 0 to 19: {text!r}")
+    return int(text)
+
+
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _env_flag(environ: Mapping[str, str], name: str) -> bool:
+    word = environ.get(name, "").strip().lower()
+    if word in TRUE_WORDS or word in FALSE_WORDS:
+        return word in TRUE_WORDS
+    raise UsageError(f"{name} must be 1 or 0, not {word[:32]!r}")
+
+
 def _ras_address(text: str) -> str:
     if parse_address(text) is None:
         raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r}")
@@ -107,6 +137,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
     p.add_argument("--py-spy", default=None, metavar="PATH", help="py-spy binary")
     p.add_argument("--no-stacks", action="store_true", help="never run py-spy")
+    p.add_argument("--dump-other-users", action=argparse.BooleanOptionalAction, default=None,
+                   help="let py-spy dump (and so briefly stop) the ranks of users other than the agent's. Off by "
+                        "default: another user's rank then has no stack, and its stack_error says why. A root "
+                        "agent watching other users' jobs needs it on (the systemd unit and the DaemonSet turn it "
+                        "on). Default: $HANGWATCH_DUMP_OTHER_USERS (1 or 0). py-spy never dumps the agent, its "
+                        "parent or its children, nor a process that is not Python")
+    p.add_argument("--max-rss-mb", type=_cap(int), default=DEFAULT_MAX_RSS_MB, metavar="MB",
+                   help=f"exit with status {EXIT_OVER_MEMORY} (for systemd or Kubernetes to restart it) when the "
+                        f"agent's resident memory passes this; 0: no cap (default {DEFAULT_MAX_RSS_MB})")
+    p.add_argument("--max-cpu-percent", type=_cap(float), default=DEFAULT_MAX_CPU_PERCENT, metavar="PERCENT",
+                   help="start no stack dump while the agent (py-spy included) used more than this percent of "
+                        "one core over the last 30 s; 0: no cap (default %(default)s)")
+    p.add_argument("--nice", type=_nice, default=0, metavar="N",
+                   help="run the sampling loop (and py-spy) at this nice value at least, below the training it "
+                        f"watches (the systemd unit sets Nice={MIN_NICE}); 0: leave the priority as it is (default)")
     p.add_argument("--job", action="append", default=[], metavar="JOB_ID",
                    help="only track ranks of this job id; repeatable")
     p.add_argument("--own-pid-namespace", action="store_true",
@@ -167,6 +212,13 @@ def parse_config(
         # An empty variable is as good as unset (EnvironmentFile lines left blank).
         token_file=args.token_file or environ.get("HANGWATCH_TOKEN_FILE") or None,
         ca_file=args.ca_file or environ.get("HANGWATCH_CA_FILE") or None,
+        dump_other_users=(
+            args.dump_other_users if args.dump_other_users is not None
+            else _env_flag(environ, "HANGWATCH_DUMP_OTHER_USERS")
+        ),
+        max_rss_mb=args.max_rss_mb,
+        max_cpu_percent=args.max_cpu_percent,
+        nice=args.nice,
     )
     return config, args
 
@@ -248,16 +300,18 @@ def run_loop(agent: Agent, config: Config, sender: ShardedSender) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     sender.start()
+    nice = lower_priority(config.nice)
     log.info(
-        "reporting to %s every %.3g s as node %s (py-spy: %s; token: %s)",
+        "reporting to %s every %.3g s as node %s (py-spy: %s, %s; token: %s; nice %d)",
         ", ".join(config.monitors), config.interval, config.node, agent.agent_info()["py_spy"],
-        f"from {config.token_file}" if config.token_file else "none",
+        "any user's ranks" if config.dump_other_users else f"only uid {os.geteuid()}'s ranks",
+        f"from {config.token_file}" if config.token_file else "none", nice,
     )
     try:
         agent.run(stop, sender)
     finally:
         sender.stop()
-    return 0
+    return agent.exit_status
 
 
 if __name__ == "__main__":

@@ -26,8 +26,16 @@ from agent.procstat import CLOCK_TICKS, CpuSampler, ProcessSample
 from agent.redact import make_redactor
 from agent.report import build_report, orphan_report, rank_report
 from agent.sdnotify import Notifier
+from agent.selfwatch import (
+    DEFAULT_MAX_CPU_PERCENT,
+    DEFAULT_MAX_RSS_MB,
+    EXIT_OVER_MEMORY,
+    Limits,
+    SelfWatch,
+)
 from agent.sockets import SocketReader, listening_ports, socket_inodes
 from agent.stacks import LOW_CPU_PERCENT, StackSampler, find_py_spy, looks_stuck
+from agent.targets import Dumper
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +78,12 @@ class Config:
     # Sending (agent/sender.py): the bearer token's file and the CA bundle for https monitors.
     token_file: str | None = None
     ca_file: str | None = None
+    # py-spy on other users' processes too (agent/targets.py); off: only the agent's own user's.
+    dump_other_users: bool = False
+    # Self-limits (agent/selfwatch.py); None: no cap.
+    max_rss_mb: int | None = DEFAULT_MAX_RSS_MB
+    max_cpu_percent: float | None = DEFAULT_MAX_CPU_PERCENT
+    nice: int = 0  # the loop's nice value at least (agent/cli.py run_loop); 0: as started
 
     @property
     def monitor(self) -> str | None:
@@ -145,7 +159,14 @@ class Agent:
         self.exits = ExitWatcher(root, clock)
         self.logs = LogFollower(root, config.logs, config.step_regex)
         py_spy = find_py_spy(config.py_spy) if config.stacks else None
-        self.stacks = StackSampler(py_spy, root) if config.stacks else None
+        self.stacks = (
+            StackSampler(py_spy, root, dumper=Dumper.current(config.dump_other_users)) if config.stacks else None
+        )
+        self.selfwatch = SelfWatch(Limits(
+            max_rss_bytes=config.max_rss_mb * 2**20 if config.max_rss_mb else None,
+            max_cpu_percent=config.max_cpu_percent,
+        ))
+        self.exit_status = 0  # what the loop ended with: EXIT_OVER_MEMORY past --max-rss-mb
         self.boot_time = boot_time(root)
         self.sockets = SocketReader(root)
         self.gpus = gpus if gpus is not None else GpuCollector()
@@ -184,12 +205,17 @@ class Agent:
             "started_at": self.started_at,
             "interval_s": self.config.interval,
             "py_spy": self.stacks.status if self.stacks else "disabled (--no-stacks)",
+            # The agent's own use (py-spy's included), sampled at the start of each tick.
+            "cpu_percent": self.selfwatch.usage.cpu_percent,
+            "rss_bytes": self.selfwatch.usage.rss_bytes,
         }
 
     # --- one tick --------------------------------------------------------------------
 
     def tick(self, schedule_stacks: bool = True) -> dict:
         now = self.clock()
+        self.selfwatch.sample()
+        backing_off = self.selfwatch.back_off() if schedule_stacks else None
         self.health = CollectorHealth()
         with self.health.run("discovery"):
             self._discover(now)
@@ -214,7 +240,7 @@ class Agent:
         with self.health.run("launchers") as entry:
             problems = self.launchers.update(
                 self.discovery.launchers, self.discovery.workers, now,
-                dump=bool(self.stacks and schedule_stacks), sockets_due=sockets_due,
+                dump=bool(self.stacks and schedule_stacks and not backing_off), sockets_due=sockets_due,
             )
             if problems:
                 entry.update(ok=False, error="; ".join(problems)[:2048])
@@ -231,8 +257,11 @@ class Agent:
                 self._interfaces_at = now
                 self.host = {**self.host, "interfaces": collect_interfaces()}
         if self.stacks and schedule_stacks:
-            with self.health.run("stacks"):
-                self._schedule_stacks(alive, now)
+            with self.health.run("stacks") as entry:
+                if backing_off:
+                    entry.update(ok=False, error=backing_off)
+                else:
+                    self._schedule_stacks(alive, now)
         if self.nccl_ras is not None:
             self._poll_nccl_ras(alive, now)
         if self.flight_recorder is not None:
@@ -544,6 +573,11 @@ class Agent:
                     ready = True
             except Exception:  # noqa: BLE001 -- the loop itself must survive anything
                 log.exception("tick failed")
+            too_big = self.selfwatch.must_exit()
+            if too_big:
+                log.error("%s", too_big)
+                self.exit_status = EXIT_OVER_MEMORY
+                break
             # Fed from the sampling loop itself: a loop that hangs starves the watchdog.
             notifier.tick()
             next_tick += self.config.interval

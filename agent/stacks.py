@@ -4,11 +4,13 @@ Three parts: the parser of ``py-spy dump --json`` output (pure), the runner
 (one py-spy process with a timeout, and the SIGCONT safety net for py-spy
 issues #390/#416, where a dump can leave its target stopped), and the
 scheduler that decides whom to dump when and runs at most two dumps at once.
+Whom py-spy may dump at all is agent/targets.py's rule.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -20,11 +22,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from agent.procstat import read_stat
+from agent.targets import Dumper, dump_refusal, read_target
+
+log = logging.getLogger(__name__)
 
 MAX_THREADS = 16
 MAX_FRAMES = 64
 DUMP_TIMEOUT_S = 5.0
 STOPPED_STATES = ("T", "t", "Z", "X")
+# After a dump that did not end well (py-spy killed, timed out, crashed), how long the target
+# is watched for a stop: a SIGSTOP a dying py-spy left pending lands after py-spy is gone.
+SETTLE_S = 0.2
 
 
 class StackError(Exception):
@@ -100,6 +108,8 @@ def run_dump(py_spy: str, pid: int, native: bool, timeout: float = DUMP_TIMEOUT_
         raise StackError(f"py-spy dump timed out after {timeout:.0f} s") from None
     except OSError as e:
         raise StackError(f"cannot run py-spy: {e}") from None
+    if done.returncode < 0:
+        raise StackError(f"py-spy was killed by signal {_signal_name(-done.returncode)}")
     if done.returncode != 0:
         raise StackError(f"py-spy failed: {one_line(done.stderr or done.stdout)}")
     return done.stdout
@@ -111,10 +121,12 @@ def take_stack(py_spy: str, proc_root: str, pid: int, native: bool, clock=time.t
     if before in STOPPED_STATES:
         raise StackError(f"not dumped: process is in state {before}")
     taken_at, started = clock(), time.monotonic()
+    ended_well = False
     try:
         text = run_dump(py_spy, pid, native)
+        ended_well = True
     finally:
-        resume_if_left_stopped(proc_root, pid)
+        resume_if_left_stopped(proc_root, pid, watch_s=0.0 if ended_well else SETTLE_S)
     return {
         "taken_at": taken_at,
         "native": native,
@@ -123,13 +135,33 @@ def take_stack(py_spy: str, proc_root: str, pid: int, native: bool, clock=time.t
     }
 
 
-def resume_if_left_stopped(proc_root: str, pid: int) -> None:
-    # We only dump running ranks, so a stop seen now came from the dump.
+def resume_if_left_stopped(proc_root: str, pid: int, watch_s: float = 0.0) -> bool:
+    """SIGCONT the target if it is in a group stop ("T") now or within ``watch_s``; True if sent.
+
+    Called only after dumping a rank that was running (take_stack refuses a stopped one, which
+    may be someone's deliberate SIGSTOP), so a stop seen now came from the dump. A ptrace stop
+    ("t") ends by itself when py-spy dies; one that stays belongs to another tracer, and
+    SIGCONT would not end it anyway.
+    """
+    deadline = time.monotonic() + watch_s
+    while True:
+        try:
+            if read_stat(proc_root, pid).state == "T":
+                os.kill(pid, signal.SIGCONT)
+                log.warning("pid %d was left stopped after a py-spy dump: sent SIGCONT", pid)
+                return True
+        except (OSError, ValueError):
+            return False  # gone
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
+def _signal_name(number: int) -> str:
     try:
-        if read_stat(proc_root, pid).state == "T":
-            os.kill(pid, signal.SIGCONT)
-    except (OSError, ValueError):
-        pass
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 # --- when to dump -------------------------------------------------------------------
@@ -195,9 +227,12 @@ def next_dump(now: float, plan: DumpPlan, stuck: bool) -> str | None:
 class StackSampler:
     """Runs dumps on a small pool (bounded py-spy concurrency); keeps the latest per rank."""
 
-    def __init__(self, py_spy: str | None, proc_root: str = "/proc", workers: int = 2):
+    def __init__(
+        self, py_spy: str | None, proc_root: str = "/proc", workers: int = 2, dumper: Dumper | None = None
+    ):
         self.py_spy = py_spy
         self.proc_root = proc_root
+        self.dumper = dumper or Dumper.current()
         self.status = check_py_spy(py_spy)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="py-spy")
         self._lock = threading.Lock()
@@ -251,6 +286,11 @@ class StackSampler:
 
     def _dump(self, pid: int, native: bool) -> None:
         try:
+            refusal = dump_refusal(read_target(self.proc_root, pid), self.dumper)
+            if refusal is not None:
+                with self._lock:
+                    self._errors[pid] = refusal  # the rules said no: not a failed dump
+                return
             stack = take_stack(self.py_spy, self.proc_root, pid, native)
         except (StackError, OSError, ValueError) as e:
             with self._lock:
