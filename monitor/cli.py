@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sqlite3
 import sys
 from collections.abc import Sequence
 from types import FrameType
@@ -65,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.load(vars(args))
-        settings.prepare_db_dir()
+        disk_problem = settings.prepare_db_dir()
     except SettingsError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -73,11 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _quiet_exit)
-    try:
-        store = open_store(settings)
-    except sqlite3.Error as exc:
-        print(f"{PROG}: error: cannot open database {settings.db}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    if disk_problem:
+        logging.getLogger("hangwatch.monitor").error("%s: the history will be held in memory", disk_problem)
+    store = open_store(settings)  # a database it cannot use: history in memory, said on /metrics
     try:
         try:
             app = create_app(settings, store)

@@ -138,9 +138,27 @@ def own_families(monitor: Monitor, guard: LoadGuard, now: float) -> list[Family]
     replay_dropped = Family("hangwatch_monitor_reports_replay_dropped",
                             "Reports kept through an outage that came too late to apply", "counter")
     replay_dropped.add("", float(monitor.replayed_dropped))
+    health = monitor.store.health
+    store_up = Family("hangwatch_monitor_store_up",
+                      "1 while the database takes the monitor's writes; 0: history is held in memory")
+    store_up.add("", 1.0 if health.ok else 0.0)
+    in_memory = Family("hangwatch_monitor_store_in_memory",
+                       "1 when the database could not be opened: nothing survives a restart")
+    in_memory.add("", 1.0 if health.in_memory else 0.0)
+    write_failures = Family("hangwatch_monitor_store_write_failures",
+                            "Database transactions that failed, by reason (disk_full, read_only, locked, ...)",
+                            "counter")
+    for reason, count in sorted(health.write_failures.items()):
+        write_failures.add(labels(("reason",), (reason,)), float(count))
+    unsaved = Family("hangwatch_monitor_store_unsaved_changes", "Verdict changes held in memory, not yet written")
+    unsaved.add("", float(monitor.store.unsaved))
+    dropped = Family("hangwatch_monitor_snapshots_dropped",
+                     "Node snapshots not written (the database failing or far behind)", "counter")
+    dropped.add("", float(health.snapshots_dropped))
     ranks = Family("hangwatch_monitor_ranks", "Ranks the monitor tracks")
     ranks.add("", float(sum(len(j.ranks) for j in monitor.state.jobs.values())))
-    return [full, shed, lag, overloaded, pass_s, pass_age, snapshots, backlog, replayed, replay_dropped, ranks]
+    return [full, shed, lag, overloaded, pass_s, pass_age, snapshots, backlog, replayed, replay_dropped, store_up,
+            in_memory, write_failures, unsaved, dropped, ranks]
 
 
 def http_families(http: HttpStats) -> list[Family]:

@@ -21,13 +21,17 @@ def render_text(jobs: list[dict[str, Any]], now: float) -> str:
 
 
 def render_monitor_status(status: dict[str, Any]) -> str:
-    """A first line about the monitor itself, only while it is past capacity."""
-    if not status.get("overloaded") and not status.get("reports_shed_last_minute"):
-        return ""
-    age = status.get("verdicts_age_s")
-    aged = f"; verdicts from a pass {age:.1f}s ago" if age is not None else ""
-    return (f"hangwatch: monitor over capacity (event loop {status['loop_lag_s']:.2f}s behind): "
-            f"{status['reports_shed_last_minute']} reports shed in the last minute{aged}\n\n")
+    """First lines about the monitor itself, only while it is past capacity or cannot store."""
+    lines = []
+    if status.get("storage_problem"):
+        lines.append(f"hangwatch: the database is not taking writes ({one_line(status['storage_problem'])}): "
+                     "history is held in memory and will not survive a restart")
+    if status.get("overloaded") or status.get("reports_shed_last_minute"):
+        age = status.get("verdicts_age_s")
+        aged = f"; verdicts from a pass {age:.1f}s ago" if age is not None else ""
+        lines.append(f"hangwatch: monitor over capacity (event loop {status['loop_lag_s']:.2f}s behind): "
+                     f"{status['reports_shed_last_minute']} reports shed in the last minute{aged}")
+    return "".join(f"{line}\n" for line in lines) + ("\n" if lines else "")
 
 
 def render_job(job: dict[str, Any], now: float) -> str:

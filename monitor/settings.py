@@ -7,6 +7,7 @@ instead of surfacing later as a traceback inside a request.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import sqlite3
 from collections.abc import Mapping
@@ -141,24 +142,34 @@ class Settings:
         if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
             raise SettingsError(f"unknown log level {self.log_level!r}")
 
-    def prepare_db_dir(self) -> None:
-        """Create the database's directory and check it can be written, before serving."""
+    def prepare_db_dir(self) -> str | None:
+        """Create the database's directory and check it can be written, before serving.
+
+        A path that cannot be a database (a directory, a file where a directory must be) is a
+        SettingsError. A disk that cannot take writes now (read-only, full, no permission) is not:
+        the monitor serves with its history in memory (monitor/store.py) rather than exit into a
+        restart loop; the problem is returned, for the log.
+        """
         path = self.db
         if path.exists() and path.is_dir():
             raise SettingsError(f"database path {path} is a directory")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise SettingsError(f"cannot create database directory {path.parent}: {exc.strerror or exc}") from None
+            if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+                raise SettingsError(f"cannot create database directory {path.parent}: "
+                                    f"{exc.strerror or exc}") from None
+            return f"cannot create database directory {path.parent}: {exc.strerror or exc}"
         # WAL needs to create -wal/-shm files beside the database, so the directory must be writable.
         if not os.access(path.parent, os.W_OK | os.X_OK):
-            raise SettingsError(f"database directory {path.parent} is not writable")
+            return f"database directory {path.parent} is not writable"
         if path.exists() and not os.access(path, os.R_OK | os.W_OK):
-            raise SettingsError(f"database file {path} is not readable and writable")
+            return f"database file {path} is not readable and writable"
         try:
             sqlite3.connect(path).close()
         except sqlite3.Error as exc:
-            raise SettingsError(f"cannot open database {path}: {exc}") from None
+            return f"cannot open database {path}: {exc}"
+        return None
 
 
 def _convert(name: str, value: Any, type_name: Any) -> Any:

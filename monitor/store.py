@@ -11,48 +11,43 @@ Writes go through one writer thread fed by a queue, so a slow disk never stalls
 the event loop and SQLite sees a single writer; whatever is queued is committed in one
 transaction. Reads use their own connection and first wait for queued writes, so a read
 always sees what was accepted before it.
+
+The disk may fail under it: full, read-only, locked by another process. Then nothing stops:
+verdict changes are held in memory (and merged into every read) and written once the database
+takes writes again, tried every RETRY_S; snapshots are dropped (they only serve a replay);
+``health`` says what is wrong for /metrics and /diagnose, and the log says it once a minute.
+A database that cannot be opened at all (or is from a newer hangwatch: store_schema.py) is
+replaced by one in memory, so a bad disk never turns into a restart loop.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import sqlite3
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS snapshots (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    node TEXT NOT NULL,
-    received_at REAL NOT NULL,
-    body BLOB NOT NULL  -- zlib-compressed report JSON
-);
-CREATE INDEX IF NOT EXISTS snapshots_by_node ON snapshots (node, id);
-CREATE INDEX IF NOT EXISTS snapshots_by_time ON snapshots (received_at);
-CREATE TABLE IF NOT EXISTS verdicts (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    job_id TEXT NOT NULL,
-    at REAL NOT NULL,
-    verdict TEXT NOT NULL,
-    culprits TEXT NOT NULL,
-    summary TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS verdicts_by_job ON verdicts (job_id, id);
-CREATE INDEX IF NOT EXISTS verdicts_by_time ON verdicts (at);
-"""
-# Databases written before snapshots kept every report in ``reports``: each node's newest
-# becomes its snapshot, and the table goes.
-_MIGRATE_REPORTS = """
-INSERT INTO snapshots (node, received_at, body)
-    SELECT node, received_at, body FROM reports WHERE id IN (SELECT MAX(id) FROM reports GROUP BY node);
-DROP TABLE reports;
-"""
+from monitor.store_schema import NewerSchema, migrate
+
+log = logging.getLogger("hangwatch.monitor.store")
+
+# How long a connection waits for a lock another process holds: short, so a locked database
+# turns into a counted failure at once rather than a queue of writes and a 45-second read.
+WRITE_BUSY_S = 2.0
+READ_BUSY_S = 1.0
+# While writes fail, the database is tried again this often (not on every batch).
+RETRY_S = 5.0
+# Verdict changes kept in memory while they cannot be written; snapshots queued at most.
+MAX_UNSAVED = 10_000
+MAX_QUEUED = 5_000
+FAILURE_LOG_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +70,38 @@ _Write = Callable[[sqlite3.Connection], None]
 _STOP = object()
 
 
+@dataclass(frozen=True)
+class _Queued:
+    kind: str  # "snapshot", "verdict", "prune"
+    write: _Write
+    change: VerdictChange | None = None
+
+
+@dataclass
+class StoreHealth:
+    """Whether what the monitor learns reaches the disk; shown on /metrics and /diagnose."""
+
+    ok: bool = True
+    # Why not, in a few words ("disk full: database or disk is full"), and since when.
+    problem: str | None = None
+    since: float | None = None
+    # The database could not be opened: everything lives in memory until a restart.
+    in_memory: bool = False
+    write_failures: dict[str, int] = field(default_factory=dict)
+    snapshots_dropped: int = 0
+    unsaved_dropped: int = 0
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A short name for a database failure, a label of hangwatch_monitor_store_write_failures."""
+    text = str(exc).lower()
+    for needle, reason in (("full", "disk_full"), ("readonly", "read_only"), ("read-only", "read_only"),
+                           ("locked", "locked"), ("busy", "locked"), ("i/o", "io_error")):
+        if needle in text:
+            return reason
+    return "error"
+
+
 class Store:
     def __init__(
         self,
@@ -91,11 +118,24 @@ class Store:
         self.verdict_retention_s = verdict_retention_s
         self._prune_every_s = prune_every_s
         self._clock = clock
-        self._reader = self._connect()
-        self._reader.executescript(_SCHEMA)
-        if self._reader.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'reports'").fetchone():
-            with self._reader:
-                self._reader.executescript(_MIGRATE_REPORTS)
+        self.health = StoreHealth()
+        self._unsaved: list[VerdictChange] = []
+        self._unsaved_lock = threading.Lock()
+        self._last_attempt = 0.0
+        self._last_failure_log = 0.0
+        self._target: str = str(self.path)
+        try:
+            self._reader = self._connect(self._target, READ_BUSY_S)
+            migrate(self._reader)
+        except (sqlite3.Error, OSError, NewerSchema) as exc:
+            # Never a crash loop over a disk problem: serve from memory, say so loudly.
+            log.error("cannot use the database %s (%s): keeping history in memory only; it will not survive "
+                      "a restart", self.path, exc)
+            self._target = f"file:hangwatch-{id(self)}?mode=memory&cache=shared"
+            self._reader = self._connect(self._target, READ_BUSY_S)
+            migrate(self._reader)
+            self.health = StoreHealth(ok=False, problem=f"cannot open the database: {exc}", since=clock(),
+                                      in_memory=True)
         self._reader_lock = threading.Lock()
         self._queue: queue.Queue[object] = queue.Queue()
         self._error: BaseException | None = None
@@ -104,9 +144,11 @@ class Store:
         self._writer.start()
         self._closed = False
 
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, check_same_thread=False, timeout=10.0)
-        conn.execute("PRAGMA journal_mode=WAL")
+    def _connect(self, target: str, busy_s: float) -> sqlite3.Connection:
+        memory = target.startswith("file:")
+        conn = sqlite3.connect(target, check_same_thread=False, timeout=busy_s, uri=memory)
+        if not memory:
+            conn.execute("PRAGMA journal_mode=WAL")
         # WAL with NORMAL survives a process crash; only an OS crash can lose the last commits.
         conn.execute("PRAGMA synchronous=NORMAL")
         return conn
@@ -114,8 +156,12 @@ class Store:
     # --- writes (queued) ---
 
     def add_snapshot(self, node: str, received_at: float, body: bytes | str) -> None:
-        """Keep ``body`` (a full report as received) as the node's newest snapshot."""
+        """Keep ``body`` (a validated full report) as the node's newest snapshot."""
         raw = body.encode() if isinstance(body, str) else body
+        if self._queue.qsize() >= MAX_QUEUED:
+            # The disk is far behind (or failing): a snapshot is only for replay, the next will do.
+            self.health.snapshots_dropped += 1
+            return
 
         def write(c: sqlite3.Connection) -> None:
             # Compressed here, on the writer thread: zlib releases the GIL, the event loop does not wait.
@@ -123,28 +169,28 @@ class Store:
                       (node, received_at, zlib.compress(raw, 1)))
             self.snapshots_written += 1
 
-        self._submit(write)
+        self._submit(_Queued("snapshot", write))
 
     def add_verdict(self, change: VerdictChange) -> None:
-        self._submit(
-            lambda c: c.execute(
-                "INSERT INTO verdicts (job_id, at, verdict, culprits, summary) VALUES (?, ?, ?, ?, ?)",
-                (change.job_id, change.at, change.verdict, json.dumps(list(change.culprit_ranks)), change.summary),
-            )
-        )
+        self._submit(_Queued("verdict", lambda c: _insert_verdict(c, change), change))
 
     def prune(self, now: float | None = None) -> None:
         now = self._clock() if now is None else now
-        self._submit(lambda c: self._prune(c, now))
+        self._submit(_Queued("prune", lambda c: self._prune(c, now)))
 
     def flush(self) -> None:
-        """Wait until every queued write is committed."""
+        """Wait until every queued write is committed (or, failing, kept in memory)."""
         self._queue.join()
 
     @property
     def backlog(self) -> int:
         """Writes queued and not yet committed."""
         return self._queue.qsize()
+
+    @property
+    def unsaved(self) -> int:
+        """Verdict changes held in memory because the database would not take them."""
+        return len(self._unsaved)
 
     def close(self) -> None:
         if self._closed:
@@ -155,43 +201,97 @@ class Store:
         with self._reader_lock:
             self._reader.close()
 
-    def _submit(self, write: _Write) -> None:
+    def _submit(self, item: _Queued) -> None:
         if self._closed:
             raise RuntimeError("store is closed")
-        self._queue.put(write)
+        self._queue.put(item)
 
     def _write_loop(self) -> None:
-        conn = self._connect()
+        conn = self._connect(self._target, WRITE_BUSY_S)
         last_prune = 0.0
         try:
             while True:
-                item = self._queue.get()
-                batch = [item]
+                writable = self.health.ok or self.health.in_memory
+                try:
+                    # While failing, wake up to try the disk again even when nothing new comes.
+                    item = self._queue.get(timeout=None if writable else RETRY_S)
+                    batch = [item]
+                except queue.Empty:
+                    item, batch = None, []
                 # Commit whatever is already waiting in one transaction.
-                while item is not _STOP:
+                while batch and item is not _STOP:
                     try:
                         item = self._queue.get_nowait()
                     except queue.Empty:
                         break
                     batch.append(item)
-                stop = any(i is _STOP for i in batch)
+                writes = [i for i in batch if isinstance(i, _Queued)]
                 try:
-                    with conn:
-                        for write in batch:
-                            if write is not _STOP:
-                                write(conn)  # type: ignore[operator]
-                        if self._clock() - last_prune >= self._prune_every_s:
-                            last_prune = self._clock()
-                            self._prune(conn, last_prune)
-                except sqlite3.Error as exc:
-                    self._error = exc
+                    if writable or self._clock() - self._last_attempt >= RETRY_S:
+                        self._last_attempt = self._clock()
+                        last_prune = self._commit(conn, writes, last_prune)
+                    else:
+                        self._hold(writes)  # failing: try the disk again every RETRY_S only
                 finally:
                     for _ in batch:
                         self._queue.task_done()
-                if stop:
+                if any(i is _STOP for i in batch):
                     return
         finally:
             conn.close()
+
+    def _commit(self, conn: sqlite3.Connection, writes: list[_Queued], last_prune: float) -> float:
+        """One transaction: the changes held in memory first, then this batch."""
+        with self._unsaved_lock:
+            held = list(self._unsaved)
+        try:
+            with conn:
+                for change in held:
+                    _insert_verdict(conn, change)
+                for item in writes:
+                    item.write(conn)
+                if self._clock() - last_prune >= self._prune_every_s:
+                    last_prune = self._clock()
+                    self._prune(conn, last_prune)
+        except sqlite3.Error as exc:
+            self._error = exc
+            self._failed(exc)
+            self._hold(writes)
+            return last_prune
+        if held:
+            with self._unsaved_lock:
+                del self._unsaved[:len(held)]
+        if not self.health.ok and not self.health.in_memory:
+            log.warning("database %s writable again: %d verdict changes held in memory are written",
+                        self.path, len(held))
+            self.health.ok, self.health.problem, self.health.since = True, None, None
+        return last_prune
+
+    def _hold(self, writes: list[_Queued]) -> None:
+        """Writes the database would not take: verdict changes stay in memory, the rest is dropped."""
+        with self._unsaved_lock:
+            for item in writes:
+                if item.change is not None:
+                    self._unsaved.append(item.change)
+                elif item.kind == "snapshot":
+                    self.health.snapshots_dropped += 1
+            overflow = len(self._unsaved) - MAX_UNSAVED
+            if overflow > 0:
+                del self._unsaved[:overflow]
+                self.health.unsaved_dropped += overflow
+
+    def _failed(self, exc: BaseException) -> None:
+        reason = failure_reason(exc)
+        health = self.health
+        health.write_failures[reason] = health.write_failures.get(reason, 0) + 1
+        now = self._clock()
+        if health.ok:
+            health.ok, health.since = False, now
+        health.problem = f"{reason.replace('_', ' ')}: {exc}"
+        if now - self._last_failure_log >= FAILURE_LOG_EVERY_S:
+            self._last_failure_log = now
+            log.error("cannot write the database %s (%s): %d verdict changes held in memory, snapshots "
+                      "dropped; retrying every %.0fs", self.path, exc, len(self._unsaved), RETRY_S)
 
     def _prune(self, conn: sqlite3.Connection, now: float) -> None:
         conn.execute("DELETE FROM snapshots WHERE received_at < ?", (now - self.snapshot_retention_s,))
@@ -208,45 +308,63 @@ class Store:
 
     # --- reads ---
 
+    def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
+        """Rows, or none when the database cannot be read now (locked, gone): logged, never raised."""
+        try:
+            with self._reader_lock:
+                return self._reader.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            log.warning("cannot read the database %s (%s): answering from memory", self.path, exc)
+            return []
+
     def recent_snapshots(self, since: float) -> Iterator[StoredReport]:
         """Snapshots taken after ``since``, oldest first, each node capped to its newest N."""
         self.flush()
-        with self._reader_lock:
-            rows = self._reader.execute(
-                "SELECT node, received_at, body FROM (SELECT node, received_at, body, id, ROW_NUMBER() OVER "
-                "(PARTITION BY node ORDER BY id DESC) AS newer FROM snapshots WHERE received_at >= ?) "
-                "WHERE newer <= ? ORDER BY received_at, id",
-                (since, self.snapshots_per_node),
-            ).fetchall()
+        rows = self._read(
+            "SELECT node, received_at, body FROM (SELECT node, received_at, body, id, ROW_NUMBER() OVER "
+            "(PARTITION BY node ORDER BY id DESC) AS newer FROM snapshots WHERE received_at >= ?) "
+            "WHERE newer <= ? ORDER BY received_at, id",
+            (since, self.snapshots_per_node),
+        )
         for node, received_at, body in rows:
             # Rows migrated from the old ``reports`` table are uncompressed text.
             yield StoredReport(node, received_at, body.encode() if isinstance(body, str) else zlib.decompress(body))
 
     def verdict_history(self, job_id: str, limit: int = 500) -> list[VerdictChange]:
         self.flush()
-        with self._reader_lock:
-            rows = self._reader.execute(
-                # By time, not by row: changes an agent delivered after an outage come in late.
-                "SELECT job_id, at, verdict, culprits, summary FROM verdicts WHERE job_id = ? "
-                "ORDER BY at DESC, id DESC LIMIT ?",
-                (job_id, limit),
-            ).fetchall()
-        return [VerdictChange(j, at, v, tuple(json.loads(c)), s) for j, at, v, c, s in reversed(rows)]
+        rows = self._read(
+            # By time, not by row: changes an agent delivered after an outage come in late.
+            "SELECT job_id, at, verdict, culprits, summary FROM verdicts WHERE job_id = ? "
+            "ORDER BY at DESC, id DESC LIMIT ?",
+            (job_id, limit),
+        )
+        stored = [VerdictChange(j, at, v, tuple(json.loads(c)), s) for j, at, v, c, s in rows]
+        with self._unsaved_lock:
+            held = [c for c in self._unsaved if c.job_id == job_id]
+        return sorted(stored + held, key=lambda c: c.at)[-limit:]
 
     def latest_verdicts(self) -> dict[str, VerdictChange]:
         """The last recorded verdict of every job, so a restart does not record it again."""
         self.flush()
-        with self._reader_lock:
-            rows = self._reader.execute(
-                "SELECT job_id, at, verdict, culprits, summary FROM verdicts "
-                "WHERE id IN (SELECT MAX(id) FROM verdicts GROUP BY job_id)"
-            ).fetchall()
-        return {j: VerdictChange(j, at, v, tuple(json.loads(c)), s) for j, at, v, c, s in rows}
+        rows = self._read(
+            "SELECT job_id, at, verdict, culprits, summary FROM verdicts "
+            "WHERE id IN (SELECT MAX(id) FROM verdicts GROUP BY job_id)"
+        )
+        latest = {j: VerdictChange(j, at, v, tuple(json.loads(c)), s) for j, at, v, c, s in rows}
+        with self._unsaved_lock:
+            for change in self._unsaved:
+                latest[change.job_id] = change
+        return latest
 
     def count_snapshots(self) -> int:
         self.flush()
-        with self._reader_lock:
-            return int(self._reader.execute("SELECT COUNT(*) FROM snapshots").fetchone()[0])
+        rows = self._read("SELECT COUNT(*) FROM snapshots")
+        return int(rows[0][0]) if rows else 0
+
+
+def _insert_verdict(conn: sqlite3.Connection, change: VerdictChange) -> None:
+    conn.execute("INSERT INTO verdicts (job_id, at, verdict, culprits, summary) VALUES (?, ?, ?, ?, ?)",
+                 (change.job_id, change.at, change.verdict, json.dumps(list(change.culprit_ranks)), change.summary))
 
 
 def open_store(settings: Any, clock: Callable[[], float] = time.time) -> Store:

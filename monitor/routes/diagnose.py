@@ -50,6 +50,8 @@ def monitor_status(request: Request, monitor: Monitor) -> dict[str, Any]:
         "verdicts_age_s": round(now - monitor.last_pass_at, 3) if monitor.last_pass_at is not None else None,
         "nodes": len(monitor.state.nodes),
         "jobs": len(monitor.state.jobs),
+        # None while the database takes every write; else why not (history is held in memory).
+        "storage_problem": monitor.store.health.problem,
     }
 
 
