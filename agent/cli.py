@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from agent.logpatterns import compile_user_pattern
@@ -177,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ca-file", default=None, metavar="PATH",
                    help="CA bundle that verifies an https monitor's certificate (instead of the default "
                         "bundle); default: $HANGWATCH_CA_FILE")
+    p.add_argument("--outage-journal", default=None, metavar="DIR",
+                   help="keep what changes while the monitor is unreachable in files in DIR too, so an agent "
+                        "restarted during an outage still delivers it (default: $HANGWATCH_OUTAGE_JOURNAL; "
+                        "unset: kept in memory)")
     p.add_argument("--once", action="store_true",
                    help="sample twice one interval apart, print the report JSON and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -212,6 +217,7 @@ def parse_config(
         # An empty variable is as good as unset (EnvironmentFile lines left blank).
         token_file=args.token_file or environ.get("HANGWATCH_TOKEN_FILE") or None,
         ca_file=args.ca_file or environ.get("HANGWATCH_CA_FILE") or None,
+        outage_journal_dir=args.outage_journal or environ.get("HANGWATCH_OUTAGE_JOURNAL") or None,
         dump_other_users=(
             args.dump_other_users if args.dump_other_users is not None
             else _env_flag(environ, "HANGWATCH_DUMP_OTHER_USERS")
@@ -238,7 +244,14 @@ def make_sender(config: Config) -> ShardedSender:
             verify = tls_context(config.ca_file)
         except (OSError, ssl.SSLError) as e:
             raise UsageError(f"--ca-file {config.ca_file}: {getattr(e, 'strerror', None) or e}") from None
-    return ShardedSender(config.monitors, token=token, verify=verify)
+    journal_dir = None
+    if config.outage_journal_dir:
+        journal_dir = Path(config.outage_journal_dir)
+        try:
+            journal_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as e:
+            raise UsageError(f"--outage-journal {journal_dir}: {e.strerror or e}") from None
+    return ShardedSender(config.monitors, token=token, verify=verify, journal_dir=journal_dir)
 
 
 def run_once(agent: Agent, config: Config) -> dict:

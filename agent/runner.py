@@ -78,6 +78,8 @@ class Config:
     # Sending (agent/sender.py): the bearer token's file and the CA bundle for https monitors.
     token_file: str | None = None
     ca_file: str | None = None
+    # Where the outage journal is kept on disk (agent/outage_journal.py); None: in memory only.
+    outage_journal_dir: str | None = None
     # py-spy on other users' processes too (agent/targets.py); off: only the agent's own user's.
     dump_other_users: bool = False
     # Self-limits (agent/selfwatch.py); None: no cap.

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -127,3 +130,41 @@ def test_a_sender_delivers_what_it_kept_when_the_monitor_comes_back(tmp_path: Pa
             assert delivered_in < 10
     finally:
         sender.stop()
+
+
+def _metric(base: str, name: str) -> float:
+    for line in httpx.get(f"{base}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_an_agent_restarted_during_an_outage_still_delivers_what_it_kept(tmp_path: Path) -> None:
+    port = free_port()
+    journal_dir = tmp_path / "journal"
+    argv = [sys.executable, "-m", "agent.cli", "--monitor", f"http://127.0.0.1:{port}", "--interval", "0.2",
+            "--no-stacks", "--no-nccl-ras", "--job", "no-such-job", "--node", "node-kept",
+            "--outage-journal", str(journal_dir)]
+    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not any(f.stat().st_size for f in journal_dir.glob("*.jsonl")) if journal_dir.exists() else True:
+            assert time.monotonic() < deadline and first.poll() is None, "nothing kept on disk"
+            time.sleep(0.2)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=10)
+    with running_monitor(tmp_path, port=port) as monitor:
+        second = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 20
+            while _metric(monitor.base, "hangwatch_monitor_reports_replayed_total") < 1:
+                assert time.monotonic() < deadline, "what the first agent kept never arrived"
+                time.sleep(0.2)
+            deadline = time.monotonic() + 10
+            while any(f.stat().st_size for f in journal_dir.glob("*.jsonl")):
+                assert time.monotonic() < deadline, "the journal file was not emptied after delivery"
+                time.sleep(0.2)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.wait(timeout=10)
