@@ -42,8 +42,7 @@ def render_job(job: dict[str, Any], now: float) -> str:
              f"  {one_line(job['summary'])}"]
     culprits = job["culprit_ranks"]
     if culprits:
-        word = "rank" if len(culprits) == 1 else "ranks"
-        lines.append(f"  culprits: {word} {', '.join(str(r) for r in culprits)} (marked * below)")
+        lines.append(f"  culprits: {_ranks_word(culprits)} (marked * below)")
     nodes = one_line(", ".join(job.get("nodes", [])))
     lines.append(f"  world size {job['world_size']}, {len(job['ranks'])} ranks seen" + (f" on {nodes}" if nodes else ""))
     if job.get("aliases"):

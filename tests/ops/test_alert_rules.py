@@ -70,8 +70,8 @@ def test_alert_conventions(alert: dict) -> None:
     headings = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
                 for h in re.findall(r"^## (.+)$", RUNBOOK.read_text(), re.MULTILINE)}
     assert anchor.group(1) in headings, f"docs/runbook.md has no section #{anchor.group(1)}"
-    # Templated with the job (or node) the alert is about.
-    assert "{{ $labels.job_id }}" in notes["summary"] or "{{ $labels.node }}" in notes["summary"]
+    # Templated with the job, the node or the monitor (its own troubles) the alert is about.
+    assert any(f"{{{{ $labels.{label} }}}}" in notes["summary"] for label in ("job_id", "node", "instance"))
 
 
 def test_rules_use_only_metrics_the_monitor_exports(tmp_path: Path) -> None:
