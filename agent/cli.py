@@ -103,7 +103,7 @@ def _cap(kind: type):
 
 
 def _nice(text: str) -> int:
-    if not text.isdigit() or int(text) > 19:
+    if not text.isdecimal() or int(text) > 19:
         raise argparse.ArgumentTypeError(f"must be a nice value from 0 to 19: {text!r}")
     return int(text)
 

@@ -109,9 +109,9 @@ def decode_report(body: bytes | str) -> Any:
     """The report as structs; raises ``pydantic.ValidationError`` (with every error) when invalid."""
     try:
         return _decoder.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
-        # RecursionError: msgspec skipping a deeply nested unknown field; pydantic's parser stops at
-        # its own depth limit and says so as a JSON error (a 422, not a 500).
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        # RecursionError: msgspec skipping a deeply nested unknown field; UnicodeDecodeError: bytes
+        # that are not UTF-8 inside a string. pydantic's parser answers both as a JSON error (a 422).
         pass
     # Lax input pydantic accepts, or an error to explain field by field.
     model = wire.Report.model_validate_json(body)

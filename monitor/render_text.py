@@ -131,7 +131,10 @@ def _opt(value: object) -> str:
 
 
 def _clock(t: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t))
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return "?"  # a time no calendar holds (an agent's clock or report gone wrong)
 
 
 def _ago(seconds: float) -> str:

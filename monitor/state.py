@@ -375,7 +375,7 @@ class MonitorState:
             if "." not in host:
                 matched = host in short
             else:
-                matched = host in names or (not full_known and not host[:1].isdigit()
+                matched = host in names or (not full_known and not host[:1].isdecimal()
                                             and host.split(".", 1)[0] in names)
             if matched:
                 found.add(n.node)
@@ -609,7 +609,7 @@ class MonitorState:
 def _host_port(job_id: str) -> tuple[str, int] | None:
     """("node0", 29500) from "node0:29500" (or "[fd00::1]:29500"); None for other ids."""
     host, sep, port = job_id.rpartition(":")
-    if not sep or not host or not port.isdigit() or host in ("local", "slurm"):
+    if not sep or not host or not port.isdecimal() or host in ("local", "slurm"):
         return None
     return host, int(port)
 
@@ -635,7 +635,7 @@ def _max_int(text: str | None) -> int | None:
     if not text:
         return None
     parts = text.strip().split(":")
-    if not all(p.strip().isdigit() for p in parts):
+    if not all(p.strip().isdecimal() for p in parts):
         return None
     return max(int(p) for p in parts)
 

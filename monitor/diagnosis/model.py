@@ -88,7 +88,7 @@ class Socket:
     @property
     def remote_port(self) -> int | None:
         tail = self.remote.rsplit(":", 1)[-1]
-        return int(tail) if tail.isdigit() else None
+        return int(tail) if tail.isdecimal() else None
 
 
 @dataclass(frozen=True)

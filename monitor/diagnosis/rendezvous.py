@@ -35,7 +35,7 @@ def _parse_nodes(nnodes: str | None) -> int | None:
     if not nnodes:
         return None
     head = nnodes.split(":", 1)[0]
-    return int(head) if head.isdigit() else None
+    return int(head) if head.isdecimal() else None
 
 
 def _stuck_syns(sockets: tuple[Socket, ...], now: float) -> list[Socket]:
@@ -121,9 +121,9 @@ def _master_ports(ctx: Context) -> set[int]:
     ports = {lv.master_port for lv in ctx.job.launchers if lv.master_port}
     for a in ctx.activities.values():
         port = a.rank.env_value("MASTER_PORT")
-        if port and port.isdigit():
+        if port and port.isdecimal():
             ports.add(int(port))
-    if ":" in ctx.job.job_id and ctx.job.job_id.rsplit(":", 1)[1].isdigit():
+    if ":" in ctx.job.job_id and ctx.job.job_id.rsplit(":", 1)[1].isdecimal():
         ports.add(int(ctx.job.job_id.rsplit(":", 1)[1]))
     return ports
 
@@ -190,7 +190,7 @@ def launcher_waiting(ctx: Context) -> Diagnosis | None:
     known = all(lv.node_rank is not None for lv in launchers)
     missing_nodes = [k for k in range(expected or 0) if k not in seen] if known else []
     culprits: list[int] = []
-    nproc = next((int(lv.nproc_per_node) for lv in launchers if (lv.nproc_per_node or "").isdigit()), None)
+    nproc = next((int(lv.nproc_per_node) for lv in launchers if (lv.nproc_per_node or "").isdecimal()), None)
     if missing_nodes and nproc:
         culprits = [k * nproc + i for k in missing_nodes for i in range(nproc)]
     idle_nodes = sorted(ctx.job.nodes_reporting - {lv.node for lv in launchers})
