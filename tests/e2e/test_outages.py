@@ -16,9 +16,9 @@ import pytest
 
 from hangwatch.harness import STALL_MARKER, MonitorClient, Reaper, Service, start_monitor
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
-
 OUTAGE_S = float(os.environ.get("HANGWATCH_TEST_OUTAGE_S", "120"))
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(OUTAGE_S + 300)]
 # Late enough that both jobs are seen healthy before the outage starts, early in it.
 FAIL_AT = ("--fail-at-step", "200", "--step-sleep", "0.1")
 
