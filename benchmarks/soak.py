@@ -8,6 +8,10 @@ the warm-up, the last, the peak and the growth per hour (least squares over the 
 the warm-up).
 
     python benchmarks/soak.py --duration 3600 --nodes 125
+
+Beside tests or other agents on the same machine, run it in a PID namespace of its own
+(``unshare --pid --fork --mount-proc python benchmarks/soak.py ...``): agents started with
+``--own-pid-namespace`` (the tests' ones) then leave its job alone.
 """
 
 from __future__ import annotations
@@ -61,8 +65,9 @@ def main() -> int:
     try:
         asyncio.run(wait_ready(args.port, time.time() + 30))
         url = f"http://127.0.0.1:{args.port}"
-        agent = start_agent(reaper, tmp, url, interval=1.0)
-        launch_torchrun(reaper, tmp, ["--steps", "100000000", "--step-sleep", "0.2"])
+        job = launch_torchrun(reaper, tmp, ["--steps", "100000000", "--step-sleep", "0.2"])
+        # --job: only this job, so the soak can run beside tests and other agents on this machine.
+        agent = start_agent(reaper, tmp, url, interval=1.0, extra=["--job", job.job_id])
         start = time.time() + 1.0
         end = start + args.warmup + args.duration
         nodes = cluster(args.nodes, 64)
