@@ -88,8 +88,9 @@ def nodes_reporting(nodes: Mapping[str, NodeTrack], now: float) -> frozenset[str
 
 
 def silent_nodes(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float) -> tuple[tuple[str, float], ...]:
-    """The nodes holding live ranks of the job whose agents stopped reporting, with their last report."""
-    holding = {t.node for t in job.ranks.values() if t.alive}
+    """The nodes holding live ranks (or launchers) of the job whose agents stopped reporting, with their
+    last report."""
+    holding = {t.node for t in job.ranks.values() if t.alive} | {t.node for t in job.launchers.values() if t.alive}
     return tuple((n, nodes[n].last_report_at) for n in sorted(holding) if n in nodes and not is_fresh(nodes[n], now))
 
 

@@ -20,14 +20,21 @@ def agents_silent(ctx: Context) -> Diagnosis | None:
     if not silent:
         return None
     unknown = sorted(a.rank.rank for a in ctx.live() if a.rank.node in silent)
-    if not unknown:
+    launchers = [lv for lv in ctx.job.launchers if lv.alive and lv.node in silent]
+    if not unknown and not launchers:
         return None
     started = ctx.job.monitor_started_at
     replayed = [n for n, last in silent.items() if started is not None and last < started]
     evidence = [f"node {n}: no report for {ctx.now - last:.0f}s" + (" (before the monitor restarted)"
                                                                    if n in replayed else "")
                 for n, last in sorted(silent.items())]
-    evidence.append(f"{ranks_text(unknown)} on {'these nodes' if len(silent) > 1 else 'it'}: state unknown")
+    here = "these nodes" if len(silent) > 1 else "it"
+    if unknown:
+        evidence.append(f"{ranks_text(unknown)} on {here}: state unknown")
+    if launchers:
+        evidence.append(f"launcher{'s' if len(launchers) > 1 else ''} on {here}: "
+                        f"{', '.join(f'pid {lv.pid}' for lv in launchers)}, state unknown")
+    what = ranks_text(unknown) if unknown else "its launcher"
     nodes = ", ".join(sorted(silent))
     if replayed and len(replayed) == len(silent) and started is not None:
         summary = (f"monitor restarted {ctx.now - started:.0f}s ago: refreshing from the agents "
@@ -35,7 +42,7 @@ def agents_silent(ctx: Context) -> Diagnosis | None:
         hints: tuple[str, ...] = ()
     else:
         oldest = min(silent.values())
-        summary = (f"agent on {nodes} silent for {ctx.now - oldest:.0f}s: {ranks_text(unknown)} unknown; "
+        summary = (f"agent on {nodes} silent for {ctx.now - oldest:.0f}s: {what} unknown; "
                    "no verdict from old data")
         hints = (f"check the node{'s' if len(silent) > 1 else ''} ({nodes}): is it up, is hangwatch-agent "
                  "running (systemctl status hangwatch-agent), can it reach the monitor?",)

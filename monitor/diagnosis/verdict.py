@@ -33,10 +33,10 @@ STACK_WAIT_S = 8.0
 
 RULES: tuple[Callable[[Context], Diagnosis | None], ...] = (
     launch_failed,
-    launcher_waiting,
     ended_ranks,
     stopped_ranks,
     agents_silent,
+    launcher_waiting,
     rendezvous,
 )
 

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from monitor.diagnosis import ExitView, JobView, diagnose
+from monitor.diagnosis import ExitView, JobView, LauncherView, diagnose
 from monitor.diagnosis.context import ranks_text
 from tests.diagnosis.builders import NOW, collective, computing, job, rank, sleeping, steps
 
@@ -36,6 +36,12 @@ CASES: list[tuple[str, JobView, str, dict[int, str], str]] = [
     ("just restarted: the replayed nodes are being refreshed, not lost",
      job(rank(0, **BUSY), rank(1, node="node-b", **BUSY), silent_nodes=SILENT_B, monitor_started_at=NOW - 3),
      "unknown", {1: "unknown"}, "monitor restarted 3s ago: refreshing from the agents (waiting for node-b)"),
+    ("a launcher on a silent node that had started no workers yet is no rendezvous hang",
+     job(silent_nodes=(("node-a", NOW - 40),),
+         launchers=(LauncherView(node="node-a", pid=77, alive=True, first_seen_at=NOW - 60, node_rank=None,
+                                 nnodes=None, nproc_per_node="2", master_addr="127.0.0.1", master_port=29500,
+                                 worker_count=0),)),
+     "unknown", {}, "agent on node-a silent for 40s: its launcher unknown"),
     ("a silent node without a live rank of this job changes nothing",
      job(rank(0, **BUSY), rank(1, **BUSY), progress=RUNNING, silent_nodes=()),
      "healthy", {}, ""),

@@ -3,18 +3,20 @@ monitor is back, and the job's history shows it at the times it happened.
 
 The session's monitor is killed (SIGKILL) for OUTAGE_S while a rank of one job exits and a
 rank of another leaves the loop and lingers (its peer deadlocks in all_reduce); it is then
-restarted on the same port and database.
+restarted on the same port and database. And the other way round: the agent falls silent
+(SIGSTOP) under a healthy job, which must turn unknown, never an alarm from old data.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from urllib.parse import urlsplit
 
 import pytest
 
-from hangwatch.harness import STALL_MARKER, MonitorClient, Reaper, Service, start_monitor
+from hangwatch.harness import STALL_MARKER, MonitorClient, Observation, Reaper, Service, start_monitor
 
 OUTAGE_S = float(os.environ.get("HANGWATCH_TEST_OUTAGE_S", "120"))
 
@@ -51,9 +53,13 @@ def test_a_rank_that_exits_and_one_that_stalls_during_an_outage_reach_the_histor
     restarted = start_monitor(session_reaper, e2e_dir, port=urlsplit(monitor.url).port)
     monitor.proc, monitor.log = restarted.proc, restarted.log  # the session's monitor from here on
     back = time.time()
-    wait_for_verdict(exits, "rank_exited", culprits=[1], timeout=30)
-    wait_for_verdict(lingers, "deadlock", culprits=[1], timeout=30)
+    seen: list[Observation] = []
+    wait_for_verdict(exits, "rank_exited", culprits=[1], timeout=30, observations=seen)
+    wait_for_verdict(lingers, "deadlock", culprits=[1], timeout=30, observations=seen)
     right_after_s = time.time() - back
+    # Until the agent's news arrives the restarted monitor says it is refreshing: it never calls
+    # the jobs healthy (or anything else) from the picture it had before the outage.
+    assert {o.verdict for o in seen} <= {None, "unknown", "rank_exited", "deadlock"}, seen
 
     exit_change = _change(client.history(exits.job_id) or [], "rank_exited")
     assert exit_change["culprit_ranks"] == [1]
@@ -64,3 +70,21 @@ def test_a_rank_that_exits_and_one_that_stalls_during_an_outage_reach_the_histor
     print(f"outage {OUTAGE_S:.0f}s: verdicts right {right_after_s:.1f}s after the restart; "
           f"exit recorded {exit_change['at'] - exited_at:+.1f}s, deadlock {deadlock_change['at'] - lingered_at:+.1f}s "
           "from when they happened")
+
+
+def test_a_silent_agent_makes_its_job_unknown_and_never_raises_an_alarm(
+        agent: Service, torchrun_job, wait_for_verdict) -> None:
+    job = torchrun_job("--steps", "100000")
+    wait_for_verdict(job, "healthy", where=lambda j: len(j["ranks"]) == 2 and j["job_step"] is not None)
+    os.kill(agent.proc.pid, signal.SIGSTOP)  # the agent alive but silent, as when its node hangs
+    seen: list[Observation] = []
+    try:
+        wait_for_verdict(job, "unknown", timeout=30, observations=seen, where=lambda j: "silent" in j["summary"])
+        deadline = time.monotonic() + 20  # and it stays so: old data never turns into an alarm
+        while time.monotonic() < deadline:
+            wait_for_verdict(job, "unknown", timeout=10, observations=seen)
+            time.sleep(1)
+    finally:
+        os.kill(agent.proc.pid, signal.SIGCONT)
+    assert {o.verdict for o in seen} <= {"healthy", "unknown"}, seen
+    wait_for_verdict(job, "healthy", timeout=30)
