@@ -171,7 +171,11 @@ class Monitor:
             touched = self.state.apply(report, at)
             self.reports_total += 1
             self.replayed_total += 1
-            self._diagnose_jobs(sorted(j for j in touched if j in self.state.jobs), at)
+            jobs = sorted(j for j in touched if j in self.state.jobs)
+            self._diagnose_jobs(jobs, at)
+            # Those diagnoses are of the past: the next read judges these jobs again, at its own time.
+            for job_id in jobs:
+                self._results.pop(job_id, None)
         return IngestAnswer(send_full=False)
 
     def refusal(self, report: Any) -> Refusal | None:

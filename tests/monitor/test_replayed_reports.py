@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from monitor_reports import progress, rank, report
 from monitor_testkit import FakeClock, TestClient, monitor_of
+
+from monitor.app import create_app
+from monitor.settings import Settings
+from monitor.store import Store
 
 URL = "/api/v1/reports"
 
@@ -69,3 +75,21 @@ def test_a_report_kept_too_long_is_not_applied(client: TestClient, clock: FakeCl
     assert client.post(URL, json=ancient).status_code == 202
     assert client.get("/diagnose", params={"format": "json"}).json()["jobs"] == []
     assert monitor_of(client).replayed_dropped == 1
+
+
+def test_a_replayed_past_is_not_served_as_the_present(settings: Settings, store: Store, clock: FakeClock) -> None:
+    # Reads answer from the background pass's results here, as in production (the tick is far off).
+    ticking = dataclasses.replace(settings, tick_interval_s=3600.0)
+    with TestClient(create_app(ticking, store, clock=clock)) as client:
+        _replay_an_old_picture(client, clock)
+
+
+def _replay_an_old_picture(client: TestClient, clock: FakeClock) -> None:
+    assert client.post(URL, json=report(ranks=_ranks(clock, 1), sent_at=clock.now)).status_code == 202
+    monitor_of(client).tick()
+    clock.advance(120)  # an outage; the agent kept a report from its start, when all was well
+    kept = report(ranks=_ranks(clock, 2), sent_at=clock.now - 110, replayed=True)
+    assert client.post(URL, json=kept).status_code == 202
+    job = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
+    # Now, the node has not reported live for 2 minutes: nothing is known, least of all "healthy".
+    assert job["verdict"] == "unknown", job["summary"]
