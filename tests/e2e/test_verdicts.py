@@ -33,9 +33,12 @@ def test_rank_exits_early_under_torchrun(torchrun_job, wait_for_verdict):
     got = wait_for_verdict(job, "rank_exited", culprits=[1])
     assert got["verdict"] == "rank_exited"
     assert culprits(got) == [1]
-    # torchrun's own summary blames rank 0; the evidence shows rank 1's clean exit and the
-    # peer error on rank 0 that followed it.
-    assert "rank 1" in evidence(got) and "exited with code 0" in evidence(got)
+    # torchrun's own summary blames rank 0; the evidence shows rank 1's end and the peer error
+    # on rank 0 that followed it. Rank 1's status is read from its zombie, a race against
+    # torchrun's 0.1-s reaping that a loaded agent can lose (it then says "exit status
+    # unknown"), and torchrun logs no status for a clean exit: the status, when known, is 0.
+    rank1 = next(line for line in got["evidence"] if line.startswith("rank 1 "))
+    assert "exited with code 0" in rank1 or "ended (exit status unknown)" in rank1, rank1
     assert "Connection closed by peer" in evidence(got) or "Connection reset by peer" in evidence(got)
 
 
