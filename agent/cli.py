@@ -9,7 +9,6 @@ import math
 import os
 import re
 import signal
-import ssl
 import sys
 import threading
 import time
@@ -17,26 +16,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from agent.cli_common import OneLineParser, UsageError, add_access_options, tls_verify
 from agent.logpatterns import compile_user_pattern
 from agent.nccl_ras import parse_address
 from agent.report import NODE_NAME, default_node_name
 from agent.runner import Agent, Config
 from agent.selfwatch import DEFAULT_MAX_CPU_PERCENT, DEFAULT_MAX_RSS_MB, EXIT_OVER_MEMORY, MIN_NICE, lower_priority
-from agent.sender import ShardedSender, tls_context
+from agent.sender import ShardedSender
 from agent.token_file import TokenFileError, TokenSource
 
 log = logging.getLogger("agent")
 NCCL_RAS_ONCE_WAIT_S = 2.0
-
-
-class UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2, no usage block
-        # "--tok=X" is ambiguous (--token, --token-file): never echo what may be the token.
-        raise UsageError(re.sub(r"^(ambiguous option: -[^=\s]*)=\S*", r"\1=...", message))
 
 
 def _positive_float(text: str) -> float:
@@ -81,14 +71,6 @@ def _name_pattern(text: str) -> str:
     return text
 
 
-class _RefuseToken(argparse.Action):
-    """--token VALUE: refused without echoing VALUE (it would land in shell history, /proc and logs)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        raise UsageError("the token is never taken on the command line (any user of the node can read it "
-                         "there): put it in a file readable only by the agent and pass --token-file PATH")
-
-
 def _cap(kind: type):
     def parse(text: str):
         try:
@@ -125,7 +107,7 @@ def _ras_address(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hangwatch-agent", description=__doc__)
+    p = OneLineParser(prog="hangwatch-agent", description=__doc__)
     p.add_argument("--monitor", type=_monitor_url, action="append", default=[],
                    help="monitor base URL, e.g. http://10.0.0.5:8787; repeat for monitors sharded by job id "
                         "(each job goes to one of them, docs/scaling.md)")
@@ -171,13 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "with token, password, passwd, secret, key, credential; always: URL credentials")
     p.add_argument("--no-default-redaction", action="store_true",
                    help="only --redact-pattern names are hidden (URL credentials still are)")
-    p.add_argument("--token-file", default=None, metavar="PATH",
-                   help="file holding the bearer token for the monitor (mode 600; re-read when it changes); "
-                        "default: $HANGWATCH_TOKEN_FILE")
-    p.add_argument("--token", action=_RefuseToken, nargs="?", help=argparse.SUPPRESS)
-    p.add_argument("--ca-file", default=None, metavar="PATH",
-                   help="CA bundle that verifies an https monitor's certificate (instead of the default "
-                        "bundle); default: $HANGWATCH_CA_FILE")
+    add_access_options(p, "file holding the bearer token for the monitor (mode 600; re-read when it changes); "
+                          "default: $HANGWATCH_TOKEN_FILE")
     p.add_argument("--outage-journal", default=None, metavar="DIR",
                    help="keep what changes while the monitor is unreachable in files in DIR too, so an agent "
                         "restarted during an outage still delivers it (default: $HANGWATCH_OUTAGE_JOURNAL; "
@@ -238,12 +215,7 @@ def make_sender(config: Config) -> ShardedSender:
             token = TokenSource(config.token_file).current
         except TokenFileError as e:
             raise UsageError(str(e)) from None
-    verify: ssl.SSLContext | bool = True
-    if config.ca_file:
-        try:
-            verify = tls_context(config.ca_file)
-        except (OSError, ssl.SSLError) as e:
-            raise UsageError(f"--ca-file {config.ca_file}: {getattr(e, 'strerror', None) or e}") from None
+    verify = tls_verify(config.ca_file)
     journal_dir = None
     if config.outage_journal_dir:
         journal_dir = Path(config.outage_journal_dir)

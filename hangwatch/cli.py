@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import ssl
 import sys
@@ -37,24 +36,6 @@ from urllib.parse import urlparse
 
 DEFAULT_MONITOR = "http://127.0.0.1:8787"
 OK_VERDICTS = ("healthy", "finished")
-
-
-class UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        # "--tok=X" is ambiguous (--token, --token-file): never echo what may be the token.
-        raise UsageError(re.sub(r"^(ambiguous option: -[^=\s]*)=\S*", r"\1=...", message))
-
-
-class _RefuseToken(argparse.Action):
-    """--token VALUE: refused without echoing VALUE (it would land in shell history and /proc)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        raise UsageError("the token is never taken on the command line (any user of the machine can read it "
-                         "there): put it in a file only you can read (chmod 600) and pass --token-file PATH")
 
 
 def _url(text: str) -> str:
@@ -74,6 +55,7 @@ def _positive(text: str) -> float:
     return v
 
 
+from agent.cli_common import OneLineParser, UsageError, add_access_options, tls_verify  # noqa: E402
 from hangwatch.cases import CASE_NAMES, demo_cases  # noqa: E402
 from hangwatch.colour import paint_verdict, paint_verdicts_in, wants_colour  # noqa: E402
 from hangwatch.harness import watch_case  # noqa: E402
@@ -186,7 +168,6 @@ class Access:
 def _access(args) -> Access:
     """From --token-file/--ca-file or their variables (an empty one is as good as unset);
     an unusable file is a UsageError naming it (never the token)."""
-    from agent.sender import tls_context
     from agent.token_file import TokenFileError, read_token
 
     token_file = args.token_file or os.environ.get("HANGWATCH_READ_TOKEN_FILE") or None
@@ -197,12 +178,7 @@ def _access(args) -> Access:
             token, _ = read_token(token_file)
         except TokenFileError as e:
             raise UsageError(str(e)) from None
-    verify: ssl.SSLContext | bool = True
-    if ca_file:
-        try:
-            verify = tls_context(ca_file)
-        except (OSError, ssl.SSLError) as e:
-            raise UsageError(f"--ca-file {ca_file}: {getattr(e, 'strerror', None) or e}") from None
+    verify = tls_verify(ca_file)
     return Access(token, token_file, verify)
 
 
@@ -324,9 +300,9 @@ def cmd_status(args, access: Access) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hangwatch", description="hangwatch: live hang detection for distributed PyTorch training")
+    p = OneLineParser(prog="hangwatch", description="hangwatch: live hang detection for distributed PyTorch training")
     p.set_defaults(default_monitor=os.environ.get("HANGWATCH_MONITOR", DEFAULT_MONITOR))
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", parser_class=OneLineParser)
 
     d = sub.add_parser("demo", help="a real 2-rank gloo job that goes wrong, diagnosed live")
     d.add_argument("case", choices=CASE_NAMES, metavar="CASE", help=" | ".join(CASE_NAMES))
@@ -341,13 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "sharded by job id")
 
     def add_access(cmd: argparse.ArgumentParser) -> None:
-        cmd.add_argument("--token-file", default=None, metavar="PATH",
-                         help="file holding the monitor's read token (mode 600), for a monitor started with "
-                              "--read-token-file; default: $HANGWATCH_READ_TOKEN_FILE")
-        cmd.add_argument("--token", action=_RefuseToken, nargs="?", help=argparse.SUPPRESS)
-        cmd.add_argument("--ca-file", default=None, metavar="PATH",
-                         help="CA bundle that verifies an https monitor's certificate (instead of the default "
-                              "bundle); default: $HANGWATCH_CA_FILE")
+        add_access_options(cmd, "file holding the monitor's read token (mode 600), for a monitor started with "
+                                "--read-token-file; default: $HANGWATCH_READ_TOKEN_FILE")
 
     g = sub.add_parser("diagnose", help="print the monitor's /diagnose")
     g.add_argument("--monitor", type=_url, action="append", help=monitor_help)

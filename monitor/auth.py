@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hmac
 import logging
-import os
-import stat
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -32,6 +31,8 @@ from typing import Any
 
 import orjson
 
+from agent.watched_file import SecretFileError, Signature, WatchedFile, read_private
+
 log = logging.getLogger("hangwatch.monitor.auth")
 
 INGEST, READ, METRICS, OPEN = "ingest", "read", "metrics", "open"
@@ -39,7 +40,8 @@ KINDS = (INGEST, READ, METRICS)
 INGEST_PATH = "/api/v1/reports"
 # Where the ingest layer finds the node an accepted token is bound to (None: any node).
 BOUND_NODE_KEY = "hangwatch.bound_node"
-RELOAD_CHECK_S = 1.0
+# A file of many per-node tokens: 10,000 nodes at ~80 bytes a line.
+MAX_TOKEN_FILE_BYTES = 4 << 20
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -47,8 +49,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-class TokenFileError(ValueError):
-    """A token file that cannot be used; the message is one line meant for a person."""
+TokenFileError = SecretFileError
 
 
 @dataclass(frozen=True)
@@ -91,51 +92,27 @@ def parse_tokens(text: str, *, allow_nodes: bool, source: str) -> Tokens:
     return Tokens(bound_to)
 
 
-def read_token_file(path: Path, *, allow_nodes: bool) -> tuple[Tokens, float]:
-    """The file's tokens and its mtime; refuses a file that others can read."""
+def read_token_file(path: str, *, allow_nodes: bool) -> tuple[Tokens, Signature]:
+    """The file's tokens and its signature; refuses a file that others can read."""
+    data, signature = read_private(path, MAX_TOKEN_FILE_BYTES)
     try:
-        info = path.stat()
-        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise TokenFileError(f"token file {path} is readable by group or others: chmod 600 it")
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TokenFileError(f"cannot read token file {path}: {exc.strerror or exc}") from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise TokenFileError(f"token file {path} is not UTF-8 text") from None
-    return parse_tokens(text, allow_nodes=allow_nodes, source=f"token file {path}"), info.st_mtime
+    return parse_tokens(text, allow_nodes=allow_nodes, source=f"token file {path}"), signature
 
 
-class TokenFile:
-    """One token file, re-read when its mtime changes (looked at most once a second)."""
+class TokenFile(WatchedFile[Tokens]):
+    """One token file, re-read when it changes (looked at most once a second)."""
 
     def __init__(self, path: Path, *, allow_nodes: bool, clock: Callable[[], float] = time.monotonic) -> None:
-        self.path, self.allow_nodes, self._clock = path, allow_nodes, clock
         # Raises TokenFileError at start-up: a monitor must not come up open by mistake.
-        self.tokens, self._mtime = read_token_file(path, allow_nodes=allow_nodes)
-        self._checked_at = clock()
+        super().__init__(str(path), functools.partial(read_token_file, allow_nodes=allow_nodes), logger=log,
+                         keeping="keeping the tokens read before", clock=clock)
 
-    def current(self) -> Tokens:
-        now = self._clock()
-        if now - self._checked_at >= RELOAD_CHECK_S:
-            self._checked_at = now
-            self._reload_if_changed()
-        return self.tokens
-
-    def _reload_if_changed(self) -> None:
-        try:
-            mtime = os.stat(self.path).st_mtime
-        except OSError as exc:
-            log.error("token file %s: %s; keeping the tokens read before", self.path, exc.strerror or exc)
-            return
-        if mtime == self._mtime:
-            return
-        try:
-            self.tokens, self._mtime = read_token_file(self.path, allow_nodes=self.allow_nodes)
-        except TokenFileError as exc:
-            self._mtime = mtime  # logged once per change, not once a second
-            log.error("%s; keeping the tokens read before", exc)
-            return
-        log.info("token file %s re-read: %d tokens", self.path, len(self.tokens.bound_to))
+    @property
+    def tokens(self) -> Tokens:
+        return self.current()
 
 
 def request_kind(path: str) -> str:

@@ -39,7 +39,8 @@ def check_report(report: Any, limits: Limits, jobs: Collection[str], nodes: Coll
     if report.node not in nodes and len(nodes) >= limits.max_nodes:
         return Refusal(429, "too_many_nodes", f"this monitor already follows {len(nodes)} nodes (max_nodes); "
                                               "shard the cluster over more monitors")
-    new_jobs = {canonical(r.job_id) for r in report.ranks} - set(jobs)
+    # Membership in the state's own key view: no copy of every job id per report.
+    new_jobs = {job for job in (canonical(r.job_id) for r in report.ranks) if job not in jobs}
     if new_jobs and len(jobs) + len(new_jobs) > limits.max_jobs:
         return Refusal(429, "too_many_jobs", f"this monitor already follows {len(jobs)} jobs (max_jobs); "
                                              f"{len(new_jobs)} more would pass the limit")

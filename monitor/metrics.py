@@ -87,12 +87,10 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
     for node in monitor.nodes():
         node_l = labels(("node",), (node.node,))
         age.add(node_l, max(0.0, now - node.last_report_at))
-        track = monitor.state.nodes.get(node.node)
-        own = track.agent if track else None
-        if own is not None and own.cpu_percent is not None:
-            agent_cpu.add(node_l, own.cpu_percent / 100.0)
-        if own is not None and own.rss_bytes is not None:
-            agent_memory.add(node_l, float(own.rss_bytes))
+        if node.agent_cpu_percent is not None:
+            agent_cpu.add(node_l, node.agent_cpu_percent / 100.0)
+        if node.agent_rss_bytes is not None:
+            agent_memory.add(node_l, float(node.agent_rss_bytes))
         errors = dict(node.collector_errors)
         for name, ok in node.collectors:
             node_collector = labels(("node", "collector"), (node.node, name))

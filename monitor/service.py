@@ -57,6 +57,9 @@ class NodeSummary:
     collectors: tuple[tuple[str, bool], ...]
     collector_errors: tuple[tuple[str, int], ...] = ()
     stack_failures: int = 0
+    # The agent's own use (agent.selfwatch), when it reports it.
+    agent_cpu_percent: float | None = None
+    agent_rss_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -334,6 +337,8 @@ class Monitor:
                     tuple((c.name, c.ok) for c in n.collectors),
                     tuple(sorted(n.collector_errors.items())),
                     n.stack_failures,
+                    n.agent.cpu_percent if n.agent else None,
+                    n.agent.rss_bytes if n.agent else None,
                 )
                 for n in sorted(self.state.nodes.values(), key=lambda n: n.node)
             ]
