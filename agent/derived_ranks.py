@@ -85,7 +85,8 @@ def spawn_facts(env: Mapping[str, str]) -> dict[str, str]:
 class DerivedRanks:
     """``find()`` once per discovery scan; caches per process, forgets the ones gone."""
 
-    def __init__(self, proc_root: str = "/proc", report_env: Callable[[dict[str, str]], dict[str, str]] = dict,
+    def __init__(self, proc_root: str = "/proc",
+                 report_env: Callable[[dict[str, str], int], dict[str, str]] = lambda env, _pid: dict(env),
                  clock: Callable[[], float] = time.monotonic, redactor: Redactor = DEFAULT_REDACTOR) -> None:
         self.proc_root = proc_root
         self.report_env = report_env  # discovery's allowlist, for a parent that turns out a rank
@@ -200,7 +201,7 @@ class DerivedRanks:
         if not argv or not is_python(read_exe(self.proc_root, stat.pid), argv):
             return None
         return _Parent(stat.pid, stat.ppid, stat.starttime, tuple(argv), self.redactor.cmdline(argv),
-                       self.report_env(env), spawn_facts(env))
+                       self.report_env(env, stat.pid), spawn_facts(env))
 
     def _uptime_ticks(self) -> int | None:
         try:

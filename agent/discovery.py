@@ -29,6 +29,7 @@ from agent.identity import (  # noqa: F401 -- RankIdentity: re-exported
 from agent.procinfo import is_python, parse_cmdline, parse_environ, read_exe  # noqa: F401 -- re-exported
 from agent.procstat import Stat, read_stat
 from agent.redact import DEFAULT_REDACTOR, Redactor
+from agent.workload_names import read_pod_uid
 
 # Whole words of is_launcher: a process with one of them in its argv is never a rank.
 LAUNCHER_SCRIPTS = ("torchrun",)
@@ -80,6 +81,18 @@ ENV_ALLOWLIST = (
     "TORCH_FR_DUMP_TEMP_FILE",
     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
     "TORCH_FR_DUMP_DYNAMIC_FILE_NAME",
+    # What people call the job (monitor/job_names.py): Slurm's ids, and a pod's downward-API
+    # variables (POD_UID is also read from the cgroup path: agent/workload_names.py). HOSTNAME
+    # is a pod's name in Kubernetes; the monitor uses it only for a rank in a pod.
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "SLURM_JOB_NAME",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "POD_NAME",
+    "POD_NAMESPACE",
+    "POD_UID",
+    "HOSTNAME",
 )
 # torchrun reads any of its options from PET_<OPTION> when not on the command line.
 LAUNCHER_ENV_PREFIX = "PET_"
@@ -242,8 +255,13 @@ class Discovery:
         if self.derived is None:
             self.derived = DerivedRanks(self.proc_root, self._report_env, redactor=self.redactor)
 
-    def _report_env(self, env: dict[str, str]) -> dict[str, str]:
-        return allowlisted_env(env, self.redactor)
+    def _report_env(self, env: dict[str, str], pid: int) -> dict[str, str]:
+        reported = allowlisted_env(env, self.redactor)
+        if "POD_UID" not in reported:
+            uid = read_pod_uid(self.proc_root, pid)  # once per process: _Seen is cached
+            if uid:
+                reported["POD_UID"] = uid
+        return reported
 
     def scan(self) -> list[RankProcess]:
         stats: dict[int, Stat] = {}
@@ -354,11 +372,12 @@ class Discovery:
         if not is_python(read_exe(self.proc_root, stat.pid), argv) or is_launcher(argv):
             return _Seen(carries_rank=has_rank or bool(lightning), cmdline=cmdline)
         if lightning or spawned:
-            candidate = Candidate(stat.pid, stat.ppid, stat.starttime, cmdline, tuple(argv), self._report_env(env),
+            candidate = Candidate(stat.pid, stat.ppid, stat.starttime, cmdline, tuple(argv),
+                                  self._report_env(env, stat.pid),
                                   lightning, spawn_facts(env) if spawned and not lightning else None)
             return _Seen(carries_rank=bool(lightning), cmdline=cmdline, candidate=candidate)
         identity = rank_identity(env, stat.ppid)
         if identity is None:
             return _Seen(carries_rank=True, cmdline=cmdline)
-        rank = RankProcess(stat.pid, stat.ppid, stat.starttime, identity, cmdline, self._report_env(env))
+        rank = RankProcess(stat.pid, stat.ppid, stat.starttime, identity, cmdline, self._report_env(env, stat.pid))
         return _Seen(rank=rank, carries_rank=True, cmdline=cmdline)

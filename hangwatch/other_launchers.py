@@ -116,6 +116,7 @@ def launch_srun_style(reaper: Reaper, workdir: Path, train_args: Sequence[str], 
         "#!/bin/bash\n"
         "# One srun step: every task with Slurm's variables, then wait for them all.\n"
         f"export SLURM_JOB_ID={slurm_job} SLURM_STEP_ID={step} SLURM_NTASKS={ntasks} SLURM_NNODES=1 SLURM_NODEID=0\n"
+        f"export SLURM_JOB_NAME={name}-job\n"
         f"export SLURM_LAUNCH_NODE_IPADDR={LOOPBACK}\n"
         f"{master}"
         f"for task in $(seq 0 {ntasks - 1}); do\n"

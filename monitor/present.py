@@ -10,6 +10,7 @@ from typing import Any
 
 from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
 from monitor.diagnosis.model import FlightRecord
+from monitor.job_names import job_names, rank_names
 from monitor.service import JobResult
 from monitor.state import JobTrack
 
@@ -24,6 +25,8 @@ def job_head(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]
         "job_id": result.view.job_id,
         # The same job as other nodes named it (a host name here, an address there).
         "aliases": sorted(track.aliases) if track is not None else [],
+        # What people call it: Slurm job, Kubernetes pods, torchelastic run (monitor/job_names.py).
+        "names": job_names(result.view.job_id, (dict(r.env) for r in result.view.ranks)),
         "verdict": d.verdict,
         "culprit_ranks": list(d.culprit_ranks),
         "since": d.since,
@@ -188,6 +191,8 @@ def rank_dict(
         # Recent [time, step] points (monitor clock), oldest first, for the page's chart.
         "progress": progress or [],
         "flight_recorder": flight_recorder_dict(r.flight_recorder),
+        # The rank's own pod, when it runs in one (each rank of a job may have its own).
+        "k8s_pod": rank_names(dict(r.env)).get("k8s_pod"),
     }
 
 

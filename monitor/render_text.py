@@ -45,6 +45,9 @@ def render_job(job: dict[str, Any], now: float) -> str:
         lines.append(f"  culprits: {_ranks_word(culprits)} (marked * below)")
     nodes = one_line(", ".join(job.get("nodes", [])))
     lines.append(f"  world size {job['world_size']}, {len(job['ranks'])} ranks seen" + (f" on {nodes}" if nodes else ""))
+    display = (job.get("names") or {}).get("display")
+    if display:
+        lines.append(f"  known as {one_line(display)}")
     if job.get("aliases"):
         lines.append(f"  also reported as {one_line(', '.join(job['aliases']))} "
                      "(another spelling of the master address)")

@@ -200,7 +200,7 @@ class RankReport(_Strict):
     stack_error: LineStr | None = None
     # Launch settings that explain hangs (GLOO_SOCKET_IFNAME, GLOO_PORT_RANGE,
     # NCCL_SOCKET_IFNAME, MASTER_ADDR, MASTER_PORT, ...), from /proc/PID/environ.
-    env: Annotated[dict[ShortStr, Annotated[str, Field(max_length=1024)]], Field(max_length=32)] = {}
+    env: Annotated[dict[ShortStr, Annotated[str, Field(max_length=1024)]], Field(max_length=64)] = {}
     # null in a delta report: unchanged since the last report (see ``Report.delta``).
     sockets: Annotated[list[SocketReport], Field(max_length=256)] | None = []
     error_file: ErrorFileReport | None = None

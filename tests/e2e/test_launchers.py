@@ -8,6 +8,8 @@ its environment: the agent must say how it knew each one (``identified_by``).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hangwatch.other_launchers import launch_lightning, launch_mpirun, launch_spawn, launch_srun_style, mpirun
@@ -54,6 +56,10 @@ def test_srun_style_tasks_rank_lingers(reaper, tmp_path, agent, wait_for_verdict
     ranks = _by_rank(got)
     assert sorted(ranks) == [0, 1]
     assert {(r["launcher"], r["identified_by"]) for r in ranks.values()} == {("slurm", "env:SLURM_PROCID")}
+    # Whatever the job id, people know it by its Slurm job and step.
+    slurm_job = re.search(r"SLURM_JOB_ID=(\d+)", (tmp_path / "srun-launch.sh").read_text()).group(1)
+    assert got["names"]["slurm_job"] == f"{slurm_job}.0"
+    assert got["names"]["display"] == f"slurm job {slurm_job}.0 (srun-job)"
 
 
 @pytest.mark.skipif(mpirun() is None, reason="no mpirun (scripts/system-deps.sh installs openmpi-bin)")
