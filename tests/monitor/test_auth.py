@@ -248,3 +248,11 @@ def test_the_real_agent_reports_over_https_with_its_node_token(tmp_path: Path) -
         assert 'hangwatch_reports_rejected_total{reason="wrong_node"} 1.0' in text
         for done in (done, refused):
             assert NODE_A not in done.stderr + done.stdout
+
+
+def test_ten_thousand_node_tokens_each_match_their_own_node_only() -> None:
+    lines = "".join(f"node-{i:05d} tok-{i:05d}-0123456789abcdef\n" for i in range(10_000))
+    tokens = parse_tokens(lines, allow_nodes=True, source="f")
+    assert tokens.match("tok-04321-0123456789abcdef") == (True, "node-04321")
+    assert tokens.match("tok-04321-0123456789abcdeF") == (False, None)
+    assert tokens.match("") == (False, None)
