@@ -139,7 +139,9 @@ class _Disconnected(Exception):
 
 
 def _refuse(status: int, detail: str, **extra: Any) -> Answer:
-    return Answer(status, {"accepted": False, "detail": detail, **extra})
+    # After a 413 the rest of the body is still on its way: close rather than read it to the end.
+    headers = ((b"connection", b"close"),) if status == 413 else ()
+    return Answer(status, {"accepted": False, "detail": detail, **extra}, headers)
 
 
 def _loc(error: dict[str, Any]) -> str:
