@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI
 
 from agent.sdnotify import Notifier
+from monitor import openapi
 from monitor.answers import AnswerCache
 from monitor.auth import INGEST, METRICS, READ, AuthLayer, TokenFile
 from monitor.http_guard import HttpStats
@@ -70,6 +71,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
             notifier.close()
 
     app = FastAPI(title="hangwatch monitor", lifespan=lifespan, docs_url=None, redoc_url=None)
+    openapi.install(app)  # FastAPI's schema plus the ingest path it cannot see
     app.state.settings = settings
     app.state.monitor = monitor
     app.state.load_guard = guard
