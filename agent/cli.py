@@ -16,7 +16,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent.cli_common import OneLineParser, UsageError, add_access_options, tls_verify
+from agent.cli_common import (
+    DefaultsHelpFormatter,
+    OneLineParser,
+    UsageError,
+    add_access_options,
+    add_version_option,
+    given_by,
+    tls_verify,
+)
 from agent.logpatterns import compile_user_pattern
 from agent.nccl_ras import parse_address
 from agent.report import NODE_NAME, default_node_name
@@ -26,6 +34,8 @@ from agent.sender import ShardedSender
 from agent.token_file import TokenFileError, TokenSource
 
 log = logging.getLogger("agent")
+DESCRIPTION = ("hangwatch agent: samples the training processes on this node (progress, CPU, I/O, stacks, "
+               "sockets) and reports them to the monitor.")
 NCCL_RAS_ONCE_WAIT_S = 2.0
 
 
@@ -107,18 +117,21 @@ def _ras_address(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="hangwatch-agent", description=__doc__)
-    p.add_argument("--monitor", type=_monitor_url, action="append", default=[],
+    p = OneLineParser(prog="hangwatch-agent", description=DESCRIPTION, formatter_class=DefaultsHelpFormatter)
+    add_version_option(p)
+    p.add_argument("--monitor", type=_monitor_url, action="append", default=[], metavar="URL",
                    help="monitor base URL, e.g. http://10.0.0.5:8787; repeat for monitors sharded by job id "
-                        "(each job goes to one of them, docs/scaling.md)")
-    p.add_argument("--interval", type=_positive_float, default=1.0, help="seconds between samples")
+                        "(each job goes to one of them, docs/scaling.md); required unless --once")
+    p.add_argument("--interval", type=_positive_float, default=1.0, metavar="SECONDS", help="seconds between samples")
     p.add_argument("--node", type=_node, default=None, help="node name (default: hostname)")
     p.add_argument("--log", action="append", default=[], metavar="PATH",
                    help="extra log file to follow (e.g. the launcher's output); repeatable")
-    p.add_argument("--step-regex", type=_regex, default=None,
-                   help="progress pattern: named group 'step' or the first group")
+    p.add_argument("--step-regex", type=_regex, default=None, metavar="REGEX",
+                   help="progress pattern: named group 'step' or the first group (default: the built-in "
+                        "formats: nanochat, Megatron, torchtitan, tqdm, 'step N')")
     p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
-    p.add_argument("--py-spy", default=None, metavar="PATH", help="py-spy binary")
+    p.add_argument("--py-spy", default=None, metavar="PATH",
+                   help="py-spy binary (default: the one beside the agent's Python, else py-spy on PATH)")
     p.add_argument("--no-stacks", action="store_true", help="never run py-spy")
     p.add_argument("--dump-other-users", action=argparse.BooleanOptionalAction, default=None,
                    help="let py-spy dump (and so briefly stop) the ranks of users other than the agent's. Off by "
@@ -128,15 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "parent or its children, nor a process that is not Python")
     p.add_argument("--max-rss-mb", type=_cap(int), default=DEFAULT_MAX_RSS_MB, metavar="MB",
                    help=f"exit with status {EXIT_OVER_MEMORY} (for systemd or Kubernetes to restart it) when the "
-                        f"agent's resident memory passes this; 0: no cap (default {DEFAULT_MAX_RSS_MB})")
+                        f"agent's resident memory passes this; 0: no cap (default: {DEFAULT_MAX_RSS_MB})")
     p.add_argument("--max-cpu-percent", type=_cap(float), default=DEFAULT_MAX_CPU_PERCENT, metavar="PERCENT",
                    help="start no stack dump while the agent (py-spy included) used more than this percent of "
-                        "one core over the last 30 s; 0: no cap (default %(default)s)")
+                        "one core over the last 30 s; 0: no cap (default: %(default)s)")
     p.add_argument("--nice", type=_nice, default=0, metavar="N",
                    help="run the sampling loop (and py-spy) at this nice value at least, below the training it "
-                        f"watches (the systemd unit sets Nice={MIN_NICE}); 0: leave the priority as it is (default)")
+                        f"watches (the systemd unit sets Nice={MIN_NICE}); 0: leave the priority as it is")
     p.add_argument("--job", action="append", default=[], metavar="JOB_ID",
-                   help="only track ranks of this job id; repeatable")
+                   help="only track ranks of this job id; repeatable (default: every job)")
     p.add_argument("--own-pid-namespace", action="store_true",
                    help="track only processes in the agent's own PID namespace (leave containers' ranks "
                         "to the agents inside them)")
@@ -206,23 +219,34 @@ def parse_config(
     return config, args
 
 
-def make_sender(config: Config) -> ShardedSender:
+def setting_names(args: argparse.Namespace) -> dict[str, str]:
+    """How errors name the file settings: the option when given, else the variable they came from."""
+    return {
+        "token_file": given_by("--token-file", "HANGWATCH_TOKEN_FILE", args.token_file),
+        "ca_file": given_by("--ca-file", "HANGWATCH_CA_FILE", args.ca_file),
+        "outage_journal": given_by("--outage-journal", "HANGWATCH_OUTAGE_JOURNAL", args.outage_journal),
+    }
+
+
+def make_sender(config: Config, named: Mapping[str, str] | None = None) -> ShardedSender:
     """The monitors' sender with the token and CA; an unusable token file or CA bundle is a
-    UsageError (exit 2 at start)."""
+    UsageError (exit 2 at start) naming the setting as ``named`` says (setting_names)."""
+    named = {"token_file": "--token-file", "ca_file": "--ca-file", "outage_journal": "--outage-journal",
+             **(named or {})}
     token = None
     if config.token_file:
         try:
             token = TokenSource(config.token_file).current
         except TokenFileError as e:
-            raise UsageError(str(e)) from None
-    verify = tls_verify(config.ca_file)
+            raise UsageError(f"{named['token_file']}: {e}") from None
+    verify = tls_verify(config.ca_file, named["ca_file"])
     journal_dir = None
     if config.outage_journal_dir:
         journal_dir = Path(config.outage_journal_dir)
         try:
             journal_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as e:
-            raise UsageError(f"--outage-journal {journal_dir}: {e.strerror or e}") from None
+            raise UsageError(f"{named['outage_journal']} {journal_dir}: {e.strerror or e}") from None
     return ShardedSender(config.monitors, token=token, verify=verify, journal_dir=journal_dir)
 
 
@@ -252,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per report
     try:
-        sender = make_sender(config) if config.monitors else None
+        sender = make_sender(config, setting_names(args)) if config.monitors else None
     except UsageError as e:
         print(f"hangwatch-agent: error: {e}", file=sys.stderr)
         return 2

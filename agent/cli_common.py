@@ -12,6 +12,20 @@ class UsageError(Exception):
     """A bad command line or setting: one line for a person, exit 2."""
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows each option's default, unless its help already says it or there is none to
+    show (None, off, an empty list: the help says what happens then)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        # By identity: 0 is a default worth showing, though it equals False.
+        shown = not any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS)) \
+            and action.default != []
+        if shown and action.option_strings and "default" not in text.lower():
+            text += " (default: %(default)s)"
+        return text
+
+
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2, no usage block
         # "--tok=X" is ambiguous (--token, --token-file): never echo what may be the token.
@@ -26,6 +40,12 @@ class _RefuseToken(argparse.Action):
                          "there): put it in a file only its user can read (chmod 600) and pass --token-file PATH")
 
 
+def add_version_option(parser: argparse.ArgumentParser) -> None:
+    from hangwatch.version import version_line
+
+    parser.add_argument("--version", action="version", version=version_line(parser.prog))
+
+
 def add_access_options(parser: argparse.ArgumentParser, token_help: str) -> None:
     """--token-file, --ca-file, and a --token that is refused."""
     parser.add_argument("--token-file", default=None, metavar="PATH", help=token_help)
@@ -35,8 +55,14 @@ def add_access_options(parser: argparse.ArgumentParser, token_help: str) -> None
                              "bundle); default: $HANGWATCH_CA_FILE")
 
 
-def tls_verify(ca_file: str | None) -> ssl.SSLContext | bool:
-    """httpx's ``verify``: the CA bundle's context, or the default bundle. Raises UsageError."""
+def given_by(option: str, variable: str, value: object) -> str:
+    """How an error names a setting: the option when it was given, else the variable it came from."""
+    return option if value else variable
+
+
+def tls_verify(ca_file: str | None, named: str = "--ca-file") -> ssl.SSLContext | bool:
+    """httpx's ``verify``: the CA bundle's context, or the default bundle. Raises UsageError naming
+    the setting as ``named`` (``--ca-file`` or ``HANGWATCH_CA_FILE``)."""
     if not ca_file:
         return True
     from agent.sender import tls_context
@@ -44,4 +70,4 @@ def tls_verify(ca_file: str | None) -> ssl.SSLContext | bool:
     try:
         return tls_context(ca_file)
     except (OSError, ssl.SSLError) as e:
-        raise UsageError(f"--ca-file {ca_file}: {getattr(e, 'strerror', None) or e}") from None
+        raise UsageError(f"{named} {ca_file}: {getattr(e, 'strerror', None) or e}") from None

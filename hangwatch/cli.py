@@ -1,13 +1,24 @@
 """The ``hangwatch`` command: a live demo, and /diagnose for a person at a terminal.
 
-    hangwatch demo deadlock|straggler|exit|slow|stopped|killed|collective|ddp|async|rendezvous|finish
+    hangwatch demo deadlock|straggler|exit|slow|stopped|killed|collective|ddp|async|rendezvous|finish [--linger [S]]
     hangwatch diagnose [--monitor URL ...] [--json] [--job ID] [--token-file PATH] [--ca-file PATH]
     hangwatch status [--monitor URL ...] [--job ID] [--token-file PATH] [--ca-file PATH]
+    hangwatch --version
 
-``diagnose`` and ``status`` exit 0 when every job is healthy or finished, 1 when a job has
-any other verdict, 2 when a monitor cannot be reached or refuses the request (or on bad
-options). With monitors sharded by job id (docs/scaling.md), give every one: their jobs are
-shown together.
+Exit codes of ``diagnose`` and ``status`` (also in their --help):
+
+    0  every job is healthy or finished (or there is no job at all)
+    1  a job has any other verdict: hung, stopped, a rank gone, a straggler...
+    2  a monitor cannot be reached or refuses the request, or bad options
+    3  --job names a job that no monitor knows
+
+Each asks each monitor once (``/diagnose?format=json``); ``diagnose`` writes its text report
+from that answer. With monitors sharded by job id (docs/scaling.md), give every one: their jobs
+are shown together. ``status`` is a table, one row per job (hangwatch/status_table.py).
+
+``demo`` prints the monitor's status page URL as soon as the monitor is up; ``--linger``
+keeps the monitor, its page and the stalled job up after the verdicts, until Ctrl-C or for
+the seconds given.
 
 A monitor started with --read-token-file wants a read token: ``--token-file`` (default
 $HANGWATCH_READ_TOKEN_FILE) names a file holding it, with the agent's rules
@@ -24,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import ssl
@@ -36,6 +48,14 @@ from urllib.parse import urlparse
 
 DEFAULT_MONITOR = "http://127.0.0.1:8787"
 OK_VERDICTS = ("healthy", "finished")
+EXIT_OK, EXIT_ALARM, EXIT_UNREACHABLE, EXIT_UNKNOWN_JOB = 0, 1, 2, 3
+EXIT_USAGE = 2
+EXIT_CODES = f"""exit codes:
+  {EXIT_OK}  every job is healthy or finished (or there is no job at all)
+  {EXIT_ALARM}  a job has any other verdict: hung, stopped, a rank gone, a straggler...
+  {EXIT_UNREACHABLE}  a monitor cannot be reached or refuses the request, or bad options
+  {EXIT_UNKNOWN_JOB}  --job names a job that no monitor knows
+"""
 
 
 def _url(text: str) -> str:
@@ -55,10 +75,28 @@ def _positive(text: str) -> float:
     return v
 
 
-from agent.cli_common import OneLineParser, UsageError, add_access_options, tls_verify  # noqa: E402
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not v >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
+    return v
+
+
+from agent.cli_common import (  # noqa: E402
+    OneLineParser,
+    UsageError,
+    add_access_options,
+    add_version_option,
+    given_by,
+    tls_verify,
+)
 from hangwatch.cases import CASE_NAMES, demo_cases  # noqa: E402
 from hangwatch.colour import paint_verdict, paint_verdicts_in, wants_colour  # noqa: E402
 from hangwatch.harness import watch_case  # noqa: E402
+from hangwatch.status_table import render_table  # noqa: E402
 from monitor.safe_text import one_line, text_block  # noqa: E402
 
 
@@ -87,6 +125,7 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
         monitor = start_monitor(reaper, wd)
         services.append(monitor)
         _say(t0, f"monitor on {monitor.url} (db {wd / 'monitor.db'})")
+        _say(t0, f"status page: {monitor.url}/ (open it to watch the job go wrong)")
         agent = start_agent(reaper, wd, monitor.url, interval=1.0)
         services.append(agent)
         _say(t0, f"agent pid {agent.proc.pid}, sampling every 1 s")
@@ -119,8 +158,7 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
             elif kind == "timeout":
                 _say(t0, f"gave up after {timeout:.0f}s without the expected verdict {expected}")
 
-        run = watch_case(case, job, client, stall_step=stall_step, timeout=timeout, linger=linger,
-                         poll=0.5, on_event=on_event)
+        run = watch_case(case, job, client, stall_step=stall_step, timeout=timeout, poll=0.5, on_event=on_event)
         found = run.detected is not None
         if case.quiet:
             _say(t0, f"{'no' if found else 'a'} false alarm in the {case.quiet:.0f}s window")
@@ -128,6 +166,8 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
             _say(t0, f"detected {run.detection_seconds:.1f}s after the failure began")
         _say(t0, "final /diagnose:")
         print(_indent(text_block(client.diagnose_text(job.job_id))), flush=True)
+        if linger > 0:
+            _linger(t0, monitor.url, linger)
     except KeyboardInterrupt:
         _say(t0, "interrupted")
         return 130
@@ -146,6 +186,19 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
             tmp.cleanup()
         _say(t0, "cleaned up: every process the demo started is gone")
     return 0 if found else 1
+
+
+def _linger(t0: float, url: str, seconds: float) -> None:
+    """Keep everything up (the job stays stalled, the monitor keeps diagnosing it) for a person
+    at the status page, until the time is over or Ctrl-C, which here ends the demo as usual."""
+    how_long = "until Ctrl-C" if math.isinf(seconds) else f"for {seconds:g}s (Ctrl-C ends it sooner)"
+    _say(t0, f"lingering {how_long}: the status page {url}/ stays up")
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            time.sleep(max(0.0, min(1.0, end - time.monotonic())))
+    except KeyboardInterrupt:
+        _say(t0, "Ctrl-C: ending the demo")
 
 
 def _indent(text: str) -> str:
@@ -177,8 +230,9 @@ def _access(args) -> Access:
         try:
             token, _ = read_token(token_file)
         except TokenFileError as e:
-            raise UsageError(str(e)) from None
-    verify = tls_verify(ca_file)
+            raise UsageError(f"{given_by('--token-file', 'HANGWATCH_READ_TOKEN_FILE', args.token_file)}: {e}") \
+                from None
+    verify = tls_verify(ca_file, given_by("--ca-file", "HANGWATCH_CA_FILE", args.ca_file))
     return Access(token, token_file, verify)
 
 
@@ -203,68 +257,75 @@ class Refused(Exception):
         super().__init__(f"monitor {monitor} answered HTTP {status}: {why}")
 
 
-def _fetch(monitor: str, params: dict, access: Access) -> "httpx.Response":  # noqa: F821
-    """GET /diagnose; raises Refused on 401/403 and Unreachable on any other failure."""
+def _answer(monitor: str, job: str | None, access: Access) -> dict:
+    """The monitor's one answer, ``GET /diagnose?format=json``: its jobs (every field the text
+    report needs) and its own status. Raises Refused on 401/403, Unreachable on any other failure."""
     import httpx
 
     headers = {"authorization": f"Bearer {access.token}"} if access.token else {}
+    params = {"format": "json", **({"job": job} if job else {})}
     try:
         r = httpx.get(monitor + "/diagnose", params=params, headers=headers, verify=access.verify, timeout=10.0)
         if r.status_code in (401, 403):
             raise Refused(monitor, r.status_code, access)
         r.raise_for_status()
-    except httpx.HTTPError as e:
+        return r.json()
+    except (httpx.HTTPError, ValueError) as e:  # ValueError: not JSON, so not a monitor
         raise Unreachable(monitor, e) from None
-    return r
 
 
-def _jobs(monitor: str, job: str | None, access: Access) -> list[dict]:
-    params = {"format": "json"}
-    if job:
-        params["job"] = job
-    return _fetch(monitor, params, access).json().get("jobs", [])
+def _answers(monitors: list[str], job: str | None, access: Access) -> dict[str, dict]:
+    """Each monitor's answer (sharded monitors each hold a share); raises Unreachable or Refused for any."""
+    return {m: _answer(m, job, access) for m in monitors}
 
 
-def _jobs_of(monitors: list[str], job: str | None, access: Access) -> dict[str, list[dict]]:
-    """Each monitor's jobs (sharded monitors each hold a share); raises Unreachable or Refused for any."""
-    return {m: _jobs(m, job, access) for m in monitors}
-
-
-def _merged(by_monitor: dict[str, list[dict]]) -> list[dict]:
-    jobs = [j for found in by_monitor.values() for j in found]
-    if len(by_monitor) > 1:  # each answer is most recently active first: keep that across monitors
-        jobs.sort(key=lambda j: -(j.get("last_report_at") or 0.0))
+def _merged(answers: dict[str, dict]) -> list[tuple[dict, str]]:
+    """Every job with the monitor that holds it."""
+    jobs = [(j, m) for m, answer in answers.items() for j in answer.get("jobs", [])]
+    if len(answers) > 1:  # each answer is most recently active first: keep that across monitors
+        jobs.sort(key=lambda jm: -(jm[0].get("last_report_at") or 0.0))
     return jobs
 
 
 def _exit_code(jobs: list[dict]) -> int:
-    return 1 if any(j.get("verdict") not in OK_VERDICTS for j in jobs) else 0
+    return EXIT_ALARM if any(j.get("verdict") not in OK_VERDICTS for j in jobs) else EXIT_OK
+
+
+def _report_text(answer: dict) -> str:
+    """What the monitor's own text /diagnose says, written here from its JSON answer."""
+    from monitor.render_text import render_job, render_monitor_status, render_text
+
+    jobs = answer.get("jobs", [])
+    body = "\n".join(render_job(j, j.get("now") or time.time()) for j in jobs) if jobs else render_text([], 0.0)
+    return render_monitor_status(answer.get("monitor") or {}) + body
+
+
+def _fail(error: Exception) -> int:
+    print(f"hangwatch: {one_line(str(error))}", file=sys.stderr)
+    return EXIT_UNREACHABLE
+
+
+def _unknown_job(args, monitors: list[str]) -> int:
+    print(f"hangwatch: no job {one_line(args.job)!r} at {', '.join(monitors)}", file=sys.stderr)
+    return EXIT_UNKNOWN_JOB
 
 
 def cmd_diagnose(args, access: Access) -> int:
     monitors = _monitors(args)
     try:
-        by_monitor = _jobs_of(monitors, args.job, access)
-        jobs = _merged(by_monitor)
-        if args.job and not jobs:
-            print(f"hangwatch: no job {args.job!r} at {', '.join(monitors)}", file=sys.stderr)
-            return 2
-        if args.json:
-            print(json.dumps({"jobs": jobs}, indent=2))
-        else:
-            params = {"job": args.job} if args.job else {}
-            # The monitors that hold jobs (or the only one, which then says it has none).
-            asked = [m for m, found in by_monitor.items() if found] or monitors[:1]
-            texts = []
-            for monitor in asked:
-                r = _fetch(monitor, params, access)
-                texts.append(r.text if r.text.endswith("\n") else r.text + "\n")
-            # A monitor of an older version sends its text unescaped: escape it here too.
-            text = text_block("\n".join(texts))
-            sys.stdout.write(paint_verdicts_in(text, wants_colour(sys.stdout, args.color)))
+        answers = _answers(monitors, args.job, access)
     except (Unreachable, Refused) as e:
-        print(f"hangwatch: {one_line(str(e))}", file=sys.stderr)
-        return 2
+        return _fail(e)
+    jobs = [j for j, _ in _merged(answers)]
+    if args.job and not jobs:
+        return _unknown_job(args, monitors)
+    if args.json:
+        print(json.dumps({"jobs": jobs}, indent=2))
+    else:
+        # The monitors that hold jobs (or the only one, which then says it has none).
+        shown = [a for a in answers.values() if a.get("jobs")] or list(answers.values())[:1]
+        text = text_block("\n".join(_report_text(a) for a in shown))
+        sys.stdout.write(paint_verdicts_in(text, wants_colour(sys.stdout, args.color)))
     return _exit_code(jobs)
 
 
@@ -272,35 +333,33 @@ def _monitors(args) -> list[str]:
     return list(dict.fromkeys(args.monitor or [args.default_monitor]))
 
 
-def _ago(since: float | None) -> str:
-    if since is None:
-        return "-"
-    return f"{max(0.0, time.time() - since):.0f}s"
-
-
 def cmd_status(args, access: Access) -> int:
+    monitors = _monitors(args)
     try:
-        jobs = _merged(_jobs_of(_monitors(args), args.job, access))
+        answers = _answers(monitors, args.job, access)
     except (Unreachable, Refused) as e:
-        print(f"hangwatch: {one_line(str(e))}", file=sys.stderr)
-        return 2
+        return _fail(e)
+    jobs = _merged(answers)
+    if args.job and not jobs:
+        return _unknown_job(args, monitors)
+    from monitor.render_text import render_monitor_status
+
+    for monitor, answer in answers.items():  # a monitor past capacity or not storing says so first
+        for line in text_block(render_monitor_status(answer.get("monitor") or {})).splitlines():
+            if line:
+                print(f"{line} ({monitor})" if len(monitors) > 1 else line)
     if not jobs:
-        print("no jobs" if not args.job else f"no job {args.job!r}")
-        return 2 if args.job else 0
+        print("no jobs")
+        return EXIT_OK
     colour = wants_colour(sys.stdout, args.color)
-    for j in jobs:
-        ranks = j.get("ranks", [])
-        steps = [r.get("step") for r in ranks if r.get("step") is not None]
-        culprits = one_line(",".join(str(c) for c in j.get("culprit_ranks", []))) or "-"
-        states = one_line(",".join(f"{r['rank']}:{r.get('state')}" for r in sorted(ranks, key=lambda r: r["rank"])))
-        verdict = paint_verdict(f"{one_line(j['verdict'].upper()):<15}", j["verdict"], colour)
-        print(f"{one_line(j['job_id'])}  {verdict} culprits={culprits:<6} since={_ago(j.get('since')):<5} "
-              f"step={one_line(str(max(steps))) if steps else '-'}  ranks={states}  {one_line(j.get('summary', ''))}")
-    return _exit_code(jobs)
+    rows = [(j, m if len(monitors) > 1 else None) for j, m in jobs]
+    sys.stdout.write(render_table(rows, lambda text, verdict: paint_verdict(text, verdict, colour)))
+    return _exit_code([j for j, _ in jobs])
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="hangwatch", description="hangwatch: live hang detection for distributed PyTorch training")
+    add_version_option(p)
     p.set_defaults(default_monitor=os.environ.get("HANGWATCH_MONITOR", DEFAULT_MONITOR))
     sub = p.add_subparsers(dest="command", parser_class=OneLineParser)
 
@@ -308,8 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("case", choices=CASE_NAMES, metavar="CASE", help=" | ".join(CASE_NAMES))
     d.add_argument("--timeout", type=_positive, default=90.0,
                    help="give up after this many seconds without the expected verdict (default 90)")
-    d.add_argument("--linger", type=float, default=3.0,
-                   help="seconds to keep watching after the expected verdict (default 3)")
+    d.add_argument("--linger", type=_seconds, nargs="?", const=math.inf, default=0.0, metavar="SECONDS",
+                   help="after the verdicts, keep the monitor, its status page and the stalled job up for "
+                        "this many seconds, or until Ctrl-C when no number is given (default: end at once)")
     d.add_argument("--stall-step", type=int, default=40, help="the step at which things go wrong (default 40)")
     d.add_argument("--workdir", default=None, help="keep the job logs and the monitor db here")
 
@@ -320,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_access_options(cmd, "file holding the monitor's read token (mode 600), for a monitor started with "
                                 "--read-token-file; default: $HANGWATCH_READ_TOKEN_FILE")
 
-    g = sub.add_parser("diagnose", help="print the monitor's /diagnose")
+    g = sub.add_parser("diagnose", help="print the monitor's /diagnose", epilog=EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("--monitor", type=_url, action="append", help=monitor_help)
     g.add_argument("--json", action="store_true", help="JSON instead of text")
     g.add_argument("--job", default=None, help="only this job id")
@@ -328,7 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="colour the verdicts: auto = only on a terminal (default)")
     add_access(g)
 
-    s = sub.add_parser("status", help="one line per job")
+    s = sub.add_parser("status", help="a table, one row per job", epilog=EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--monitor", type=_url, action="append", help=monitor_help)
     s.add_argument("--job", default=None, help="only this job id")
     s.add_argument("--color", choices=("auto", "always", "never"), default="auto",
@@ -362,7 +424,7 @@ def _main(argv: list[str] | None) -> int:
         if args.stall_step < 2:
             print("hangwatch: error: --stall-step must be at least 2", file=sys.stderr)
             return 2
-        return run_demo(args.case, timeout=args.timeout, linger=max(0.0, args.linger),
+        return run_demo(args.case, timeout=args.timeout, linger=args.linger,
                         stall_step=args.stall_step, workdir=args.workdir)
     try:
         access = _access(args)

@@ -12,6 +12,7 @@ from typing import NoReturn
 
 import uvicorn
 
+from hangwatch.version import version_line
 from monitor.app import create_app
 from monitor.auth import TokenFileError
 from monitor.http_guard import ConnectionLimits, connection_cap, guarded_protocol, raise_open_file_limit
@@ -31,6 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Central hang-detection monitor for distributed PyTorch training.")
+    parser.add_argument("--version", action="version", version=version_line(PROG))
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1, env HANGWATCH_HOST)")
     parser.add_argument("--port", help="port to listen on (default 8787, env HANGWATCH_PORT)")
     parser.add_argument("--db", help="SQLite file (default $HANGWATCH_STATE_DIR/monitor.db or the XDG state dir)")
@@ -54,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """setting -> the option that sets it (``job_retention_s`` -> ``--job-retention``), for error messages."""
+    return {a.dest: a.option_strings[-1] for a in parser._actions if a.option_strings}
+
+
 def _quiet_exit(signum: int, frame: FrameType | None) -> None:
     # Installed before uvicorn runs: it covers start-up, and uvicorn re-raises the SIGTERM
     # it captured once it has shut down cleanly, which then lands here as exit status 0.
@@ -61,9 +68,10 @@ def _quiet_exit(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        settings = Settings.load(vars(args))
+        settings = Settings.load(vars(args), option_names=option_names(parser))
         disk_problem = settings.prepare_db_dir()
     except SettingsError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -10,16 +10,24 @@ import dataclasses
 import errno
 import os
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "HANGWATCH_"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 class SettingsError(ValueError):
-    """A setting that cannot work; the message is one line meant for a person."""
+    """A setting that cannot work; the message is one line meant for a person, and names the
+    setting as the person gave it (``HANGWATCH_PORT``, ``--port``) when Settings.load knows where
+    it came from."""
+
+
+def _named_as(sources: Mapping[str, str]) -> Callable[[str], str]:
+    """A setting's name in messages: where its value came from, else its own name."""
+    return lambda name: sources.get(name, name)
 
 
 def default_db_path(env: Mapping[str, str] | None = None) -> Path:
@@ -85,62 +93,72 @@ class Settings:
 
     @classmethod
     def load(
-        cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+        cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+        option_names: Mapping[str, str] | None = None,
     ) -> Settings:
-        """Defaults, then ``HANGWATCH_<NAME>`` variables, then ``overrides`` (None values skipped)."""
+        """Defaults, then ``HANGWATCH_<NAME>`` variables, then ``overrides`` (None values skipped).
+
+        ``option_names``: setting -> the command-line option that gives it (``--port``), so that
+        an error names what the person typed; a value from a variable is named by the variable.
+        """
         env = os.environ if env is None else env
         raw: dict[str, Any] = {}
+        sources: dict[str, str] = {}
         for f in dataclasses.fields(cls):
             key = ENV_PREFIX + f.name.upper()
             if key in env and env[key] != "":
                 raw[f.name] = env[key]
+                sources[f.name] = key
         if "db" not in raw:
             raw["db"] = default_db_path(env)
         for name, value in (overrides or {}).items():
             if value is not None:
                 raw[name] = value
-        return cls.from_raw(raw)
+                sources[name] = (option_names or {}).get(name, name)
+        return cls.from_raw(raw, sources)
 
     @classmethod
-    def from_raw(cls, raw: Mapping[str, Any]) -> Settings:
+    def from_raw(cls, raw: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> Settings:
+        """``sources``: setting -> where its value came from, for error messages."""
+        named = _named_as(sources or {})
         known = {f.name: f for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {}
         for name, value in raw.items():
             if name not in known:
                 raise SettingsError(f"unknown setting {name!r}")
-            values[name] = _convert(name, value, known[name].type)
+            values[name] = _convert(named(name), value, known[name].type)
         settings = cls(**values)
-        settings.validate()
+        settings.validate(named)
         return settings
 
-    def validate(self) -> None:
+    def validate(self, named: Callable[[str], str] = str) -> None:
+        """``named(setting)``: how a message names the setting (the variable or option it came from)."""
         if not self.host:
-            raise SettingsError("host must not be empty")
+            raise SettingsError(f"{named('host')} must not be empty")
         if not 1 <= self.port <= 65535:
-            raise SettingsError(f"port must be between 1 and 65535, not {self.port}")
+            raise SettingsError(f"{named('port')} must be between 1 and 65535, not {self.port}")
         if self.max_body_bytes < 1024:
-            raise SettingsError("max_body_bytes must be at least 1024")
+            raise SettingsError(f"{named('max_body_bytes')} must be at least 1024, not {self.max_body_bytes}")
         for name in ("snapshot_interval_s", "snapshot_retention_s", "verdict_retention_s", "job_retention_s",
                      "shed_lag_s", "shed_keep_s", "header_timeout_s", "body_timeout_s"):
             if getattr(self, name) <= 0:
-                raise SettingsError(f"{name} must be positive")
-        for name in ("max_jobs", "max_nodes", "max_world_size", "max_connections"):
+                raise SettingsError(f"{named(name)} must be positive, not {getattr(self, name):g}")
+        for name in ("max_jobs", "max_nodes", "max_world_size", "max_connections", "snapshots_per_node"):
             if getattr(self, name) < 1:
-                raise SettingsError(f"{name} must be at least 1")
-        if self.snapshots_per_node < 1:
-            raise SettingsError("snapshots_per_node must be at least 1")
-        if self.fresh_read_ranks < 0:
-            raise SettingsError("fresh_read_ranks must not be negative")
-        if self.tick_interval_s < 0:
-            raise SettingsError("tick_interval_s must not be negative")
+                raise SettingsError(f"{named(name)} must be at least 1, not {getattr(self, name)}")
+        for name in ("fresh_read_ranks", "tick_interval_s"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{named(name)} must not be negative, not {getattr(self, name):g}")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
-            raise SettingsError("ssl_certfile and ssl_keyfile go together: set both or neither")
+            raise SettingsError(f"{named('ssl_certfile')} and {named('ssl_keyfile')} go together: "
+                                "set both or neither")
         for name in ("ssl_certfile", "ssl_keyfile"):
             path = getattr(self, name)
             if path is not None and not os.access(path, os.R_OK):
-                raise SettingsError(f"{name} {path} is not readable")
-        if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
-            raise SettingsError(f"unknown log level {self.log_level!r}")
+                raise SettingsError(f"{named(name)} {path} is not readable")
+        if self.log_level not in LOG_LEVELS:
+            raise SettingsError(f"{named('log_level')} must be one of {', '.join(LOG_LEVELS)}, "
+                                f"not {self.log_level!r}")
 
     def prepare_db_dir(self) -> str | None:
         """Create the database's directory and check it can be written, before serving.
@@ -194,4 +212,5 @@ def _convert(name: str, value: Any, type_name: Any) -> Any:
             return Path(value).expanduser()
         return str(value)
     except (TypeError, ValueError):
-        raise SettingsError(f"{name}: {value!r} is not a valid {kind}") from None
+        what = {"int": "a whole number", "float": "a number", "bool": "one of 1, 0, true, false, yes, no, on, off"}
+        raise SettingsError(f"{name} must be {what.get(kind, 'a ' + kind)}, not {str(value)[:64]!r}") from None

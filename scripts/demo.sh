@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the demo: a real 2-rank gloo job that goes wrong,
-# diagnosed live by a real agent and monitor. Usage: scripts/demo.sh [deadlock|straggler|exit|slow|stopped]
+# diagnosed live by a real agent and monitor.
+# Usage: scripts/demo.sh [deadlock|straggler|exit|slow|stopped] [--linger [SECONDS]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-exec .venv/bin/hangwatch demo "${1:-deadlock}"
+case="${1:-deadlock}"
+shift || true
+exec .venv/bin/hangwatch demo "$case" "$@"

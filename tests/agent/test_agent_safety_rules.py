@@ -242,3 +242,33 @@ def test_shipped_deployments_turn_dump_other_users_on_and_cap_the_agent():
     (container,) = ds["spec"]["template"]["spec"]["containers"]
     assert "--dump-other-users" in container["args"]
     assert {"cpu", "memory"} <= container["resources"]["limits"].keys()
+
+
+def _start_error(argv: list[str], environ: dict[str, str]) -> str:
+    """The one-line UsageError the agent would exit 2 with at start, from parse_config or make_sender."""
+    from agent.cli import make_sender, setting_names
+
+    with pytest.raises(UsageError) as info:
+        config, args = parse_config(argv, environ=environ)
+        make_sender(config, setting_names(args))
+    return str(info.value)
+
+
+@pytest.mark.parametrize(("variable", "option", "value", "problem"), [
+    ("HANGWATCH_TOKEN_FILE", "--token-file", "{tmp}/missing-token", "cannot read token file"),
+    ("HANGWATCH_TOKEN_FILE", "--token-file", "{tmp}/open-token", "chmod 600"),
+    ("HANGWATCH_CA_FILE", "--ca-file", "{tmp}/missing-ca.pem", "missing-ca.pem"),
+    ("HANGWATCH_OUTAGE_JOURNAL", "--outage-journal", "{tmp}/open-token/journal", "Not a directory"),
+    ("HANGWATCH_DUMP_OTHER_USERS", None, "maybe", "must be 1 or 0, not 'maybe'"),
+])
+def test_settings_errors_name_the_variable_or_option(tmp_path, variable, option, value, problem):
+    (tmp_path / "open-token").write_text("secret-token-0123456789\n")
+    (tmp_path / "open-token").chmod(0o644)
+    value = value.format(tmp=tmp_path)
+    base = ["--monitor", "http://127.0.0.1:8787"]
+    from_env = _start_error(base, {variable: value})
+    assert from_env.startswith(variable) and problem in from_env and "\n" not in from_env, from_env
+    if option is not None:
+        from_option = _start_error([*base, option, value], {})
+        assert from_option.startswith(option) and problem in from_option, from_option
+    assert "secret-token" not in from_env

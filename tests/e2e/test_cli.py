@@ -1,17 +1,24 @@
-"""The ``hangwatch`` command: bad options, diagnose/status exit codes, and the live demo."""
+"""The ``hangwatch`` command: bad options, --version and --help of every command, diagnose/status
+exit codes, and the live demo (its status page kept up with --linger)."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import queue
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 
+import httpx
 import psutil
 import pytest
 
 from hangwatch.harness import free_port, tool
+from hangwatch.version import version
 
 HANGWATCH = [sys.executable, "-m", "hangwatch.cli"]
 
@@ -66,6 +73,41 @@ def test_bad_options_one_line_exit_2(argv):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("program", ["hangwatch", "hangwatch-agent", "hangwatch-monitor"])
+def test_version_on_every_command(program):
+    res = subprocess.run([tool(program), "--version"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res
+    assert res.stdout.startswith(f"{program} {version()} (Python "), res.stdout
+
+
+# Options whose help says what happens when they are not given, in words.
+SAID_IN_WORDS = {"--node": "hostname", "--step-regex": "built-in", "--py-spy": "PATH", "--job": "every job",
+                 "--dump-other-users": "HANGWATCH_DUMP_OTHER_USERS", "--nccl-ras-addr": "NCCL_RAS_ADDR",
+                 "--token-file": "HANGWATCH_TOKEN_FILE", "--ca-file": "HANGWATCH_CA_FILE",
+                 "--outage-journal": "HANGWATCH_OUTAGE_JOURNAL"}
+
+
+def test_agent_help_shows_every_default():
+    from agent.cli import build_parser
+
+    res = subprocess.run([tool("hangwatch-agent"), "--help"], capture_output=True, text=True, timeout=60,
+                         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res
+    # One entry per option: its line and the help lines under it, joined.
+    entries = re.split(r"\n(?=  -)", res.stdout)
+    for action in build_parser()._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        option = action.option_strings[0]
+        (entry,) = [e for e in entries if e.split()[0].rstrip(",") == action.option_strings[0]]
+        line = " ".join(entry.split())
+        if option in SAID_IN_WORDS:
+            assert "default" in line.lower() and SAID_IN_WORDS[option] in line, line
+        elif action.default not in (None, [], argparse.SUPPRESS) and action.default is not False:
+            assert f"(default: {action.default})" in line, line
+        assert "(default: None)" not in line and "(default: [])" not in line and "(default: False)" not in line
+
+
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
 def test_unreachable_monitor_exit_2(cmd):
     res = run(cmd, "--monitor", f"http://127.0.0.1:{free_port()}")
@@ -95,14 +137,15 @@ def test_diagnose_and_status_exit_codes(torchrun_job, wait_for_verdict, monitor)
     res = run("status", "--monitor", monitor.url, "--job", job.job_id)
     assert res.returncode == 1
     lines = res.stdout.strip().splitlines()
-    assert len(lines) == 1 and job.job_id in lines[0] and "DEADLOCK" in lines[0]
+    assert len(lines) == 2 and lines[0].split()[:2] == ["JOB", "VERDICT"], lines
+    assert lines[1].split()[:2] == [job.job_id, "DEADLOCK"] and "1@" in lines[1], lines
     # Plain when piped, coloured on a terminal.
     assert "\033[" not in res.stdout
     for cmd in ("status", "diagnose"):
         code, shown = run_on_tty(cmd, "--monitor", monitor.url, "--job", job.job_id)
         assert code == 1 and "\033[1;31mDEADLOCK" in shown, shown
     res = run("diagnose", "--monitor", monitor.url, "--job", "no-such-job:1")
-    assert res.returncode == 2 and "no job" in res.stderr
+    assert res.returncode == 3 and "no job" in res.stderr
 
 
 @pytest.mark.e2e
@@ -161,3 +204,69 @@ def test_sharded_monitors_one_job_each_place_and_one_view(reaper, tmp_path):
     assert [j["job_id"] for j in json.loads(res.stdout)["jobs"]] == [job_id]
     res = run("diagnose", "--monitor", urls[0], "--monitor", f"http://127.0.0.1:{free_port()}")
     assert res.returncode == 2 and "unreachable" in res.stderr
+
+
+def _lines_of(proc: subprocess.Popen) -> tuple[queue.Queue, threading.Thread]:
+    """The process's output lines as they come (a thread reads them, so a wait can have a deadline)."""
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return lines, reader
+
+
+def _wait_for_line(lines: queue.Queue, pattern: str, timeout: float, seen: list[str]) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        seen.append(line)
+        found = re.search(pattern, line)
+        if found:
+            return found
+    raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(seen)}")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+def test_demo_serves_its_status_page_and_lingers_until_ctrl_c():
+    demo = subprocess.Popen([*HANGWATCH, "demo", "killed", "--timeout", "60", "--linger"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    lines, reader = _lines_of(demo)
+    try:
+        page = _wait_for_line(lines, r"status page: (http://127\.0\.0\.1:\d+/) ", 60, seen).group(1)
+        # Printed before the job starts: the page is there to open while the job goes wrong.
+        job_id = _wait_for_line(lines, r"job (127\.0\.0\.1:\d+)$", 60, seen).group(1)
+        answer = httpx.get(page, timeout=10)
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/html")
+
+        _wait_for_line(lines, r"lingering until Ctrl-C", 120, seen)
+        assert httpx.get(page, timeout=10).status_code == 200
+        jobs = httpx.get(page + "diagnose", params={"format": "json", "job": job_id}, timeout=10).json()["jobs"]
+        assert [j["verdict"] for j in jobs] == ["rank_exited"], jobs
+
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(timeout=60) == 0, "".join(seen)
+        _wait_for_line(lines, r"cleaned up: every process the demo started is gone", 10, seen)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(page, timeout=5)
+    finally:
+        if demo.poll() is None:  # the test failed early: let the demo clean up after itself
+            demo.send_signal(signal.SIGINT)
+            try:
+                demo.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                demo.kill()
+                demo.wait(timeout=10)
+        reader.join(timeout=10)
+        demo.stdout.close()

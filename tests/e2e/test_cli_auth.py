@@ -81,6 +81,13 @@ def test_status_and_diagnose_with_the_read_token(tmp_path: Path) -> None:
         open_to_others = _token_file(tmp_path, "open.token", READER, mode=0o644)
         _refused_one_line(run("status", *at, "--token-file", str(open_to_others)), "chmod 600")
         _refused_one_line(run("status", *at, "--token-file", str(tmp_path / "missing")), "cannot read token file")
+        # A file named by a variable: the error names the variable, not an option never typed.
+        for variable, path, problem in [("HANGWATCH_READ_TOKEN_FILE", tmp_path / "missing", "cannot read token file"),
+                                        ("HANGWATCH_READ_TOKEN_FILE", open_to_others, "chmod 600"),
+                                        ("HANGWATCH_CA_FILE", tmp_path / "missing.pem", "missing.pem")]:
+            res = run("status", *at, env={variable: str(path)})
+            _refused_one_line(res, f"hangwatch: error: {variable}", problem)
+            assert "--token-file:" not in res.stderr and "--ca-file " not in res.stderr
 
         # Never taken on the command line, never echoed, never in the monitor's log.
         on_the_line = [run("status", *at, "--token", READER), run("status", *at, f"--token={READER}"),

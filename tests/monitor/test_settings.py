@@ -29,11 +29,11 @@ def test_env_then_overrides(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"port": "http"}, "port: 'http' is not a valid int"),
-        ({"port": 0}, "port must be between 1 and 65535"),
+        ({"port": "http"}, "port must be a whole number, not 'http'"),
+        ({"port": 0}, "port must be between 1 and 65535, not 0"),
         ({"port": 70000}, "port must be between 1 and 65535"),
-        ({"job_retention_s": "nan"}, "job_retention_s"),
-        ({"log_level": "loud"}, "unknown log level"),
+        ({"job_retention_s": "nan"}, "job_retention_s must be a number, not 'nan'"),
+        ({"log_level": "loud"}, "log_level must be one of critical, error, warning, info, debug, trace, not 'loud'"),
         ({"colour": "red"}, "unknown setting"),
     ],
 )
@@ -71,3 +71,50 @@ def test_a_db_dir_that_cannot_be_created_is_refused(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(SettingsError, match="cannot create database directory"):
         Settings.from_raw({"db": tmp_path / "file" / "m.db"}).prepare_db_dir()
+
+
+# Each bad value given as a variable, then as the option: the message names what the person set.
+NAMED_BAD_VALUES = [
+    ("port", "0", "--port", "must be between 1 and 65535, not 0"),
+    ("port", "99999", "--port", "must be between 1 and 65535, not 99999"),
+    ("port", "http", "--port", "must be a whole number, not 'http'"),
+    ("host", "", "--host", None),  # an empty variable is unset: no error from it
+    ("job_retention_s", "-5", "--job-retention", "must be positive, not -5"),
+    ("snapshot_interval_s", "0", "--snapshot-interval", "must be positive, not 0"),
+    ("verdict_retention_s", "soon", "--verdict-retention", "must be a number, not 'soon'"),
+    ("max_body_bytes", "10", "--max-body-bytes", "must be at least 1024, not 10"),
+    ("max_connections", "0", "--max-connections", "must be at least 1, not 0"),
+    ("log_level", "loud", "--log-level", "must be one of critical, error, warning, info, debug, trace"),
+    ("ssl_certfile", "/nonexistent/cert.pem", "--ssl-certfile", "go together"),
+    ("confirm_alarms", "perhaps", None, "must be one of 1, 0, true, false, yes, no, on, off, not 'perhaps'"),
+    ("tick_interval_s", "-1", None, "must not be negative, not -1"),
+]
+
+
+@pytest.mark.parametrize(("setting", "value", "option", "problem"), NAMED_BAD_VALUES)
+def test_errors_name_the_variable_or_option_that_set_the_value(
+    tmp_path: Path, setting: str, value: str, option: str | None, problem: str | None
+) -> None:
+    from monitor.cli import build_parser, option_names
+
+    variable = "HANGWATCH_" + setting.upper()
+    env = {"HANGWATCH_STATE_DIR": str(tmp_path), variable: value}
+    if problem is None:
+        Settings.load(env=env)
+        return
+    with pytest.raises(SettingsError) as from_env:
+        Settings.load(env=env)
+    assert str(from_env.value).startswith(f"{variable} ") and problem in str(from_env.value), from_env.value
+    if option is None:
+        return
+    names = option_names(build_parser())
+    assert names[setting] == option
+    with pytest.raises(SettingsError) as from_option:
+        Settings.load({setting: value}, env={"HANGWATCH_STATE_DIR": str(tmp_path)}, option_names=names)
+    assert str(from_option.value).startswith(f"{option} ") and problem in str(from_option.value), from_option.value
+
+
+def test_the_option_wins_over_the_variable_and_is_the_one_named(tmp_path: Path) -> None:
+    env = {"HANGWATCH_STATE_DIR": str(tmp_path), "HANGWATCH_PORT": "8080"}
+    with pytest.raises(SettingsError, match=r"^--port must be between 1 and 65535, not 0$"):
+        Settings.load({"port": "0"}, env=env, option_names={"port": "--port"})
