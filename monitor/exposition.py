@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+from prometheus_client.metrics_core import Metric
+
 
 def escape(value: str) -> str:
     """A label value as the text format wants it inside double quotes."""
@@ -59,3 +61,18 @@ def render(families: Iterable[Family]) -> bytes:
         out.extend(f.lines)
     out.append("")
     return "\n".join(out).encode()
+
+
+
+def from_client(metric: Metric) -> list[Family]:
+    """A prometheus_client family (a stock collector's output) as this writer's families.
+
+    Samples keep the client's names (a counter's ``_total``); ``_created`` samples become a gauge
+    family of their own, as the client's text writer puts them, so both parse the same."""
+    family = Family(metric.name, metric.documentation, metric.type)
+    created = Family(metric.name + "_created", metric.documentation)
+    for sample in metric.samples:
+        names = tuple(sample.labels)
+        line = f"{sample.name}{labels(names, tuple(sample.labels[n] for n in names))} {number(sample.value)}"
+        (created if sample.name.endswith("_created") else family).lines.append(line)
+    return [family, created] if created.lines else [family]

@@ -4,7 +4,10 @@ Nothing is kept in sync: each scrape renders the jobs of the latest diagnosis pa
 ``Monitor.results``), so a job that is forgotten simply stops appearing. No pid, stack text
 or error text becomes a label. The job's label is ``job_id``: Prometheus reserves ``job``
 for the scrape job. The families are written by ``monitor.exposition`` (10,000 ranks are
-~150,000 series); the monitor's own health is under ``hangwatch_monitor_*``.
+~150,000 series); the monitor's own health is under ``hangwatch_monitor_*``. Times are Unix
+timestamps (``*_timestamp_seconds``), never ages: PromQL takes ``time() - x``, and a late scrape
+cannot show a wrong age. A silent node keeps its series (its last report time frozen) for as long
+as the monitor remembers it, so the alert on it holds.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from monitor.diagnosis.activity import ACTIVITIES
 from monitor.exposition import Family, labels, render
 from monitor.http_guard import HttpStats
 from monitor.load import LoadGuard
+from monitor.process_metrics import build_info, process_families
 from monitor.service import Monitor
 
 # Every word a rank's state can take: the activities plus "running" for a healthy job.
@@ -25,20 +29,20 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
     results = monitor.results(now)
 
     verdict = Family("hangwatch_job_verdict", "1 for the job's current verdict, 0 for the others")
-    stalled = Family("hangwatch_job_stalled_seconds",
-                     "Seconds since the job last made progress (since first seen if it never did)")
+    last_progress = Family("hangwatch_job_last_progress_timestamp_seconds",
+                           "Unix time the job last made progress (when first seen if it never did)")
     culprits = Family("hangwatch_job_culprit_ranks", "Number of culprit ranks")
     world = Family("hangwatch_job_world_size", "World size the ranks report")
     cpu_total = Family("hangwatch_rank_cpu_seconds", "CPU time the rank process used", "counter")
     cpu_ratio = Family("hangwatch_rank_cpu_ratio", "Rank CPU use over the last interval, 1 = one core")
     step = Family("hangwatch_rank_step", "Last training step the rank's log showed")
     up = Family("hangwatch_rank_alive", "1 while the rank process is alive")
-    since_progress = Family("hangwatch_rank_seconds_since_progress",
-                            "Seconds since the rank (or its job) last progressed")
+    rank_progress = Family("hangwatch_rank_last_progress_timestamp_seconds",
+                           "Unix time the rank (or, without its own, its job) last progressed")
     wait_ratio = Family("hangwatch_rank_collective_wait_ratio",
                         "Share of the rank's recent stack samples waiting in a collective (0-1)")
     rank_state = Family("hangwatch_rank_state", "1 for the rank's current state, 0 for the others")
-    culprit = Family("hangwatch_rank_culprit", "1 if the diagnosis names this rank as a culprit")
+    culprit = Family("hangwatch_rank_culprit", "1 if the diagnosis names this rank as a culprit; node: where it runs")
     for result in results:
         view, d = result.view, result.diagnosis
         job = view.job_id
@@ -46,7 +50,7 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
         for word in VERDICTS:
             verdict.add(labels(("job_id", "verdict"), (job, word)), 1.0 if d.verdict == word else 0.0)
         last = result.last_progress_at if result.last_progress_at is not None else view.first_seen_at
-        stalled.add(job_l, max(0.0, now - last))
+        last_progress.add(job_l, last)
         culprits.add(job_l, float(len(d.culprit_ranks)))
         world.add(job_l, float(view.world_size))
         job_last = view.job_progress_times[-1] if view.job_progress_times else None
@@ -60,7 +64,8 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
             prefix = job_rank_node[:-1]
             for word in RANK_STATES:
                 rank_state.add(f'{prefix},state="{word}"}}', 1.0 if current == word else 0.0)
-            culprit.add(job_rank, 1.0 if r.rank in culprit_set else 0.0)
+            # The node is on the series so an alert can name where each culprit runs.
+            culprit.add(job_rank_node, 1.0 if r.rank in culprit_set else 0.0)
             seconds = result.cpu_seconds.get(r.rank)
             if seconds is not None:
                 cpu_total.add(job_rank_node, seconds)
@@ -71,11 +76,13 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
             up.add(job_rank_node, 1.0 if r.alive else 0.0)
             rank_last = r.progress_times[-1] if r.progress_times else job_last
             if rank_last is not None:
-                since_progress.add(job_rank, max(0.0, now - rank_last))
+                rank_progress.add(job_rank, rank_last)
             if r.collective_wait_share is not None:
                 wait_ratio.add(job_rank, r.collective_wait_share)
 
-    age = Family("hangwatch_agent_last_report_age_seconds", "Seconds since the node's agent last reported")
+    last_report = Family("hangwatch_agent_last_report_timestamp_seconds",
+                         "Unix time the monitor last took a report from the node's agent (kept for a day "
+                         "after it falls silent)")
     collector_up = Family("hangwatch_agent_collector_up", "1 if the agent's collector worked in its last report")
     collector_errors = Family("hangwatch_agent_collector_errors", "Agent reports in which a collector failed",
                               "counter")
@@ -86,7 +93,7 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
     agent_memory = Family("hangwatch_agent_memory_bytes", "The agent's resident memory")
     for node in monitor.nodes():
         node_l = labels(("node",), (node.node,))
-        age.add(node_l, max(0.0, now - node.last_report_at))
+        last_report.add(node_l, node.last_report_at)
         if node.agent_cpu_percent is not None:
             agent_cpu.add(node_l, node.agent_cpu_percent / 100.0)
         if node.agent_rss_bytes is not None:
@@ -104,13 +111,13 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
     for reason, count in sorted(monitor.rejected.items()):
         rejected.add(labels(("reason",), (reason,)), float(count))
 
-    families = [verdict, stalled, culprits, world, cpu_total, cpu_ratio, step, up, since_progress, wait_ratio,
-                rank_state, culprit, age, collector_up, collector_errors, dump_failures, agent_cpu, agent_memory,
+    families = [build_info(), verdict, last_progress, culprits, world, cpu_total, cpu_ratio, step, up,
+                rank_progress, wait_ratio, rank_state, culprit, last_report, collector_up, collector_errors, dump_failures, agent_cpu, agent_memory,
                 reports, rejected]
-    return render([*families, *own_families(monitor, guard, now), *http_families(http)])
+    return render([*families, *own_families(monitor, guard), *http_families(http), *process_families()])
 
 
-def own_families(monitor: Monitor, guard: LoadGuard, now: float) -> list[Family]:
+def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
     """The monitor's own load: is it keeping up with its agents."""
     full = Family("hangwatch_monitor_full_reports", "Accepted reports that were full (not deltas)", "counter")
     full.add("", float(monitor.full_reports_total))
@@ -123,9 +130,9 @@ def own_families(monitor: Monitor, guard: LoadGuard, now: float) -> list[Family]
     overloaded.add("", 1.0 if guard.overloaded else 0.0)
     pass_s = Family("hangwatch_monitor_diagnosis_pass_seconds", "Wall time of the last diagnosis pass over all jobs")
     pass_s.add("", monitor.last_pass_s)
-    pass_age = Family("hangwatch_monitor_diagnosis_age_seconds", "Seconds since the last diagnosis pass ended")
+    pass_at = Family("hangwatch_monitor_last_diagnosis_timestamp_seconds", "Unix time the last diagnosis pass ended")
     if monitor.last_pass_at is not None:
-        pass_age.add("", max(0.0, now - monitor.last_pass_at))
+        pass_at.add("", monitor.last_pass_at)
     snapshots = Family("hangwatch_monitor_snapshots_written", "Node snapshots written to the database", "counter")
     snapshots.add("", float(monitor.store.snapshots_written))
     backlog = Family("hangwatch_monitor_store_backlog", "Database writes queued and not yet committed")
@@ -155,7 +162,7 @@ def own_families(monitor: Monitor, guard: LoadGuard, now: float) -> list[Family]
     dropped.add("", float(health.snapshots_dropped))
     ranks = Family("hangwatch_monitor_ranks", "Ranks the monitor tracks")
     ranks.add("", float(sum(len(j.ranks) for j in monitor.state.jobs.values())))
-    return [full, shed, lag, overloaded, pass_s, pass_age, snapshots, backlog, replayed, replay_dropped, store_up,
+    return [full, shed, lag, overloaded, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
             in_memory, write_failures, unsaved, dropped, ranks]
 
 

@@ -22,6 +22,7 @@ from monitor.diagnosis import Diagnosis, JobView
 from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.fastwire import decode_report
 from monitor.limits import Limits, Refusal, check_report
+from monitor.rank_timeline import RankTimeline
 from monitor.state import MonitorState
 from monitor.store import Store, VerdictChange
 from monitor.views import job_view
@@ -107,6 +108,8 @@ class Monitor:
         self.confirm_alarms = confirm_alarms
         self._settled: dict[str, Settled] = {}
         self.state = MonitorState()
+        # Each rank's diagnosed state over the recent past, for the page's timeline.
+        self.timeline = RankTimeline()
         # Routes run on the event loop, but the lock keeps the state whole should any
         # caller (a threadpool route, a test) come from another thread.
         self._lock = threading.RLock()
@@ -268,8 +271,10 @@ class Monitor:
                 self._revisions.pop(gone, None)
             for gone in set(self._settled) - set(self.state.jobs):
                 del self._settled[gone]
+            self.timeline.forget(self.state.jobs)
             self._dirty &= set(self.state.jobs)
-            self._full_seen &= set(self.state.nodes)  # a forgotten node starts over with a full report
+            # A node silent past the job retention (its jobs forgotten) starts over with a full report.
+            self._full_seen &= {n for n, t in self.state.nodes.items() if now - t.last_report_at <= self.job_retention_s}
             ids = list(self.state.jobs)
         step_started = time.perf_counter()
         for job_id in ids:
@@ -287,6 +292,8 @@ class Monitor:
             job = self.state.jobs[job_id]
             view = job_view(job, self.state.nodes, now, self.started_at)
             found = self._run_diagnosis(view)
+            # Each rank's state as observed, whatever verdict is published while an alarm confirms.
+            self.timeline.record(job_id, now, ((r.rank, r.state) for r in found.ranks))
             if self.confirm_alarms:
                 settled = self._settled[job_id] = settle(self._settled.get(job_id), found, now, job.last_progress_at)
                 found = settled.shown

@@ -43,6 +43,9 @@ KNOWN_SITES_KEPT = 64
 PHASE_MARKS_KEPT = 64
 # How long a forgotten job's dead ranks are ignored (agents stop listing them well before).
 FORGOTTEN_KEPT_S = 24 * 3600.0
+# How long a silent node is remembered (its jobs go after the job retention): while it is, its
+# last report time stays on /metrics and the agent-silent alert holds instead of clearing itself.
+SILENT_NODE_KEPT_S = 24 * 3600.0
 # Stack samples kept per rank for the collective wait share, and over how long.
 WAIT_SAMPLES_KEPT = 1024
 WAIT_SHARE_WINDOW_S = 600.0
@@ -597,7 +600,7 @@ class MonitorState:
                     self.forgotten[name] = now
                     self.forgotten_pids[name] = pids
         for name, node in list(self.nodes.items()):
-            if now - node.last_report_at > retention_s:
+            if now - node.last_report_at > max(retention_s, SILENT_NODE_KEPT_S):
                 del self.nodes[name]
         for job_id, at in list(self.forgotten.items()):
             if now - at > FORGOTTEN_KEPT_S:

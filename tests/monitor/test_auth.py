@@ -243,7 +243,7 @@ def test_the_real_agent_reports_over_https_with_its_node_token(tmp_path: Path) -
         assert refused.returncode == 1 and "--ca-file" in refused.stderr
         with httpx.Client(verify=trusted, timeout=5) as client:
             text = client.get(monitor.base + "/metrics").text
-        assert 'hangwatch_agent_last_report_age_seconds{node="node-x"}' in text and 'node="node-y"' not in text
+        assert 'hangwatch_agent_last_report_timestamp_seconds{node="node-x"}' in text and 'node="node-y"' not in text
         assert 'hangwatch_monitor_requests_unauthorized_total{kind="ingest"} 1.0' in text
         assert 'hangwatch_reports_rejected_total{reason="wrong_node"} 1.0' in text
         for done in (done, refused):

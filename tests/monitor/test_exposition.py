@@ -7,9 +7,10 @@ import math
 import pytest
 from monitor_reports import rank, report
 from monitor_testkit import TestClient
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.exposition import Family, labels, number, render
+from monitor.exposition import Family, from_client, labels, number, render
 
 
 @pytest.mark.parametrize("value", ['plain', 'quo"te', "back\\slash", "new\nline", "ünïcode", "a,b={c}"])
@@ -49,3 +50,19 @@ def test_monitor_families_are_exported(client: TestClient) -> None:
     assert families["hangwatch_monitor_full_reports"].samples[0].value == 1.0
     assert families["hangwatch_monitor_ranks"].samples[0].value == 1.0
     assert families["hangwatch_monitor_overloaded"].samples[0].value == 0.0
+
+
+def test_stock_collector_families_render_as_the_client_renders_them() -> None:
+    """from_client: a prometheus_client family goes through this writer and reads back the same."""
+    registry = CollectorRegistry()
+    Counter("demo_events", "Events", ["kind"], registry=registry).labels(kind='a"b').inc(3)
+    Gauge("demo_level", "Level", registry=registry).set(0.5)
+    ours = render([f for m in registry.collect() for f in from_client(m)]).decode()
+    theirs = generate_latest(registry).decode()
+
+    def parsed(text: str) -> list[tuple[str, str, list]]:
+        return [(f.name, f.type, [(s.name, s.labels, s.value) for s in f.samples])
+                for f in text_string_to_metric_families(text)]
+
+    assert parsed(ours) == parsed(theirs)
+    assert "demo_events_total{kind=\"a\\\"b\"} 3.0" in ours

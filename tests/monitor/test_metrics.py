@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import platform
+
+import psutil
 import pytest
 from monitor_reports import frame, progress, rank, report, stack
 from monitor_testkit import FakeClock, TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from hangwatch.version import version
 from monitor.diagnosis import VERDICTS, Diagnosis, JobView
+from monitor.state import SILENT_NODE_KEPT_S
 
 
 def scrape(client: TestClient) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -42,13 +47,20 @@ def test_metrics_follow_the_state(client: TestClient, clock: FakeClock, monkeypa
 
     for word in VERDICTS:
         assert value(m, "hangwatch_job_verdict", job_id="job-a", verdict=word) == (1.0 if word == "straggler" else 0.0)
-    assert value(m, "hangwatch_job_stalled_seconds", job_id="job-a") == pytest.approx(25.0)
+    # Times are timestamps: the job last progressed 25 s before the scrape, its agent reported 20 s before.
+    assert value(m, "hangwatch_job_last_progress_timestamp_seconds", job_id="job-a") == pytest.approx(clock.now - 25)
+    assert value(m, "hangwatch_rank_last_progress_timestamp_seconds", job_id="job-a", rank="0") == pytest.approx(
+        clock.now - 25)
+    # Rank 1 never progressed (nor did the job as a whole): no made-up time.
+    assert [lab["rank"] for lab, _ in m["hangwatch_rank_last_progress_timestamp_seconds"]] == ["0"]
     assert value(m, "hangwatch_rank_cpu_seconds_total", job_id="job-a", rank="0", node="node-a") == 100.0
     assert value(m, "hangwatch_rank_cpu_ratio", job_id="job-a", rank="1", node="node-a") == 0.5
     assert value(m, "hangwatch_rank_step", job_id="job-a", rank="0") == 30.0
     assert m.get("hangwatch_rank_step", []) == [({"job_id": "job-a", "rank": "0"}, 30.0)]
     assert value(m, "hangwatch_rank_alive", job_id="job-a", rank="1", node="node-a") == 1.0
-    assert value(m, "hangwatch_agent_last_report_age_seconds", node="node-a") == pytest.approx(20.0)
+    assert value(m, "hangwatch_agent_last_report_timestamp_seconds", node="node-a") == pytest.approx(clock.now - 20)
+    assert value(m, "hangwatch_rank_culprit", job_id="job-a", rank="1", node="node-a") == 1.0
+    assert value(m, "hangwatch_rank_culprit", job_id="job-a", rank="0", node="node-a") == 0.0
     assert value(m, "hangwatch_agent_collector_up", node="node-a", collector="proc") == 1.0
     assert value(m, "hangwatch_agent_collector_up", node="node-a", collector="stacks") == 0.0
     assert value(m, "hangwatch_reports_total") == 1.0
@@ -58,7 +70,8 @@ def test_metrics_follow_the_state(client: TestClient, clock: FakeClock, monkeypa
     for samples in m.values():
         for labels, _ in samples:
             assert "pid" not in labels
-            assert set(labels) <= {"job_id", "verdict", "rank", "node", "collector", "reason", "state", "kind"}
+            assert set(labels) <= {"job_id", "verdict", "rank", "node", "collector", "reason", "state", "kind",
+                                   "version", "python_version", "python_implementation"}
 
 
 def test_agents_own_cpu_and_memory_per_node(client: TestClient, clock: FakeClock) -> None:
@@ -76,16 +89,33 @@ def test_agents_own_cpu_and_memory_per_node(client: TestClient, clock: FakeClock
     assert value(scrape(client), "hangwatch_agent_cpu_ratio", node="node-a") == 0.03
 
 
-def test_ended_jobs_drop_out_after_the_retention(client: TestClient, clock: FakeClock) -> None:
+def test_ended_jobs_drop_out_after_the_retention_silent_nodes_stay(client: TestClient, clock: FakeClock) -> None:
     done = rank(job_id="done", world_size=1, alive=False, exit={"at": clock.now, "code": 0, "source": "proc"})
     client.post("/api/v1/reports", json=report(ranks=[done], sent_at=clock.now))
+    reported_at = clock.now
     m = scrape(client)
     assert sum(v for labels, v in m["hangwatch_job_verdict"] if labels["job_id"] == "done") == 1.0
     clock.advance(601)  # job_retention_s defaults to 600
     m = scrape(client)
     assert "hangwatch_job_verdict" not in m
-    assert "hangwatch_agent_last_report_age_seconds" not in m
     assert client.get("/diagnose", params={"format": "json"}).json()["jobs"] == []
+    # The silent node is still there, its last report time frozen: HangwatchAgentSilent holds.
+    assert value(m, "hangwatch_agent_last_report_timestamp_seconds", node="node-a") == reported_at
+    clock.advance(SILENT_NODE_KEPT_S)
+    assert "hangwatch_agent_last_report_timestamp_seconds" not in scrape(client)
+
+
+def test_build_info_and_process_metrics(client: TestClient) -> None:
+    m = scrape(client)
+    ((build, one),) = m["hangwatch_build_info"]
+    assert one == 1.0 and build == {"version": version(), "python_version": platform.python_version(),
+                                    "python_implementation": platform.python_implementation()}
+    # The monitor's own process, read from /proc as prometheus_client's ProcessCollector does.
+    assert value(m, "process_resident_memory_bytes") > 10_000_000
+    assert value(m, "process_cpu_seconds_total") > 0
+    assert value(m, "process_open_fds") >= 3 and value(m, "process_max_fds") >= value(m, "process_open_fds")
+    started = psutil.Process().create_time()
+    assert value(m, "process_start_time_seconds") == pytest.approx(started, abs=1.0)
 
 
 def test_metrics_with_no_jobs(client: TestClient) -> None:

@@ -8,7 +8,7 @@ import pytest
 from monitor_reports import ALL_REDUCE_FRAMES, frame, launcher, progress, rank, report, stack
 
 from monitor.diagnosis import ExitView, Frame, Stack
-from monitor.state import PROGRESS_POINTS_KEPT, MonitorState
+from monitor.state import PROGRESS_POINTS_KEPT, SILENT_NODE_KEPT_S, MonitorState
 from monitor.views import job_view
 from monitor.wire import Report
 
@@ -202,13 +202,16 @@ def test_prune_forgets_ended_and_silent_jobs() -> None:
     assert state.prune(T0 + 100, retention_s=300) == []
     apply(state, report(node="node-b", ranks=[rank(job_id="live")]), T0 + 400)
     assert state.prune(T0 + 400, retention_s=300) == ["done"]
-    assert set(state.nodes) == {"node-b"}
+    # A silent node outlives its jobs (its agent-silent alert holds), for a day.
+    assert set(state.nodes) == {"node-a", "node-b"}
     assert state.prune(T0 + 800, retention_s=300) == ["live"]
     # An agent still listing the dead ranks does not bring the job back; a live rank does.
     apply(state, report(ranks=[done], sent_at=T0 + 801), T0 + 801)
     assert "done" not in state.jobs
     apply(state, report(ranks=[rank(job_id="done")], sent_at=T0 + 802), T0 + 802)
     assert "done" in state.jobs
+    state.prune(T0 + 802 + SILENT_NODE_KEPT_S + 1, retention_s=300)
+    assert state.nodes == {}
 
 
 def test_log_errors_merge_windows_and_increments() -> None:
