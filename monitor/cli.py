@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
     parser.add_argument("--max-connections", help="open connections at most (default 4096, kept under the "
                         "open-file limit)")
+    parser.add_argument("--grafana-url", help="a Grafana dashboard linked from the status page; {job} in it is "
+                        "replaced by the job's id (env HANGWATCH_GRAFANA_URL)")
+    parser.add_argument("--runbook-url", help="the runbook (docs/runbook.md where your people read it) linked "
+                        "from the status page, with each verdict's section (env HANGWATCH_RUNBOOK_URL)")
     return parser
 
 

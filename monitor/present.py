@@ -11,11 +11,16 @@ from typing import Any
 from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
 from monitor.diagnosis.model import FlightRecord
 from monitor.job_names import job_names, rank_names
+from monitor.rank_ranges import ranks_text as ranks_text  # re-exported: render_text and tests import it from here
 from monitor.service import JobResult
+from monitor.stack_tree import stack_tree
 from monitor.state import JobTrack
 
 # Innermost main-thread Python frames compared when grouping ranks by stack.
 STACK_GROUP_DEPTH = 8
+# Jobs with these verdicts get no merged stack tree: nobody reads it for them, and at 10,000
+# ranks it is a noticeable share of each refresh of a healthy job's answer.
+NO_STACK_TREE = frozenset({"healthy", "finished"})
 
 
 def job_head(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]:
@@ -58,6 +63,7 @@ def job_dict(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]
         "stacks_unavailable_reason": view.stacks_unavailable_reason,
         "groups": [{"site": g.site, "ranks": list(g.ranks)} for g in d.groups],
         "stack_groups": stack_groups(view.ranks),
+        "stack_tree": None if d.verdict in NO_STACK_TREE else stack_tree(view.ranks, view.world_size),
         "launchers": [launcher_dict(launcher) for launcher in view.launchers],
         "orphans": [orphan_dict(o) for o in view.orphans],
         "now": view.now,
@@ -84,25 +90,6 @@ def stack_groups(ranks: Sequence[RankView], depth: int = STACK_GROUP_DEPTH) -> l
             by_frames.setdefault(frames, []).append(r.rank)
     groups = sorted(by_frames.items(), key=lambda item: (-len(item[1]), min(item[1])))
     return [{"ranks": sorted(members), "frames": list(frames)} for frames, members in groups]
-
-
-def ranks_text(ranks: Iterable[int]) -> str:
-    """``0-3,5,7-8``: consecutive ranks as ranges."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        if j == i:
-            parts.append(str(ordered[i]))
-        elif j == i + 1:
-            parts.append(f"{ordered[i]},{ordered[j]}")
-        else:
-            parts.append(f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def _top_frame(stack: Stack | None) -> str | None:

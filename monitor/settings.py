@@ -90,6 +90,10 @@ class Settings:
     # TLS: served over HTTPS when both are set (uvicorn's certificate options).
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
+    # Links on the status page: a Grafana dashboard ("{job}" is replaced by the job's id) and the
+    # runbook (docs/runbook.md where people can read it; the page adds each verdict's #section).
+    grafana_url: str | None = None
+    runbook_url: str | None = None
 
     @classmethod
     def load(
@@ -156,6 +160,11 @@ class Settings:
             path = getattr(self, name)
             if path is not None and not os.access(path, os.R_OK):
                 raise SettingsError(f"{named(name)} {path} is not readable")
+        for name in ("grafana_url", "runbook_url"):
+            url = getattr(self, name)
+            # Only web addresses: the page puts them in links, where javascript: would run.
+            if url is not None and not url.lower().startswith(("http://", "https://")):
+                raise SettingsError(f"{named(name)} must be an http:// or https:// address, not {url[:64]!r}")
         if self.log_level not in LOG_LEVELS:
             raise SettingsError(f"{named('log_level')} must be one of {', '.join(LOG_LEVELS)}, "
                                 f"not {self.log_level!r}")

@@ -1,8 +1,10 @@
-"""``GET /diagnose`` (text or JSON, full or summary, filtered and paged) and a job's verdict history."""
+"""``GET /diagnose`` (text or JSON, full or summary, filtered and paged); per job its verdict history,
+its ranks' state timeline and the whole evidence as one download."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Annotated, Any, Literal
 
@@ -11,7 +13,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
 
-from monitor.answers import answer_bytes, select, summary_dict
+from monitor.answers import answer_bytes, dumps, select, summary_dict
+from monitor.page_links import page_links
 from monitor.present import job_dict
 from monitor.render_text import render_monitor_status, render_text
 from monitor.routes.deps import MonitorDep
@@ -52,6 +55,8 @@ def monitor_status(request: Request, monitor: Monitor) -> dict[str, Any]:
         "jobs": len(monitor.state.jobs),
         # None while the database takes every write; else why not (history is held in memory).
         "storage_problem": monitor.store.health.problem,
+        # Where the status page links to (monitor/page_links.py).
+        "links": page_links(request.app.state.settings),
     }
 
 
@@ -112,16 +117,57 @@ def render_summary_text(jobs: list[dict[str, Any]]) -> str:
 
 @router.get("/api/v1/jobs/{job_id:job_id}/history")
 async def get_history(job_id: str, monitor: MonitorDep) -> JSONResponse:
+    return JSONResponse({"job_id": job_id, "history": await _history(job_id, monitor)})
+
+
+async def _history(job_id: str, monitor: Monitor) -> list[dict[str, Any]]:
     # A database read (after queued writes land): keep it off the event loop.
     changes = await run_in_threadpool(monitor.history, job_id)
     if not changes and not monitor.knows_job(job_id):
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
-    return JSONResponse(
-        {
-            "job_id": job_id,
-            "history": [
-                {"at": c.at, "verdict": c.verdict, "culprit_ranks": list(c.culprit_ranks), "summary": c.summary}
-                for c in changes
-            ],
-        }
-    )
+    return [{"at": c.at, "verdict": c.verdict, "culprit_ranks": list(c.culprit_ranks), "summary": c.summary}
+            for c in changes]
+
+
+@router.get("/api/v1/jobs/{job_id:job_id}/timeline")
+async def get_timeline(job_id: str, monitor: MonitorDep) -> JSONResponse:
+    if not monitor.knows_job(job_id):
+        raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
+    return JSONResponse({"job_id": job_id, **_timeline(job_id, monitor, monitor.clock())})
+
+
+def _timeline(job_id: str, monitor: Monitor, now: float) -> dict[str, Any]:
+    """Each rank's states over the last ``window_s`` seconds: ``[start, end, state]`` spans, oldest first."""
+    spans = monitor.timeline.spans(monitor.state.resolve(job_id), now)
+    return {
+        "now": now,
+        "window_s": monitor.timeline.window_s,
+        "ranks": [{"rank": rank, "spans": [[s.start, s.end, s.state] for s in runs]} for rank, runs in spans.items()],
+    }
+
+
+@router.get("/api/v1/jobs/{job_id:job_id}/evidence")
+async def get_evidence(request: Request, job_id: str, monitor: MonitorDep) -> Response:
+    """Everything the monitor holds on one job, as a file to attach to a ticket: the job as
+    ``/diagnose?format=json`` shows it (merged stacks included), its verdict history, its ranks'
+    state timeline and the monitor's own state."""
+    now = monitor.clock()
+    results = monitor.results(now, job_id=job_id)
+    if not results:
+        raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
+    result = results[0]
+    evidence = {
+        "saved_at": now,
+        "job": job_dict(result, monitor.state.jobs.get(result.view.job_id)),
+        "history": await _history(job_id, monitor),
+        "rank_timeline": _timeline(job_id, monitor, now),
+        "monitor": monitor_status(request, monitor),
+    }
+    name = f"hangwatch-evidence-{_file_safe(result.view.job_id)}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}.json"
+    return Response(dumps(evidence), media_type="application/json",
+                    headers={"Cache-Control": "no-store", "Content-Disposition": f'attachment; filename="{name}"'})
+
+
+def _file_safe(job_id: str) -> str:
+    """The job id as a file name part: ids come from the jobs (``host:port``, Slurm ids, anything)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", job_id)[:80].strip("._") or "job"

@@ -1,8 +1,10 @@
-// Status page: polls /diagnose every 2 s and redraws. Every value from the server goes in
-// through textContent, never innerHTML: stack frames and log lines come from the monitored
+// Status page: polls /diagnose every 2 s and updates the page in place (dom.js: only what
+// changed is touched, so a text selection survives a poll). Every value from the server goes
+// in through text nodes, never innerHTML: stack frames and log lines come from the monitored
 // processes. A cluster-wide monitor may hold thousands of jobs: the page lists them all from
 // the summary view, and shows in full only the jobs with a problem (at most FULL_CARDS_MAX)
-// and the one picked in the list (#job-ID), each fetched on its own.
+// and the one picked in the list (#job-ID), each fetched on its own. Times are shown with
+// their zone (the browser's), since the people reading them may sit in several.
 "use strict";
 
 const POLL_MS = 2000;
@@ -13,50 +15,49 @@ const TONE = {
 };
 // Jobs keep the place they first appeared in, so live jobs do not swap places on every poll.
 const jobOrder = [];
-// The SVG namespace is a name, not an address: nothing is fetched from it.
-const SVG_NS = "http://www.w3.org/2000/svg";
 const CHART_WINDOW_S = 300;
 const CHART = { width: 640, height: 150, left: 52, right: 10, top: 10, bottom: 20 };
 const LINE_COLORS = ["#3558c8", "#1a7f37", "#b35900", "#8e24aa", "#00838f", "#c62828", "#6d4c41", "#546e7a",
   "#d81b60", "#7cb342"];
-// Verdict history: fetched when a job's verdict changes, else at most every 10 s.
-const HISTORY_REFRESH_MS = 10000;
+// Verdict history and rank timelines: fetched when what they show changes, else at most every 10 s.
+const SIDE_REFRESH_MS = 10000;
 const HISTORY_SHOWN = 6;
-const histories = new Map();  // job_id -> { key, fetchedAt, changes, pending }
+// The per-rank timeline covers the chart's window; past this many ranks the rest are counted.
+const TIMELINE_RANKS_MAX = 64;
+const histories = new Map();  // job_id -> { key, fetchedAt, data, pending }
+const timelines = new Map();  // job_id -> { key, fetchedAt, data, pending }
+// Jobs whose merged stack tree shows its native frames (folded by default).
+const nativeShown = new Set();
 let lastData = null;
 
-function el(tag, attrs, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs || {})) {
-    if (key === "class") node.className = value; else node.setAttribute(key, value);
-  }
-  for (const child of children) {
-    if (child === null || child === undefined) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-  }
-  return node;
+function pad(n) {
+  return String(n).padStart(2, "0");
 }
 
-function svg(tag, attrs, ...children) {
-  const node = document.createElementNS(SVG_NS, tag);
-  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
-  for (const child of children) {
-    if (child === null || child === undefined) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-  }
-  return node;
+// "UTC+01:00" for the browser's offset at that moment (summer time included), "UTC" at zero.
+function zoneName(date) {
+  const offset = -date.getTimezoneOffset();
+  if (offset === 0) return "UTC";
+  const abs = Math.abs(offset);
+  return `UTC${offset > 0 ? "+" : "-"}${pad(Math.floor(abs / 60))}:${pad(abs % 60)}`;
+}
+
+// "14:03:07 UTC+01:00", with the date in front when it is not today.
+function clock(t) {
+  if (t === null || t === undefined) return "–";
+  const date = new Date(t * 1000);
+  const time = `${pad(date.getHours())}:${pad(date.getMinutes())}:${pad(date.getSeconds())}`;
+  const day = date.toDateString() === new Date().toDateString() ? ""
+    : `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())} `;
+  return `${day}${time} ${zoneName(date)}`;
 }
 
 function ago(seconds) {
   if (seconds === null || seconds === undefined) return "–";
   seconds = Math.max(0, seconds);
   if (seconds < 60) return `${seconds.toFixed(0)}s`;
-  if (seconds < 3600) return `${Math.floor(seconds / 60)}m${String(Math.floor(seconds % 60)).padStart(2, "0")}s`;
-  return `${Math.floor(seconds / 3600)}h${String(Math.floor((seconds % 3600) / 60)).padStart(2, "0")}m`;
-}
-
-function clock(t) {
-  return t === null || t === undefined ? "–" : new Date(t * 1000).toLocaleTimeString();
+  if (seconds < 3600) return `${Math.floor(seconds / 60)}m${pad(Math.floor(seconds % 60))}s`;
+  return `${Math.floor(seconds / 3600)}h${pad(Math.floor((seconds % 3600) / 60))}m`;
 }
 
 function orderJobs(jobs) {
@@ -73,7 +74,7 @@ function verdictBadge(verdict) {
 
 function listBlock(title, items) {
   if (!items || items.length === 0) return null;
-  return el("div", {}, el("h3", {}, title), el("ul", {}, ...items.map((item) => el("li", {}, item))));
+  return el("div", { key: title }, el("h3", {}, title), el("ul", {}, ...items.map((item) => el("li", {}, item))));
 }
 
 function ranksText(ranks) {
@@ -90,14 +91,9 @@ function ranksText(ranks) {
   return `${sorted.length === 1 ? "rank" : "ranks"} ${parts.join(",")}`;
 }
 
-// STAT-style merged stacks: ranks with identical main-thread stacks, biggest group first.
-function stackGroups(job) {
-  const groups = job.stack_groups || [];
-  if (groups.length === 0 || job.verdict === "healthy") return null;
-  return el("div", { class: "groups" }, el("h3", {}, "Stacks (innermost first)"),
-    el("ul", {}, ...groups.map((g) => el("li", {},
-      el("span", { class: "ranks" }, `${ranksText(g.ranks)}: `),
-      el("span", { class: "frame" }, g.frames.join(" ← "))))));
+// The server writes rank sets as ranges ("0,2-5"); one number is one rank.
+function rangesText(ranges) {
+  return `${/^\d+$/.test(ranges) ? "rank" : "ranks"} ${ranges}`;
 }
 
 function launcherBlock(job) {
@@ -126,7 +122,7 @@ function rankTable(job) {
   const culprits = new Set(job.culprit_ranks);
   const head = el("tr", {}, ...["rank", "node", "pid", "state", "CPU %", "wait %", "step", "no progress for", "top frame"]
     .map((h) => el("th", {}, h)));
-  const rows = job.ranks.map((r) => el("tr", { class: culprits.has(r.rank) ? "culprit" : "" },
+  const rows = job.ranks.map((r) => el("tr", { key: r.rank, class: culprits.has(r.rank) ? "culprit" : "" },
     el("td", { class: "num" }, r.rank),
     el("td", {}, r.node),
     el("td", { class: "num" }, r.pid ?? "–"),
@@ -137,7 +133,7 @@ function rankTable(job) {
     el("td", { class: "num" }, ago(r.seconds_since_progress)),
     el("td", { class: "frame" }, r.top_frame ?? "–"),
   ));
-  return el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows));
+  return el("table", { key: "ranks" }, el("thead", {}, head), el("tbody", {}, ...rows));
 }
 
 // Ranks with identical points (a job-scope log shared by all of them) share one line.
@@ -174,7 +170,7 @@ function visiblePoints(series, from, now) {
 function progressChart(job) {
   const series = chartSeries(job);
   if (series.length === 0) {
-    return el("div", { class: "chart" }, el("h3", {}, "Progress"),
+    return el("div", { key: "chart", class: "chart" }, el("h3", {}, "Progress"),
       el("p", { class: "meta" }, "no step numbers seen in the logs yet"));
   }
   const now = job.now;
@@ -214,111 +210,249 @@ function progressChart(job) {
     const last = s.points[s.points.length - 1];
     if (shown.length) {
       const d = shown.map(([t, step], j) => `${j ? "L" : "M"}${x(t).toFixed(1)},${y(step).toFixed(1)}`).join(" ");
-      parts.push(svg("path", { class: "series", d, stroke: color, "data-ranks": s.ranks.join(",") },
-        svg("title", {}, `${ranksText(s.ranks)}: step ${last[1]} at ${clock(last[0])}`)));
+      parts.push(svg("path", { key: `ranks ${s.ranks.join(",")}`, class: "series", d, stroke: color,
+        "data-ranks": s.ranks.join(",") },
+      svg("title", {}, `${ranksText(s.ranks)}: step ${last[1]} at ${clock(last[0])}`)));
     }
-    legend.push(el("span", { class: "entry" }, el("span", { class: "swatch", style: `background: ${color}` }),
-      `${ranksText(s.ranks)} (step ${last[1]})`));
+    legend.push(el("span", { key: s.ranks.join(","), class: "entry" },
+      el("span", { class: "swatch", style: `background: ${color}` }), `${ranksText(s.ranks)} (step ${last[1]})`));
   });
   const chart = svg("svg", {
     class: "progress", viewBox: `0 0 ${CHART.width} ${CHART.height}`, role: "img",
     "aria-label": `steps over the last ${CHART_WINDOW_S / 60} minutes`,
   }, ...parts);
-  return el("div", { class: "chart" }, el("h3", {}, `Progress (step, last ${CHART_WINDOW_S / 60} min)`), chart,
-    el("div", { class: "legend" }, ...legend));
+  return el("div", { key: "chart", class: "chart" }, el("h3", {}, `Progress (step, last ${CHART_WINDOW_S / 60} min)`),
+    chart, el("div", { class: "legend" }, ...legend));
 }
 
-function verdictKey(job) {
+// --- verdict history and rank timelines: side data fetched per job, kept between polls ---
+
+function historyKey(job) {
   return `${job.verdict}|${job.culprit_ranks.join(",")}`;
 }
 
-function refreshHistories(jobs) {
-  const nowMs = Date.now();
-  for (const job of jobs) {
-    let h = histories.get(job.job_id);
-    if (!h) histories.set(job.job_id, (h = { key: null, fetchedAt: 0, changes: null, pending: false }));
-    if (h.pending || (h.key === verdictKey(job) && nowMs - h.fetchedAt < HISTORY_REFRESH_MS)) continue;
-    h.pending = true;
-    h.key = verdictKey(job);
-    fetchHistory(job.job_id, h);
-  }
-  const live = new Set(jobs.map((job) => job.job_id));
-  for (const id of [...histories.keys()]) if (!live.has(id)) histories.delete(id);
+function timelineKey(job) {
+  return job.ranks.map((r) => `${r.rank}:${r.state}`).join(",");
 }
 
-async function fetchHistory(jobId, h) {
+function refreshSideData(jobs) {
+  refreshEach(jobs, histories, historyKey, (id) => `/api/v1/jobs/${encodeURIComponent(id)}/history`);
+  refreshEach(jobs, timelines, timelineKey, (id) => `/api/v1/jobs/${encodeURIComponent(id)}/timeline`);
+}
+
+function refreshEach(jobs, cache, keyOf, urlOf) {
+  const nowMs = Date.now();
+  for (const job of jobs) {
+    let entry = cache.get(job.job_id);
+    if (!entry) cache.set(job.job_id, (entry = { key: null, fetchedAt: 0, data: null, pending: false }));
+    if (entry.pending || (entry.key === keyOf(job) && nowMs - entry.fetchedAt < SIDE_REFRESH_MS)) continue;
+    entry.pending = true;
+    entry.key = keyOf(job);
+    fetchSide(cache, job.job_id, entry, urlOf(job.job_id));
+  }
+  const live = new Set(jobs.map((job) => job.job_id));
+  for (const id of [...cache.keys()]) if (!live.has(id)) cache.delete(id);
+}
+
+async function fetchSide(cache, jobId, entry, url) {
   try {
-    const response = await fetch(`/api/v1/jobs/${encodeURIComponent(jobId)}/history`, { cache: "no-store" });
-    if (response.ok) h.changes = (await response.json()).history;
+    const response = await fetch(url, { cache: "no-store" });
+    if (response.ok) entry.data = await response.json();
   } catch (err) {
     // Keep what was shown; the next refresh tries again.
   } finally {
-    h.pending = false;
-    h.fetchedAt = Date.now();
+    entry.pending = false;
+    entry.fetchedAt = Date.now();
   }
-  if (lastData && histories.get(jobId) === h) render(lastData.summary, lastData.detailed);
+  if (lastData && cache.get(jobId) === entry) render(lastData.summary, lastData.detailed);
 }
 
 // A bar of verdict spans (widths by duration) and the latest changes, newest first.
 function historyBlock(job) {
-  const h = histories.get(job.job_id);
-  const changes = (h && h.changes) || [];
+  const entry = histories.get(job.job_id);
+  const changes = (entry && entry.data && entry.data.history) || [];
   if (changes.length === 0) return null;
   const end = Math.max(job.now, changes[changes.length - 1].at);
   const segments = changes.map((c, i) => {
     const until = i + 1 < changes.length ? changes[i + 1].at : end;
     return el("span", {
-      class: `seg ${TONE[c.verdict] || ""}`, style: `flex-grow: ${Math.max(0, until - c.at).toFixed(3)}`,
-      title: `${c.verdict} ${clock(c.at)}–${i + 1 < changes.length ? clock(until) : "now"}`,
+      key: c.at, class: `seg ${TONE[c.verdict] || ""}`, style: `flex-grow: ${Math.max(0, until - c.at).toFixed(3)}`,
+      title: `${c.verdict} ${clock(c.at)} – ${i + 1 < changes.length ? clock(until) : "now"}`,
     });
   });
-  const recent = changes.slice(-HISTORY_SHOWN).reverse().map((c) => el("li", {},
+  const recent = changes.slice(-HISTORY_SHOWN).reverse().map((c) => el("li", { key: c.at },
     el("span", { class: "meta" }, clock(c.at)), verdictBadge(c.verdict),
     c.culprit_ranks.length ? el("span", {}, ranksText(c.culprit_ranks)) : null,
     el("span", { class: "meta change-summary", title: c.summary }, c.summary)));
-  return el("div", { class: "history" }, el("h3", {}, `Verdict history (${changes.length} ${changes.length === 1 ? "change" : "changes"})`),
+  return el("div", { key: "history", class: "history" },
+    el("h3", {}, `Verdict history (${changes.length} ${changes.length === 1 ? "change" : "changes"})`),
     el("div", { class: "bar" }, ...segments), el("ol", { class: "changes" }, ...recent));
 }
 
-function jobCard(job) {
+// Per rank, its states over the chart's window as coloured segments (the monitor keeps them:
+// /api/v1/jobs/ID/timeline); the newest state runs on to the job's "now".
+function timelineBlock(job) {
+  const entry = timelines.get(job.job_id);
+  const ranks = (entry && entry.data && entry.data.ranks) || [];
+  if (ranks.length === 0) return null;
+  const now = job.now;
+  const from = now - CHART_WINDOW_S;
+  const culprits = new Set(job.culprit_ranks);
+  const ordered = [...ranks].sort((a, b) => (culprits.has(b.rank) - culprits.has(a.rank)) || a.rank - b.rank);
+  const shown = ordered.slice(0, TIMELINE_RANKS_MAX);
+  const states = new Set();
+  const rows = shown.map(({ rank, spans }) => {
+    const segments = [];
+    let at = from;
+    spans.forEach(([start, end, state], i) => {
+      const last = i === spans.length - 1;
+      const s = Math.max(start, from);
+      const e = last ? Math.max(end, now) : Math.min(end, now);
+      if (e <= from || s >= e) return;
+      if (s > at) segments.push(el("span", { key: `gap ${at}`, class: "seg none", style: `flex-grow: ${(s - at).toFixed(3)}`,
+        title: "no state known" }));
+      states.add(state);
+      segments.push(el("span", {
+        key: start, class: `seg st-${state}`, style: `flex-grow: ${(e - s).toFixed(3)}`,
+        title: `rank ${rank}: ${state} ${clock(start)} – ${last ? "now" : clock(end)}`,
+      }));
+      at = e;
+    });
+    return el("div", { key: rank, class: `trow${culprits.has(rank) ? " culprit" : ""}`, "data-rank": rank },
+      el("span", { class: "label" }, `rank ${rank}`), el("div", { class: "tbar" }, ...segments));
+  });
+  const more = ranks.length - shown.length;
+  return el("div", { key: "timeline", class: "timeline" },
+    el("h3", {}, `Rank states (last ${CHART_WINDOW_S / 60} min)`),
+    el("div", { class: "trows" }, ...rows),
+    el("div", { class: "taxis" }, el("span", {}, `−${CHART_WINDOW_S / 60} min`), el("span", {}, "now")),
+    more > 0 ? el("p", { class: "meta" }, `${more} more ${more === 1 ? "rank" : "ranks"} not drawn`) : null,
+    el("div", { class: "legend" }, ...[...states].sort().map((state) => el("span", { key: state, class: "entry" },
+      el("span", { class: `swatch st-${state}` }), state))));
+}
+
+// --- the merged stack tree ---
+
+// The tree as rows, outermost frame first. Rows indent only where the tree branches, so a
+// 60-frame chain stays readable. Folded, each chain of native frames is one row.
+function treeRows(nodes, showNative, indent, parentMissing, path, rows) {
+  for (const node of nodes) {
+    const key = `${path}/${node.native ? "n" : "p"}:${node.frame}`;
+    let last = node;
+    if (node.native && !showNative) {
+      const chain = [node];
+      while (last.children.length === 1 && last.children[0].native) chain.push((last = last.children[0]));
+      rows.push({ key, fold: chain.length, node, indent, parentMissing });
+    } else {
+      rows.push({ key, node, indent, parentMissing });
+    }
+    treeRows(last.children, showNative, last.children.length > 1 ? indent + 1 : indent, last.missing, key, rows);
+  }
+  return rows;
+}
+
+function countNative(nodes) {
+  return nodes.reduce((n, node) => n + (node.native ? 1 : 0) + countNative(node.children), 0);
+}
+
+function stackTreeBlock(job) {
+  const tree = job.stack_tree;
+  if (!tree || tree.roots.length === 0) return null;
+  const showNative = nativeShown.has(job.job_id);
+  const natives = countNative(tree.roots);
+  const rows = treeRows(tree.roots, showNative, 0, "", "", []).map((row) => {
+    const { node } = row;
+    const missing = node.missing
+      ? el("span", { class: `missing${node.missing !== row.parentMissing ? " new" : ""}` }, `missing: ${rangesText(node.missing)}`)
+      : null;
+    const ranks = el("span", { class: "ranks" }, rangesText(node.ranks));
+    const indent = { style: `padding-left: ${(1.1 * row.indent).toFixed(1)}em` };
+    if (row.fold) {
+      return el("div", { key: row.key, class: "node fold", ...indent }, ranks,
+        el("button", { type: "button", class: "unfold", "data-native-toggle": job.job_id },
+          `${row.fold} native ${row.fold === 1 ? "frame" : "frames"}`), missing);
+    }
+    return el("div", { key: row.key, class: `node${node.native ? " native" : ""}`, ...indent },
+      ranks, el("span", { class: "frame" }, node.frame), missing);
+  });
+  const notes = [
+    tree.without_stack ? `no stack from ${rangesText(tree.without_stack)}` : null,
+    tree.not_merged ? `too many distinct stacks: ${rangesText(tree.not_merged)} not merged` : null,
+  ].filter(Boolean);
+  return el("div", { key: "stack-tree", class: "stack-tree" },
+    el("h3", {}, "Merged stacks (outermost first)",
+      natives ? el("button", { type: "button", class: "toggle-native", "data-native-toggle": job.job_id,
+        "aria-pressed": String(showNative) }, `${showNative ? "fold" : "show"} ${natives} native frames`) : null),
+    notes.length ? el("p", { class: "meta" }, notes.join(" · ")) : null,
+    el("div", { class: "tree" }, ...rows));
+}
+
+function toggleNative(jobId) {
+  if (nativeShown.has(jobId)) nativeShown.delete(jobId); else nativeShown.add(jobId);
+  if (lastData) render(lastData.summary, lastData.detailed);
+}
+
+// --- links: the evidence download, Grafana, the runbook section for the verdict ---
+
+function webAddress(url) {
+  return typeof url === "string" && /^https?:\/\//i.test(url) ? url : null;
+}
+
+function linksRow(job, links) {
+  const grafana = webAddress(links && links.grafana);
+  const runbook = webAddress(links && links.runbook);
+  const section = runbook && (links.runbook_sections || {})[job.verdict];
+  const id = encodeURIComponent(job.job_id);
+  return el("div", { key: "links", class: "links" },
+    el("a", { href: `/api/v1/jobs/${id}/evidence`, download: "", class: "evidence" }, "download evidence (JSON)"),
+    grafana ? el("a", { href: grafana.split("{job}").join(id), class: "grafana", rel: "noopener noreferrer",
+      target: "_blank" }, "Grafana") : null,
+    runbook ? el("a", { href: section ? `${runbook.split("#")[0]}#${section}` : runbook, class: "runbook",
+      rel: "noopener noreferrer", target: "_blank" }, section ? `runbook: ${job.verdict.replace("_", " ")}` : "runbook") : null);
+}
+
+function jobCard(job, links) {
   const tone = TONE[job.verdict] || "";
-  const since = job.since === null ? null : el("span", { class: "meta" }, `since ${clock(job.since)}`);
-  const meta = el("span", { class: "meta" },
+  const since = job.since === null ? null : el("span", { key: "since", class: "meta" }, `since ${clock(job.since)}`);
+  const known = job.names && job.names.display ? el("span", { key: "names", class: "names" }, job.names.display) : null;
+  const meta = el("span", { key: "meta", class: "meta" },
     `world size ${job.world_size ?? "?"} · ${job.ranks.length} ranks seen · last report ${clock(job.last_report_at)}`);
   const culprits = job.culprit_ranks.length
-    ? el("div", { class: "meta" }, `culprit ranks: ${job.culprit_ranks.join(", ")}`) : null;
+    ? el("div", { key: "culprits", class: "meta" }, `culprit ranks: ${job.culprit_ranks.join(", ")}`) : null;
   const stacks = job.stacks_unavailable_reason
-    ? el("div", { class: "meta" }, `stacks unavailable: ${job.stacks_unavailable_reason}`) : null;
-  return el("section", { class: `job ${tone}`, id: `job-${job.job_id}` },
-    el("h2", {}, verdictBadge(job.verdict), el("span", {}, job.job_id), since, meta),
+    ? el("div", { key: "no-stacks", class: "meta" }, `stacks unavailable: ${job.stacks_unavailable_reason}`) : null;
+  const troubled = job.verdict !== "healthy";
+  return el("section", { key: `job-${job.job_id}`, class: `job ${tone}`, id: `job-${job.job_id}` },
+    el("h2", {}, verdictBadge(job.verdict), el("span", { key: "id" }, job.job_id), known, since, meta),
+    linksRow(job, links),
     el("p", { class: "summary" }, job.summary),
     culprits, stacks,
     el("div", { class: "lists" }, listBlock("Evidence", job.evidence), listBlock("Hints", job.hints),
       launcherBlock(job), orphanBlock(job)),
     el("div", { class: "over-time" }, progressChart(job), historyBlock(job)),
-    stackGroups(job),
+    timelineBlock(job),
+    troubled ? stackTreeBlock(job) : null,
     rankTable(job),
   );
 }
 
 function render(summary, detailed) {
   lastData = { summary, detailed };
+  const links = summary.monitor && summary.monitor.links;
   const listed = orderJobs(summary.jobs);
-  const overview = document.getElementById("overview");
-  overview.replaceChildren(...listed.map((job) =>
-    el("a", { href: `#job-${job.job_id}` }, verdictBadge(job.verdict), job.job_id)));
-  const main = document.getElementById("jobs");
-  const cards = orderJobs(detailed).map(jobCard);
+  patch(document.getElementById("overview"), listed.map((job) =>
+    el("a", { key: job.job_id, href: `#job-${job.job_id}` }, verdictBadge(job.verdict), job.job_id)));
+  const cards = orderJobs(detailed).map((job) => jobCard(job, links));
   const total = summary.total_jobs ?? listed.length;
+  let rest = null;
   if (total === 0) {
-    main.replaceChildren(el("p", { class: "empty" }, "No jobs reported yet. Start hangwatch-agent on the training nodes."));
+    rest = el("p", { key: "empty", class: "empty" }, "No jobs reported yet. Start hangwatch-agent on the training nodes.");
   } else if (cards.length < total) {
-    const rest = total - cards.length;
-    main.replaceChildren(...cards, el("p", { class: "empty" },
-      `${rest} more ${rest === 1 ? "job" : "jobs"} without a problem: pick one in the list above to see it in full.`));
-  } else {
-    main.replaceChildren(...cards);
+    const more = total - cards.length;
+    rest = el("p", { key: "empty", class: "empty" },
+      `${more} more ${more === 1 ? "job" : "jobs"} without a problem: pick one in the list above to see it in full.`);
   }
+  patch(document.getElementById("jobs"), [...cards, rest].filter(Boolean));
 }
 
 function monitorNote(status) {
@@ -352,7 +486,7 @@ async function fetchJobs() {
 
 function setStatus(text, isError) {
   const status = document.getElementById("status");
-  status.textContent = text;
+  patch(status, [text]);
   status.classList.toggle("error", Boolean(isError));
 }
 
@@ -360,8 +494,9 @@ async function poll() {
   try {
     const [summary, detailed] = await fetchJobs();
     render(summary, detailed);
-    refreshHistories(detailed);
-    setStatus(`updated ${new Date().toLocaleTimeString()}${monitorNote(summary.monitor)}`, Boolean(monitorNote(summary.monitor)));
+    refreshSideData(detailed);
+    const note = monitorNote(summary.monitor);
+    setStatus(`updated ${clock(Date.now() / 1000)}${note}`, Boolean(note));
   } catch (err) {
     setStatus(`cannot reach the monitor (${err.message}); retrying`, true);
   } finally {
@@ -373,7 +508,12 @@ if (typeof window !== "undefined" && window.addEventListener) {
   // Picking a job in the list shows it in full at once, not at the next poll.
   window.addEventListener("hashchange", () => fetchJobs().then(([summary, detailed]) => {
     render(summary, detailed);
-    refreshHistories(detailed);
+    refreshSideData(detailed);
   }).catch(() => {}));
+  // One listener for every fold button: the buttons come and go with the data.
+  document.addEventListener("click", (event) => {
+    const button = event.target.closest && event.target.closest("[data-native-toggle]");
+    if (button) toggleNative(button.getAttribute("data-native-toggle"));
+  });
 }
 poll();

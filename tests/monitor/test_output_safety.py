@@ -204,14 +204,17 @@ def test_headers_a_route_sets_itself_are_kept_and_other_scopes_pass() -> None:
 def test_page_files_run_under_the_policy() -> None:
     """No inline script, style element or event handler; style attributes only from constants."""
     html = (STATIC_DIR / "index.html").read_text()
-    assert re.findall(r"<script\b[^>]*>", html) == ['<script src="/static/app.js">']
+    assert re.findall(r"<script\b[^>]*>", html) == ['<script src="/static/dom.js">', '<script src="/static/app.js">']
     assert "<style" not in html and not re.search(r"\s(on\w+|style)\s*=", html)
     assert not re.search(r"(src|href)\s*=\s*\"(?!/|data:,\"|#)", html)
-    js = (STATIC_DIR / "app.js").read_text()
+    js = (STATIC_DIR / "dom.js").read_text() + (STATIC_DIR / "app.js").read_text()
     for sink in ("innerHTML =", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function",
                  "setTimeout(\"", "javascript:"):
         assert sink not in js, sink
     # 'unsafe-inline' for style attributes is safe only while no reported string goes into one.
     assert re.findall(r"style: `([^`]*)`", js) == ["background: ${color}",
-                                                   "flex-grow: ${Math.max(0, until - c.at).toFixed(3)}"]
+                                                   "flex-grow: ${Math.max(0, until - c.at).toFixed(3)}",
+                                                   "flex-grow: ${(s - at).toFixed(3)}",
+                                                   "flex-grow: ${(e - s).toFixed(3)}",
+                                                   "padding-left: ${(1.1 * row.indent).toFixed(1)}em"]
     assert "color = LINE_COLORS[" in js

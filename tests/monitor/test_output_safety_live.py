@@ -142,10 +142,10 @@ def test_page_in_a_browser_shows_the_strings_as_text(monitor_url: str, tmp_path:
             shown_ids = page.evaluate(
                 "Array.from(document.querySelectorAll('section.job h2 > span:nth-child(2)')).map(e => e.textContent)")
             assert sorted(shown_ids) == sorted([JOB, LABEL_JOB])
-            frames = page.evaluate("Array.from(document.querySelectorAll('.groups .frame')).map(e => e.textContent)")
+            frames = page.evaluate("Array.from(document.querySelectorAll('.stack-tree .frame')).map(e => e.textContent)")
             assert any(f.startswith("wait_" + PAYLOAD) for f in frames), frames
             assert page.evaluate("document.querySelectorAll('img, iframe, object, embed').length") == 0
-            assert page.evaluate("document.scripts.length") == 1
+            assert page.evaluate("document.scripts.length") == 2  # dom.js, app.js
             # Style attributes set by app.js apply: the legend's colour, the history bar's widths.
             swatch = page.evaluate("getComputedStyle(document.querySelector('.legend .swatch')).backgroundColor")
             assert swatch not in ("", "rgba(0, 0, 0, 0)"), swatch

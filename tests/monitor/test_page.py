@@ -1,20 +1,33 @@
-"""GET /: the status page is self-contained (works offline) and polls the JSON report."""
+"""GET /: the status page is self-contained (works offline), polls the JSON report and updates in place;
+the data it shows beside the report (rank timelines, the evidence download, its links) comes from the monitor."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
-from monitor_reports import frame, launcher, orphan, progress, rank, report, stack
-from monitor_testkit import FakeClock, TestClient
+from monitor_reports import ALL_REDUCE_FRAMES, frame, launcher, orphan, progress, rank, report, stack
+from monitor_testkit import FakeClock, TestClient, post_report
 
-from monitor.diagnosis import Diagnosis
+from monitor.app import create_app
+from monitor.diagnosis import Diagnosis, RankDiagnosis
+from monitor.page_links import RUNBOOK_SECTIONS
 from monitor.routes.page import STATIC_DIR
+from monitor.settings import Settings, SettingsError
+from monitor.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ("dom.js", "app.js")
+GRAFANA = "https://grafana.example.com/d/hangwatch?var-job={job}"
+RUNBOOK = "https://git.example.com/hangwatch/blob/main/docs/runbook.md"
 
 SVG_NS = "http://www.w3.org/2000/svg"
 
@@ -26,50 +39,63 @@ def test_page_is_html_with_local_resources_only(client: TestClient) -> None:
     html = response.text
     assert "<title>hangwatch</title>" in html
     refs = re.findall(r'(?:src|href)="([^"]+)"', html)
-    assert "/static/app.js" in refs and "/static/style.css" in refs
+    assert "/static/dom.js" in refs and "/static/app.js" in refs and "/static/style.css" in refs
+    assert refs.index("/static/dom.js") < refs.index("/static/app.js")  # app.js uses what dom.js defines
+    assert not re.search(r"<script>|<script [^>]*>[^<]", html)  # no inline script (the CSP forbids them)
     assert not [r for r in refs if "//" in r]
     # An empty data: icon, so the browser asks for no /favicon.ico.
     assert '<link rel="icon" href="data:,">' in html
 
 
 def test_script_and_style_are_served_and_poll_the_json_report(client: TestClient) -> None:
-    script = client.get("/static/app.js")
-    assert script.status_code == 200
-    assert "javascript" in script.headers["content-type"]
-    assert "/diagnose?format=json" in script.text
-    assert "2000" in script.text
-    assert "innerHTML" not in script.text.replace("never innerHTML", "")
+    scripts = {}
+    for name in SCRIPTS:
+        script = client.get(f"/static/{name}")
+        assert script.status_code == 200
+        assert "javascript" in script.headers["content-type"]
+        assert "innerHTML" not in script.text.replace("never innerHTML", "")
+        scripts[name] = script.text
+    assert "/diagnose?format=json" in scripts["app.js"]
+    assert "2000" in scripts["app.js"]
     # The SVG namespace name is the one address allowed: it is never fetched.
-    assert script.text.count(SVG_NS) == 1
-    assert not re.search(r"https?://", script.text.replace(SVG_NS, ""))
+    both = "".join(scripts.values())
+    assert both.count(SVG_NS) == 1
+    assert not re.search(r"https?://", both.replace(SVG_NS, ""))
     style = client.get("/static/style.css")
     assert style.status_code == 200
     assert not re.search(r"https?://|@import", style.text)
 
 
-def test_script_parses() -> None:
-    result = subprocess.run(["node", "--check", str(STATIC_DIR / "app.js")], capture_output=True, text=True, timeout=30)
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_parses(name: str) -> None:
+    result = subprocess.run(["node", "--check", str(STATIC_DIR / name)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
 
 
-def render_page(client: TestClient, tmp_path: Path) -> dict[str, Any]:
-    """What app.js shows for the monitor's current answer; each job's history comes from the monitor too."""
-    answer = tmp_path / "diagnose.json"
-    data = client.get("/diagnose", params={"format": "json"}).json()
-    answer.write_text(json.dumps(data))
-    routes = {}
-    for job in data["jobs"]:
-        url = f"/api/v1/jobs/{job['job_id']}/history"
-        routes[url] = client.get(url).json()
-    routes_file = tmp_path / "routes.json"
+def run_page(tmp_path: Path, answer: dict[str, Any], routes: dict[str, Any], polls: int = 1,
+             tz: str = "UTC") -> dict[str, Any]:
+    """What the page's scripts show (tests/monitor/page_smoke.js) for these answers, in time zone ``tz``."""
+    answer_file, routes_file = tmp_path / "diagnose.json", tmp_path / "routes.json"
+    answer_file.write_text(json.dumps(answer))
     routes_file.write_text(json.dumps(routes))
     result = subprocess.run(
-        ["node", str(Path(__file__).with_name("page_smoke.js")), str(STATIC_DIR / "app.js"), str(answer),
-         str(routes_file)],
-        capture_output=True, text=True, timeout=30,
+        ["node", str(Path(__file__).with_name("page_smoke.js")), str(STATIC_DIR), str(answer_file), str(routes_file),
+         str(polls)],
+        capture_output=True, text=True, timeout=30, env={**os.environ, "TZ": tz},
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def render_page(client: TestClient, tmp_path: Path, polls: int = 1, tz: str = "UTC") -> dict[str, Any]:
+    """What the page shows for the monitor's current answer; each job's history and timeline come from the monitor too."""
+    data = client.get("/diagnose", params={"format": "json"}).json()
+    routes = {}
+    for job in data["jobs"]:
+        for part in ("history", "timeline"):
+            url = f"/api/v1/jobs/{job['job_id']}/{part}"
+            routes[url] = client.get(url).json()
+    return run_page(tmp_path, data, routes, polls, tz)
 
 
 def test_script_renders_jobs(client: TestClient, clock: FakeClock, tmp_path: Path) -> None:
@@ -94,6 +120,7 @@ def test_script_shows_stack_groups_launchers_and_orphans(
     client.post("/api/v1/reports", json=body)
     jobs = render_page(client, tmp_path)["jobs"]
     assert "save_checkpoint (train.py:150)" in jobs and "rank 0" in jobs and "rank 1" in jobs
+    assert "all_reduce (torch/distributed/distributed_c10d.py:2501)" in jobs  # rank 1's, in the merged tree
     assert "node-a pid 900, node 0 of 2, 2 workers, alive" in jobs
     assert "node-a pid 4242 (listening on 29500): torchrun stale.py" in jobs
     verdict["word"] = "healthy"
@@ -176,16 +203,180 @@ def test_a_cluster_shows_every_job_and_only_problem_jobs_in_full(
                                                    sent_at=clock.now))
     urls = ["/diagnose?format=json&view=summary", "/diagnose?format=json&problems=1&limit=20"]
     routes = {url: client.get(url).json() for url in urls}
-    routes["/api/v1/jobs/job-07/history"] = client.get("/api/v1/jobs/job-07/history").json()
-    answer = tmp_path / "diagnose.json"
-    answer.write_text(json.dumps({"jobs": [], "total_jobs": 0}))  # any other /diagnose URL: nothing
-    routes_file = tmp_path / "routes.json"
-    routes_file.write_text(json.dumps(routes))
-    result = subprocess.run(["node", str(Path(__file__).with_name("page_smoke.js")), str(STATIC_DIR / "app.js"),
-                             str(answer), str(routes_file)], capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0, result.stderr
-    shown = json.loads(result.stdout)
+    for part in ("history", "timeline"):
+        routes[f"/api/v1/jobs/job-07/{part}"] = client.get(f"/api/v1/jobs/job-07/{part}").json()
+    # Any other /diagnose URL: nothing.
+    shown = run_page(tmp_path, {"jobs": [], "total_jobs": 0}, routes)
     assert all(f"job-{i:02d}" in shown["overview"] for i in range(25))
     assert list(shown["cards"]) == ["job-07"]
     assert "24 more jobs without a problem" in shown["jobs"]
     assert shown["fetched"][:2] == urls
+
+
+# --- the page during an incident (issue 10) ---
+
+NATIVE_WAIT = [frame("pthread_cond_wait", native=True), frame("c10d::Work::wait", native=True)]
+LINGER_FRAMES = [frame("linger_forever", "/work/train.py", 12), frame("<module>", "/work/train.py", 90)]
+
+
+@pytest.fixture
+def linked_client(settings: Settings, store: Store, clock: FakeClock) -> Iterator[TestClient]:
+    """A monitor started with --grafana-url and --runbook-url."""
+    linked = Settings.from_raw({**{f: getattr(settings, f) for f in ("db", "tick_interval_s", "confirm_alarms")},
+                                "grafana_url": GRAFANA, "runbook_url": RUNBOOK})
+    with TestClient(create_app(linked, store, clock=clock)) as client:
+        yield client
+
+
+def post_deadlock(client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, readings: int = 1) -> None:
+    """Rank 0 waits in all_reduce (native frames under it), rank 1 lingers elsewhere; diagnosed each reading."""
+    states = iter(["running", "idle", "idle", "idle", "idle", "idle"])
+    state_of_1 = {"now": "running"}
+    monkeypatch.setattr("monitor.diagnosis.diagnose", lambda job: Diagnosis(
+        "deadlock", (1,), job.now - 30, "rank 0 waits in all_reduce; rank 1 never reached it",
+        ranks=(RankDiagnosis(0, "in_collective"), RankDiagnosis(1, state_of_1["now"]))))
+    waiting = stack(clock.now, frames=NATIVE_WAIT + ALL_REDUCE_FRAMES, native=True)
+    lingering = stack(clock.now, frames=LINGER_FRAMES)
+    for _ in range(readings):
+        state_of_1["now"] = next(states)
+        body = report(ranks=[rank(rank=0, stack=waiting, cpu_percent=0.0), rank(rank=1, stack=lingering, cpu_percent=0.0)],
+                      sent_at=clock.now)
+        client.post("/api/v1/reports", json=body)
+        client.get("/diagnose")
+        clock.advance(10)
+
+
+def test_a_second_poll_updates_the_page_in_place(client: TestClient, clock: FakeClock, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    post_deadlock(client, clock, monkeypatch, readings=2)
+    shown = render_page(client, tmp_path, polls=2)
+    assert shown["fetched"].count("/diagnose?format=json") == 2  # two polls
+    # The same answer again: not one node made, every node of the first poll still in place.
+    assert shown["second"] == {"created": 0, "kept": True}
+
+
+def test_merged_stack_tree_marks_the_missing_ranks_and_folds_native_frames(
+    client: TestClient, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    post_deadlock(client, clock, monkeypatch)
+    card = render_page(client, tmp_path)["cards"]["job-a"]
+    rows = [(row["text"], row["style"], [m["cls"] for m in row["missing"]]) for row in card["tree"]]
+    assert rows == [
+        ("ranks 0,1 <module> (train.py:90)", "padding-left: 0.0em", []),
+        ("rank 0 train_step (train.py:50) missing: rank 1", "padding-left: 1.1em", ["missing new"]),
+        ("rank 0 wrapper (torch/distributed/c10d_logger.py:83) missing: rank 1", "padding-left: 1.1em", ["missing"]),
+        ("rank 0 all_reduce (torch/distributed/distributed_c10d.py:2501) missing: rank 1", "padding-left: 1.1em",
+         ["missing"]),
+        # Folded by default: the two native frames under all_reduce are one row with its toggle.
+        ("rank 0 2 native frames missing: rank 1", "padding-left: 1.1em", ["missing"]),
+        ("rank 1 linger_forever (train.py:12) missing: rank 0", "padding-left: 1.1em", ["missing new"]),
+    ]
+    assert card["tree"][4]["cls"] == "node fold"
+    assert "show 2 native frames" in card["tree_title"]
+
+
+def test_healthy_jobs_get_no_stack_tree(client: TestClient, clock: FakeClock) -> None:
+    client.post("/api/v1/reports", json=report(ranks=[rank(rank=0), rank(rank=1)], sent_at=clock.now))
+    job = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
+    assert job["verdict"] == "healthy" and job["stack_tree"] is None
+
+
+def test_rank_timeline_draws_each_ranks_states_culprits_first(
+    client: TestClient, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    post_deadlock(client, clock, monkeypatch, readings=4)  # rank 1 running at 0 s, idle from 10 s on
+    timeline = client.get("/api/v1/jobs/job-a/timeline").json()
+    start = clock.now - 40
+    assert timeline["ranks"] == [
+        {"rank": 0, "spans": [[start, clock.now, "in_collective"]]},
+        {"rank": 1, "spans": [[start, start + 10, "running"], [start + 10, clock.now, "idle"]]},
+    ]
+    rows = render_page(client, tmp_path)["cards"]["job-a"]["timeline"]
+    assert [(r["rank"], r["cls"]) for r in rows] == [("1", "trow culprit"), ("0", "trow")]
+    culprit, waiting = rows
+    # Before the job was seen: no state; then each state for as long as it lasted (flex-grow: seconds).
+    assert [(s["cls"], s["style"]) for s in culprit["segments"]] == [
+        ("seg none", "flex-grow: 260.000"), ("seg st-running", "flex-grow: 10.000"), ("seg st-idle", "flex-grow: 30.000")]
+    assert [s["cls"] for s in waiting["segments"]] == ["seg none", "seg st-in_collective"]
+    # The fake clock's day is not today: the date comes first.
+    assert re.fullmatch(r"rank 1: idle \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC – now", culprit["segments"][2]["title"])
+
+
+def test_timeline_of_an_unknown_job_is_404(client: TestClient) -> None:
+    assert client.get("/api/v1/jobs/nope/timeline").status_code == 404
+    assert client.get("/api/v1/jobs/nope/evidence").status_code == 404
+
+
+def test_evidence_is_one_download_with_the_job_its_history_and_timeline(
+    client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    post_deadlock(client, clock, monkeypatch, readings=2)
+    response = client.get("/api/v1/jobs/job-a/evidence")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert re.fullmatch(r'attachment; filename="hangwatch-evidence-job-a-\d{8}T\d{6}Z\.json"',
+                        response.headers["content-disposition"])
+    evidence = response.json()
+    assert evidence["job"]["job_id"] == "job-a" and evidence["job"]["verdict"] == "deadlock"
+    assert evidence["job"]["stack_tree"]["roots"][0]["frame"] == "<module> (train.py:90)"
+    assert [c["verdict"] for c in evidence["history"]] == ["deadlock"]
+    assert [r["rank"] for r in evidence["rank_timeline"]["ranks"]] == [0, 1]
+    assert "links" in evidence["monitor"]
+
+
+def test_evidence_file_name_keeps_only_safe_characters(client: TestClient, clock: FakeClock) -> None:
+    job_id = '.a/b"c\nd:29500'
+    post_report(client, report(ranks=[rank(job_id=job_id)], sent_at=clock.now))
+    response = client.get(f"/api/v1/jobs/{quote(job_id, safe='')}/evidence")
+    assert response.status_code == 200, response.text
+    assert re.fullmatch(r'attachment; filename="hangwatch-evidence-a_b_c_d_29500-\d{8}T\d{6}Z\.json"',
+                        response.headers["content-disposition"])
+
+
+def test_links_to_grafana_and_the_runbook_section_when_configured(
+    linked_client: TestClient, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    post_deadlock(linked_client, clock, monkeypatch)
+    card = render_page(linked_client, tmp_path)["cards"]["job-a"]
+    assert card["links"][:3] == [
+        {"href": "/api/v1/jobs/job-a/evidence", "download": "", "text": "download evidence (JSON)"},
+        {"href": "https://grafana.example.com/d/hangwatch?var-job=job-a", "download": None, "text": "Grafana"},
+        {"href": RUNBOOK + "#deadlock", "download": None, "text": "runbook: deadlock"},
+    ]
+
+
+def test_without_configured_links_only_the_evidence_download(
+    client: TestClient, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    post_deadlock(client, clock, monkeypatch)
+    links = render_page(client, tmp_path)["cards"]["job-a"]["links"]
+    assert [link["text"] for link in links] == ["download evidence (JSON)"]
+
+
+def test_every_runbook_section_the_page_links_to_exists() -> None:
+    headings = re.findall(r"^## (.+)$", (ROOT / "docs" / "runbook.md").read_text(), re.MULTILINE)
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
+    assert set(RUNBOOK_SECTIONS.values()) <= anchors, set(RUNBOOK_SECTIONS.values()) - anchors
+
+
+@pytest.mark.parametrize("name", ["grafana_url", "runbook_url"])
+def test_link_settings_take_only_web_addresses(name: str, tmp_path: Path) -> None:
+    variable = f"HANGWATCH_{name.upper()}"
+    env = {variable: "javascript:alert(1)", "HANGWATCH_DB": str(tmp_path / "m.db")}
+    with pytest.raises(SettingsError, match=f"^{variable} must be an http:// or https:// address"):
+        Settings.load(env=env)
+    assert getattr(Settings.load(env={**env, variable: "https://x.example/a"}), name) == "https://x.example/a"
+
+
+@pytest.mark.parametrize(("tz", "zone"), [("UTC", "UTC"), ("Asia/Kolkata", "UTC+05:30"), ("America/Caracas", "UTC-04:00")])
+def test_times_carry_their_zone(client: TestClient, clock: FakeClock, tmp_path: Path,
+                                monkeypatch: pytest.MonkeyPatch, tz: str, zone: str) -> None:
+    post_deadlock(client, clock, monkeypatch, readings=2)
+    shown = render_page(client, tmp_path, tz=tz)
+    time_at = r"(\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d"
+    assert re.fullmatch(f"updated {time_at} {re.escape(zone)}", shown["status"]), shown["status"]
+    card = shown["cards"]["job-a"]
+    for label in ("since", "last report"):
+        assert re.search(f"{label} {time_at} {re.escape(zone)}", card["text"]), card["text"]
+    history_times = re.findall(f"{time_at} ([^ ]+)", card["history"])
+    assert history_times and all(z == zone for _, z in history_times), card["history"]
