@@ -1,8 +1,9 @@
 """A real Prometheus server (Debian's `prometheus`) on a loopback port, for the ops tests.
 
-Its configuration is deploy/prometheus/scrape-config.yml with the target, the rule file and the
-intervals replaced; its rules are dashboards/hangwatch-alerts.yml with every ``for:`` shortened
-(``rules_for_test``), so an alert fires within seconds of the verdict instead of 30 s to 5 min.
+Its configuration is deploy/prometheus/scrape-config.yml with the target, the rule files and the
+intervals replaced; its rules are the mixin's recording rules and dashboards/hangwatch-alerts.yml
+with every ``for:`` shortened (``rules_for_test``), so an alert fires within seconds of the verdict
+instead of 30 s to 5 min.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hangwatch.harness import LOOPBACK, Reaper, free_port, wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "dashboards" / "hangwatch-alerts.yml"
+RECORDING_RULES = ROOT / "dashboards" / "hangwatch-rules.yml"
 SCRAPE_CONFIG = ROOT / "deploy" / "prometheus" / "scrape-config.yml"
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
@@ -33,10 +35,11 @@ def rules_for_test(text: str, new_for: str = TEST_FOR) -> str:
     return out
 
 
-def config_for_test(target: str, rule_file: Path) -> dict:
+def config_for_test(target: str, rule_files: list[Path]) -> dict:
     config = yaml.safe_load(SCRAPE_CONFIG.read_text())
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-    config["rule_files"] = [str(rule_file)]
+    assert [Path(f).name for f in config["rule_files"]] == [f.name for f in rule_files]
+    config["rule_files"] = [str(f) for f in rule_files]
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "hangwatch"]
     job["static_configs"] = [{"targets": [target]}]
     job["scrape_interval"] = "1s"
@@ -69,10 +72,13 @@ class Prometheus:
 
 def start_prometheus(reaper: Reaper, workdir: Path, monitor_url: str, timeout: float = 30.0) -> Prometheus:
     workdir.mkdir(parents=True, exist_ok=True)
-    rule_file = workdir / "hangwatch-alerts.yml"
+    rule_file = workdir / RULES.name
     rule_file.write_text(rules_for_test(RULES.read_text()))
+    recording_file = workdir / RECORDING_RULES.name
+    recording_file.write_text(RECORDING_RULES.read_text())
     config_file = workdir / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump(config_for_test(monitor_url.split("://", 1)[1], rule_file)))
+    target = monitor_url.split("://", 1)[1]
+    config_file.write_text(yaml.safe_dump(config_for_test(target, [rule_file, recording_file])))
     subprocess.run([PROMTOOL, "check", "config", str(config_file)], check=True, capture_output=True, text=True)
     port = free_port()
     log = workdir / "prometheus.log"

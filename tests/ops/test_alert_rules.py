@@ -1,4 +1,5 @@
-"""dashboards/hangwatch-alerts.yml: promtool's own checks and unit tests, and the conventions."""
+"""The mixin's rule files (dashboards/hangwatch-alerts.yml, hangwatch-rules.yml): promtool's own checks
+and unit tests, and the conventions."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from monitor.settings import Settings
 from monitor.store import open_store
 from tests.monitor.monitor_reports import progress, rank, report, stack
 from tests.monitor.monitor_testkit import TestClient
-from tests.ops.promserver import PROMTOOL, RULES, TEST_FOR, rules_for_test
+from tests.ops.promserver import PROMTOOL, RECORDING_RULES, RULES, TEST_FOR, rules_for_test
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_TESTS = sorted((ROOT / "dashboards" / "tests").glob("*.yml"))
@@ -33,10 +34,15 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, cwd=ROOT)
 
 
+def recording_rules() -> list[dict]:
+    return [r for g in yaml.safe_load(RECORDING_RULES.read_text())["groups"] for r in g["rules"]]
+
+
 def test_promtool_check_rules() -> None:
-    result = promtool("check", "rules", str(RULES))
+    result = promtool("check", "rules", str(RULES), str(RECORDING_RULES))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(alerts())} rules found" in result.stdout
+    assert f"SUCCESS: {len(recording_rules())} rules found" in result.stdout
 
 
 def test_promtool_test_rules() -> None:
@@ -45,17 +51,40 @@ def test_promtool_test_rules() -> None:
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
 
 
-def test_every_alert_is_unit_tested() -> None:
-    tested = {t["alertname"] for f in RULE_TESTS for case in yaml.safe_load(f.read_text())["tests"]
-              for t in case.get("alert_rule_test", []) if t.get("exp_alerts")}
+def test_every_alert_and_recording_rule_is_unit_tested() -> None:
+    cases = [case for f in RULE_TESTS for case in yaml.safe_load(f.read_text())["tests"]]
+    tested = {t["alertname"] for case in cases for t in case.get("alert_rule_test", []) if t.get("exp_alerts")}
     assert {a["alert"] for a in alerts()} <= tested
+    evaluated = " ".join(t["expr"] for case in cases for t in case.get("promql_expr_test", []) if t.get("exp_samples"))
+    untested = {r["record"] for r in recording_rules()} - set(re.findall(r"[\w:]+", evaluated))
+    # The per-rank progress age is the per-job one by rank: tested through the same expression shape.
+    assert untested <= {"job_id_rank:hangwatch_seconds_since_progress:min"}, untested
 
 
 def test_each_hang_verdict_has_an_alert() -> None:
     exprs = " ".join(a["expr"] for a in alerts())
     for verdict in set(VERDICTS) - {"healthy", "finished"}:
         assert f'verdict="{verdict}"' in exprs, verdict
-    assert "hangwatch_agent_last_report_age_seconds" in exprs
+    assert "hangwatch_agent_last_report_timestamp_seconds" in exprs
+    # The monitor itself: down, and not scraped at all.
+    assert 'up{job="hangwatch"}' in exprs and 'absent(up{job="hangwatch"})' in exprs
+
+
+def test_job_alerts_name_culprits_and_link_to_the_monitor() -> None:
+    """Each culprit-bearing alert names ranks with their nodes, never just a count."""
+    by_name = {a["alert"]: a for a in alerts()}
+    for name in ("HangwatchDeadlock", "HangwatchRankExited", "HangwatchRankStopped", "HangwatchStraggler"):
+        description = by_name[name]["annotations"]["description"]
+        assert "hangwatch_rank_culprit{" in description and "$c.Labels.rank" in description, name
+        assert "$c.Labels.node" in description and "hangwatch_job_culprit_ranks" not in description, name
+    for a in alerts():
+        if 'by (cluster, job_id)' in a["expr"]:
+            assert a["annotations"]["diagnose_url"].endswith("/diagnose?job={{ $labels.job_id | urlquery }}")
+            assert a["annotations"]["diagnose_url"] in a["annotations"]["description"]
+    # Every aggregation keeps the cluster label, so two clusters' jobs never merge into one alert.
+    for rule in alerts() + recording_rules():
+        for clause in re.findall(r"\bby \(([^)]*)\)", rule["expr"]):
+            assert clause.split(", ")[0] == "cluster", (rule.get("alert") or rule["record"], clause)
 
 
 @pytest.mark.parametrize("alert", alerts(), ids=lambda a: a["alert"])
@@ -70,8 +99,9 @@ def test_alert_conventions(alert: dict) -> None:
     headings = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
                 for h in re.findall(r"^## (.+)$", RUNBOOK.read_text(), re.MULTILINE)}
     assert anchor.group(1) in headings, f"docs/runbook.md has no section #{anchor.group(1)}"
-    # Templated with the job, the node or the monitor (its own troubles) the alert is about.
-    assert any(f"{{{{ $labels.{label} }}}}" in notes["summary"] for label in ("job_id", "node", "instance"))
+    # Templated with the job, the node or the monitor (its own troubles) the alert is about; the
+    # absent-monitor alert has only the scrape job it looked for.
+    assert any(f"{{{{ $labels.{label} }}}}" in notes["summary"] for label in ("job_id", "node", "instance", "job"))
 
 
 def test_rules_use_only_metrics_the_monitor_exports(tmp_path: Path) -> None:
@@ -88,7 +118,7 @@ def test_rules_use_only_metrics_the_monitor_exports(tmp_path: Path) -> None:
     finally:
         store.close()
     exported = {s.name for f in text_string_to_metric_families(scrape) for s in f.samples}
-    used = set(re.findall(r"hangwatch_\w+", RULES.read_text()))
+    used = set(re.findall(r"(?<![\w:])(?:hangwatch|process)_\w+", RULES.read_text() + RECORDING_RULES.read_text()))
     assert used <= exported, used - exported
 
 

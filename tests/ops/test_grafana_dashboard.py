@@ -47,11 +47,13 @@ def test_dashboard_shape() -> None:
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     assert variables["job"]["datasource"]["uid"] == "${datasource}"
-    assert "label_values(hangwatch_job_verdict, job_id)" in json.dumps(variables["job"]["query"])
+    assert variables["job"]["query"]["query"] == (
+        'label_values(hangwatch_job_verdict{job="hangwatch", cluster=~"$cluster"}, job_id)')
+    assert variables["cluster"]["includeAll"] and variables["cluster"]["allValue"] == ".*"
     panels = all_panels(d)
     titles = {p["title"] for p in panels}
-    assert {"Jobs overview", "Verdict timeline", "CPU per rank", "Step per rank", "Stalled time",
-            "Agent last report age"} <= titles
+    assert {"Jobs overview", "Verdict timeline", "CPU per rank", "Step per rank", "Time since progress",
+            "Time since agent report", "Monitor up", "Monitor CPU", "Monitor memory"} <= titles
     assert {p["type"] for p in panels if p["title"] == "Verdict timeline"} == {"state-timeline"}
     ids = [p["id"] for p in d["panels"]] + [q["id"] for p in d["panels"] for q in p.get("panels", [])]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
@@ -68,7 +70,8 @@ def test_dashboard_shape() -> None:
 @pytest.mark.e2e
 def test_every_panel_query_returns_data(live_hang: LiveHang) -> None:
     live = live_hang
-    values = {**BUILTINS, "job": re.escape(live.job.job_id).replace("\\", "\\\\"), "datasource": "unused"}
+    values = {**BUILTINS, "job": re.escape(live.job.job_id).replace("\\", "\\\\"), "datasource": "unused",
+              "cluster": ".*"}
     queries = {f"{p['title']} [{t['refId']}]": substitute(t["expr"], values)
                for p in all_panels(load()) for t in p["targets"]}
     assert len(queries) >= 14
@@ -99,7 +102,8 @@ def test_verdict_timeline_shows_healthy_then_deadlock(live_hang: LiveHang) -> No
     for mapping in timeline["fieldConfig"]["defaults"]["mappings"]:
         for value, shown in mapping["options"].items():
             codes[shown["text"]] = float(value)
-    expr = substitute(timeline["targets"][0]["expr"], {"job": re.escape(live.job.job_id).replace("\\", "\\\\")})
+    expr = substitute(timeline["targets"][0]["expr"], {"job": re.escape(live.job.job_id).replace("\\", "\\\\"),
+                                                       "cluster": ".*"})
     data = live.prometheus.api("/api/v1/query_range", query=expr, start=str(live.job.started_at),
                                end=str(live.deadlock_at + 5), step="1s")
     (series,) = data["result"]

@@ -39,7 +39,8 @@ def env_of(container: dict) -> dict[str, dict]:
 
 
 def test_files_and_namespace(k8s: dict) -> None:
-    assert {p.name for p in K8S.glob("*.yaml")} == {"agent-daemonset.yaml", "monitor-deployment.yaml"}
+    assert {p.name for p in K8S.glob("*.yaml")} == {"agent-daemonset.yaml", "monitor-deployment.yaml",
+                                                     "prometheus-rule.yaml", "service-monitor.yaml"}
     assert ("Namespace", "hangwatch") in k8s
     for (kind, _), obj in k8s.items():
         if kind != "Namespace":
@@ -114,6 +115,21 @@ def test_monitor_deployment_and_service(k8s: dict) -> None:
     svc = k8s[("Service", "hangwatch-monitor")]
     assert svc["spec"]["selector"].items() <= labels.items()
     assert svc["spec"]["ports"][0]["targetPort"] in ("http", port["http"])
+
+
+def test_service_monitor_scrapes_the_monitor_service(k8s: dict) -> None:
+    """kube-prometheus-stack: the ServiceMonitor finds the Service, on a port it has, as the job the rules select."""
+    monitor = k8s[("ServiceMonitor", "hangwatch-monitor")]
+    svc = k8s[("Service", "hangwatch-monitor")]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in svc["spec"]["ports"]} and endpoint["path"] == "/metrics"
+    assert {"targetLabel": "job", "replacement": "hangwatch"} in endpoint["relabelings"]
+    rule = k8s[("PrometheusRule", "hangwatch")]
+    # The operator's Prometheus selects both by the Helm release label.
+    assert rule["metadata"]["labels"]["release"] == monitor["metadata"]["labels"]["release"]
+    assert all('job="hangwatch"' in r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
 
 
 @pytest.mark.e2e

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
+from urllib.parse import quote_plus
 
 import httpx
+import psutil
 import pytest
 
 from tests.ops.conftest import LiveHang
@@ -36,8 +39,12 @@ def test_deadlock_alert_fires(live_hang: LiveHang) -> None:
     assert alert["labels"]["severity"] == "critical"
     assert alert["annotations"]["summary"] == f"Training job {live.job.job_id} is deadlocked"
     description = alert["annotations"]["description"]
-    assert "1 culprit rank(s)" in description, description
-    assert f"/diagnose?job={live.job.job_id}" in description
+    # The culprit is named with the node it runs on, as the monitor's own diagnosis has it.
+    (culprit,) = [r for r in live.diagnosis["ranks"] if r["rank"] == 1]
+    assert f"Culprits (live, not in the collective the others wait in): rank 1 on {culprit['node']}." in description
+    diagnose = f"/diagnose?job={quote_plus(live.job.job_id)}"
+    assert alert["annotations"]["diagnose_url"].endswith(diagnose) and diagnose in description
+    assert re.search(r"no progress and nothing being sent for (\d+m )?\d+(\.\d+)?s\.", description), description
     assert alert["annotations"]["runbook_url"].endswith("docs/runbook.md#deadlock")
 
     # No other job alert fires for this job: the verdict is a deadlock, nothing else.
@@ -55,9 +62,17 @@ def test_target_up_and_agent_reporting(live_hang: LiveHang) -> None:
     live = live_hang
     (up,) = live.prometheus.query('up{job="hangwatch"}')
     assert up["value"][1] == "1"
-    ages = live.prometheus.query("hangwatch_agent_last_report_age_seconds")
+    ages = live.prometheus.query('time() - hangwatch_agent_last_report_timestamp_seconds{job="hangwatch"}')
     assert ages and all(float(s["value"][1]) < 10 for s in ages), ages
     assert not firing(live, "HangwatchAgentSilent")
+    assert not firing(live, "HangwatchMonitorDown") and not firing(live, "HangwatchMonitorAbsent")
+    # The monitor's own process and build, as every exporter has them.
+    (build,) = live.prometheus.query('hangwatch_build_info{job="hangwatch"}')
+    assert build["metric"]["version"] and build["metric"]["python_version"] and build["value"][1] == "1"
+    (rss,) = live.prometheus.query('process_resident_memory_bytes{job="hangwatch"}')
+    assert float(rss["value"][1]) > 10_000_000
+    (started,) = live.prometheus.query('process_start_time_seconds{job="hangwatch"}')
+    assert float(started["value"][1]) == pytest.approx(psutil.Process(live.monitor.proc.pid).create_time(), abs=2)
     # The training job's identity arrives as job_id (the scrape job keeps `job`).
     verdicts = live.prometheus.query(f'hangwatch_job_verdict{{job_id="{live.job.job_id}", verdict="deadlock"}}')
     assert [s["value"][1] for s in verdicts] == ["1"], verdicts
@@ -68,6 +83,7 @@ def test_promtool_check_metrics_on_a_real_scrape(live_hang: LiveHang) -> None:
     scrape = httpx.get(live_hang.monitor.url + "/metrics", timeout=5.0)
     assert scrape.status_code == 200
     assert "hangwatch_job_verdict{" in scrape.text and "hangwatch_rank_cpu_seconds_total{" in scrape.text
+    assert "\nprocess_cpu_seconds_total " in scrape.text and "\nhangwatch_build_info{" in scrape.text
     check = subprocess.run([PROMTOOL, "check", "metrics"], input=scrape.text, capture_output=True, text=True)
     assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), (
         f"promtool check metrics: rc={check.returncode}\n{check.stdout}{check.stderr}")

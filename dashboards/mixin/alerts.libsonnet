@@ -1,0 +1,171 @@
+// Alert rules: one per hang verdict, the agents' health and the monitor's own.
+local lib = import 'lib.libsonnet';
+
+{
+  prometheusAlerts+:: {
+    local h = lib.new($._config),
+    local cfg = $._config,
+
+    // One alert per verdict the monitor publishes as hangwatch_job_verdict{verdict=...} == 1.
+    local jobAlert(name, verdict, wait, severity, anchor, summary, description) = {
+      alert: name,
+      expr: 'max by (%s) (hangwatch_job_verdict%s) == 1' % [h.by(['job_id']), h.sel(['verdict="%s"' % verdict])],
+      'for': wait,
+      labels: { severity: severity },
+      annotations: {
+        summary: summary + h.inCluster,
+        description: std.join('\n', description + ['Evidence and stacks: ' + h.diagnoseURL]),
+        diagnose_url: h.diagnoseURL,
+        runbook_url: h.runbook(anchor),
+      },
+    },
+    local job = '{{ $labels.job_id }}',
+
+    groups+: [
+      {
+        name: 'hangwatch-jobs',
+        rules: [
+          jobAlert('HangwatchDeadlock', 'deadlock', '30s', 'critical', 'deadlock',
+                   'Training job %s is deadlocked' % job, [
+                     'hangwatch sees job %s parked in a collective with no progress and nothing being sent%s.'
+                     % [job, h.stalledFor(' for ')],
+                     h.culprits('Culprits (live, not in the collective the others wait in):', 'No culprit named yet.'),
+                   ]),
+          jobAlert('HangwatchRankExited', 'rank_exited', '15s', 'critical', 'rank-exited',
+                   'A rank of training job %s ended early' % job, [
+                     h.culprits('Ended first:', 'A rank ended first.'),
+                     'The peers wait or failed because of it (their "Connection closed by peer" errors are consequences).',
+                   ]),
+          jobAlert('HangwatchRankStopped', 'rank_stopped', '1m', 'critical', 'rank-stopped',
+                   'A rank of training job %s is stopped' % job, [
+                     h.culprits('Stopped (kernel state T: SIGSTOP, job control or a tracer):', 'Some rank is stopped (kernel state T: SIGSTOP, job control or a tracer).'),
+                     'The whole job waits on it.',
+                   ]),
+          jobAlert('HangwatchStraggler', 'straggler', '2m', 'warning', 'straggler',
+                   'Training job %s waits on a straggler' % job, [
+                     'Some ranks of job %s wait in a collective while others are still busy (computing, writing a checkpoint, evaluating) longer than the usual step.' % job,
+                     h.culprits('Still busy:', 'No straggler named yet.'),
+                   ]),
+          jobAlert('HangwatchRendezvousHang', 'rendezvous_hang', '2m', 'critical', 'rendezvous-hang',
+                   'Training job %s is stuck in rendezvous' % job, [
+                     'The ranks of job %s are stuck initialising the process group%s: a rank or node never joined, a firewall or the wrong network interface blocks gloo, or the master port is taken.'
+                     % [job, '{{ with %s | query }} of {{ . | first | value }} ranks{{ end }}' % h.jobQuery('max(hangwatch_job_world_size{SEL})')],
+                   ]),
+          jobAlert('HangwatchSlowCompute', 'slow_compute', '5m', 'warning', 'slow-compute',
+                   'Training job %s computes far slower than usual' % job, [
+                     'Every rank of job %s is busy and none waits on another, but steps take far longer than the usual pace%s.'
+                     % [job, h.stalledFor(' (no step for ', ')')],
+                     'Often a dtype the CPU has no fast kernels for (bf16 without AMX/AVX512-BF16).',
+                   ]),
+          jobAlert('HangwatchStalled', 'stalled', '5m', 'warning', 'stalled',
+                   'Training job %s makes no progress' % job, [
+                     'Job %s has made no progress%s and no more specific diagnosis fits (often: no stacks, because the agent cannot ptrace the ranks).'
+                     % [job, h.stalledFor(' for ')],
+                   ]),
+          jobAlert('HangwatchJobUnknown', 'unknown', '5m', 'warning', 'agent-silent',
+                   'hangwatch cannot see training job %s' % job, [
+                     'The agent on a node running job %s has stopped reporting, so the monitor gives no verdict from its old data.' % job,
+                     'The node may be down, or only its agent: see the HangwatchAgentSilent alert for the node.',
+                   ]),
+        ],
+      },
+      {
+        name: 'hangwatch-agents',
+        rules: [
+          {
+            alert: 'HangwatchAgentSilent',
+            // The monitor keeps a silent node's last report time for a day: the age keeps growing.
+            expr: 'time() - max by (%s) (hangwatch_agent_last_report_timestamp_seconds%s) > %d'
+                  % [h.by(['node']), h.sel(), cfg.agentSilentSeconds],
+            'for': '1m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'hangwatch agent on {{ $labels.node }} stopped reporting' + h.inCluster,
+              description: std.join('\n', [
+                'The monitor last heard from the agent on node {{ $labels.node }} {{ $value | humanizeDuration }} ago.',
+                'Jobs with ranks on that node are not diagnosed until it reports again.',
+                'Check `systemctl status hangwatch-agent` (or the DaemonSet pod) on that node.',
+              ]),
+              runbook_url: h.runbook('agent-silent'),
+            },
+          },
+          {
+            alert: 'HangwatchAgentCollectorFailing',
+            expr: 'min by (%s) (hangwatch_agent_collector_up%s) == 0' % [h.by(['node', 'collector']), h.sel()],
+            'for': '5m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'hangwatch agent on {{ $labels.node }}: collector {{ $labels.collector }} failing' + h.inCluster,
+              description: std.join('\n', [
+                'The {{ $labels.collector }} collector of the agent on node {{ $labels.node }} has failed in every report for 5 minutes (for stacks: py-spy missing or no ptrace permission).',
+                'Verdicts for that node fall back to the remaining signals.',
+              ]),
+              runbook_url: h.runbook('collector-failing'),
+            },
+          },
+        ],
+      },
+      {
+        name: 'hangwatch-monitor',
+        rules: [
+          {
+            alert: 'HangwatchMonitorDown',
+            expr: 'max by (%s) (up%s) == 0' % [h.by(['instance']), h.sel()],
+            'for': '2m',
+            labels: { severity: 'critical' },
+            annotations: {
+              summary: 'hangwatch monitor {{ $labels.instance }} is down' + h.inCluster,
+              description: std.join('\n', [
+                'Prometheus cannot scrape the hangwatch monitor at {{ $labels.instance }}: no training job is watched for hangs until it is back.',
+                'Agents keep what changes meanwhile and deliver it when it returns.',
+              ]),
+              runbook_url: h.runbook('monitor-down'),
+            },
+          },
+          {
+            alert: 'HangwatchMonitorAbsent',
+            expr: 'absent(up%s)' % h.sel(),
+            'for': '5m',
+            labels: { severity: 'critical' },
+            annotations: {
+              summary: 'Prometheus scrapes no hangwatch monitor ({{ $labels.job }})',
+              description: std.join('\n', [
+                'No target matches %s: the monitor is not deployed, or its scrape configuration (ServiceMonitor, static target) is gone.' % h.sel(),
+                'No training job is watched for hangs.',
+              ]),
+              runbook_url: h.runbook('monitor-down'),
+            },
+          },
+          {
+            alert: 'HangwatchMonitorStorageFailing',
+            expr: 'max by (%s) (hangwatch_monitor_store_up%s) == 0' % [h.by(['instance']), h.sel()],
+            'for': '5m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'hangwatch monitor {{ $labels.instance }} cannot write its database' + h.inCluster,
+              description: std.join('\n', [
+                'The monitor at {{ $labels.instance }} holds verdict history in memory because its database takes no writes (full or read-only disk, a lock held by another process).',
+                'It keeps diagnosing; the history is written once the disk recovers, and lost if the monitor restarts first.',
+              ]),
+              runbook_url: h.runbook('storage-failing'),
+            },
+          },
+          {
+            alert: 'HangwatchReportsUnauthorized',
+            expr: 'sum by (%s) (rate(hangwatch_monitor_requests_unauthorized_total%s[5m])) > 0'
+                  % [h.by(['instance']), h.sel(['kind="ingest"'])],
+            'for': '10m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: "hangwatch monitor {{ $labels.instance }} refuses agents' tokens" + h.inCluster,
+              description: std.join('\n', [
+                'Reports reach the monitor at {{ $labels.instance }} without a token it accepts: agents with a missing or outdated token file, and their nodes unwatched (or someone probing the monitor).',
+              ]),
+              runbook_url: h.runbook('refused-requests'),
+            },
+          },
+        ],
+      },
+    ],
+  },
+}

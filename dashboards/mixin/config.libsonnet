@@ -1,0 +1,36 @@
+// Everything a site changes. Override in your own jsonnet:
+//   (import 'dashboards/mixin/mixin.libsonnet') + { _config+:: { clusterLabel: 'k8s_cluster' } }
+// or pass a file of overrides to scripts/build-mixin.py --config.
+{
+  _config+:: {
+    // Label matchers for the monitor's scrape job: in every query of the rules and the dashboard.
+    hangwatchSelector: 'job="hangwatch"',
+    // The label that tells clusters apart (kept in every `by (...)` and shown in the alerts);
+    // '' for a single cluster without one.
+    clusterLabel: 'cluster',
+    // runbook_url of each alert; %s is the alert's section in docs/runbook.md.
+    runbookURLPattern: 'https://github.com/hangwatch/hangwatch/blob/main/docs/runbook.md#%s',
+    // The monitor as people reach it (not as Prometheus does): alerts link to its /diagnose?job=.
+    monitorURL: 'http://hangwatch-monitor.example.internal:8787',
+    // An agent that has not reported for this long is silent (it reports every second).
+    agentSilentSeconds: 30,
+    // Culprits named in one alert at most; the rest are counted.
+    culpritsNamed: 10,
+
+    grafanaDashboardUID: 'hangwatch',
+    grafanaDashboardTitle: 'hangwatch',
+    grafanaRefresh: '10s',
+
+    // kube-prometheus-stack: where the PrometheusRule and ServiceMonitor live, the labels its
+    // Prometheus selects them by (the Helm release name by default), and how the monitor's
+    // Service is found.
+    namespace: 'hangwatch',
+    prometheusOperatorLabels: { release: 'kube-prometheus-stack' },
+    monitorServiceLabels: { 'app.kubernetes.io/name': 'hangwatch-monitor' },
+    monitorServicePort: 'http',
+    // The `job` label the ServiceMonitor gives the monitor's series: what hangwatchSelector matches.
+    scrapeJobName: 'hangwatch',
+    scrapeInterval: '5s',
+    scrapeTimeout: '4s',
+  },
+}

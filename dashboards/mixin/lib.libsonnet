@@ -1,0 +1,58 @@
+// Query and template pieces shared by the alerts, the recording rules and the dashboard.
+{
+  new(config):: {
+    local cfg = config,
+    local cl = cfg.clusterLabel,
+
+    // `by (cluster, ...)` with the cluster label first, or without it when there is none.
+    by(labels):: std.join(', ', (if cl != '' then [cl] else []) + labels),
+
+    // `{<hangwatch selector>, extra...}`
+    sel(extra=[]):: '{' + std.join(', ', [m for m in [cfg.hangwatchSelector] + extra if m != '']) + '}',
+
+    runbook(anchor):: cfg.runbookURLPattern % anchor,
+
+    // ` in cluster X` when the alert has a cluster label.
+    inCluster:: if cl != '' then '{{ with $labels.%s }} in cluster {{ . }}{{ end }}' % cl else '',
+
+    // A `printf` for a `query` template: the selector of this alert's job (its cluster included),
+    // written as a Go raw string so the selector's quotes need no escaping.
+    jobQuery(metricExpr):: (
+      local matchers = [cfg.hangwatchSelector] + (if cl != '' then ['%s=%%q' % cl] else []) + ['job_id=%q'];
+      local args = std.join(' ', (if cl != '' then ['$labels.%s' % cl] else []) + ['$labels.job_id']);
+      'printf `%s` %s' % [std.strReplace(metricExpr, '{SEL}', '{' + std.join(', ', matchers) + '}'), args]
+    ),
+
+    diagnoseURL:: cfg.monitorURL + '/diagnose?job={{ $labels.job_id | urlquery }}',
+
+    // The culprit ranks of the alert's job, each with its node, e.g.
+    // "Culprits: rank 1 on node-a, rank 3 on node-b." (at most culpritsNamed, then the count).
+    culprits(intro, none):: (
+      local q = self.jobQuery('max by (rank, node) (hangwatch_rank_culprit{SEL} == 1)');
+      local n = cfg.culpritsNamed;
+      '{{ with %s | query | sortByLabel "rank" }}%s {{ range $i, $c := . }}' % [q, intro]
+      + '{{ if lt $i %d }}{{ if $i }}, {{ end }}rank {{ $c.Labels.rank }} on {{ $c.Labels.node }}{{ end }}' % n
+      + '{{ end }}{{ if gt (len .) %d }} ({{ len . }} ranks in all){{ end }}.{{ else }}%s{{ end }}' % [n, none]
+    ),
+
+    // e.g. ` for 3m 20s` (prefix, suffix around it) from the job's last progress timestamp ('' when the series is missing).
+    stalledFor(prefix, suffix=''):: (
+      local q = self.jobQuery('time() - max(hangwatch_job_last_progress_timestamp_seconds{SEL})');
+      '{{ with %s | query }}%s{{ . | first | value | humanizeDuration }}%s{{ end }}' % [q, prefix, suffix]
+    ),
+
+    // The numbers the verdict panels show, worst last; `unknown` (the monitor cannot see the job) after them.
+    verdicts:: [
+      { verdict: 'healthy', text: 'HEALTHY', color: 'green' },
+      { verdict: 'finished', text: 'FINISHED', color: 'blue' },
+      { verdict: 'straggler', text: 'STRAGGLER', color: 'yellow' },
+      { verdict: 'slow_compute', text: 'SLOW COMPUTE', color: 'orange' },
+      { verdict: 'stalled', text: 'STALLED', color: 'purple' },
+      { verdict: 'rendezvous_hang', text: 'RENDEZVOUS HANG', color: 'red' },
+      { verdict: 'rank_stopped', text: 'RANK STOPPED', color: 'red' },
+      { verdict: 'rank_exited', text: 'RANK EXITED', color: 'dark-red' },
+      { verdict: 'deadlock', text: 'DEADLOCK', color: 'dark-red' },
+      { verdict: 'unknown', text: 'UNKNOWN', color: 'text' },
+    ],
+  },
+}

@@ -1,0 +1,122 @@
+"""The monitoring mixin (dashboards/mixin/): one jsonnet source, its checked-in outputs up to date,
+and a site's own configuration carried into every rule, annotation and query (checked by promtool)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.ops.promserver import PROMTOOL, RECORDING_RULES, RULES
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "scripts" / "build-mixin.py"
+K8S = ROOT / "deploy" / "kubernetes"
+SITE_CONFIG = """{
+  hangwatchSelector: 'job="hw", namespace="ml"',
+  clusterLabel: '',
+  runbookURLPattern: 'https://wiki.example.org/hangwatch/%s',
+  monitorURL: 'https://hangwatch.example.org',
+  agentSilentSeconds: 90,
+  namespace: 'monitoring',
+  prometheusOperatorLabels: { release: 'prom' },
+}"""
+
+
+def build(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(BUILD), *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_checked_in_outputs_are_what_the_mixin_builds() -> None:
+    """Nobody edits the YAML or the dashboard by hand: change dashboards/mixin/ and rebuild."""
+    result = build("--check")
+    assert result.returncode == 0, result.stderr
+
+
+def test_check_catches_a_hand_edit(tmp_path: Path) -> None:
+    assert build("--out", str(tmp_path)).returncode == 0
+    assert build("--check", "--out", str(tmp_path)).returncode == 0
+    alerts = tmp_path / "dashboards" / "hangwatch-alerts.yml"
+    alerts.write_text(alerts.read_text().replace("for: 30s", "for: 10s"))
+    result = build("--check", "--out", str(tmp_path))
+    assert result.returncode == 1 and "dashboards/hangwatch-alerts.yml" in result.stderr
+
+
+def test_prometheus_rule_holds_the_same_rules() -> None:
+    (rule,) = yaml.safe_load_all((K8S / "prometheus-rule.yaml").read_text())
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["kind"] == "PrometheusRule"
+    files = [yaml.safe_load(f.read_text())["groups"] for f in (RULES, RECORDING_RULES)]
+    assert rule["spec"]["groups"] == files[0] + files[1]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_a_site_config_reaches_every_output(tmp_path: Path) -> None:
+    config = tmp_path / "site.jsonnet"
+    config.write_text(SITE_CONFIG)
+    out = tmp_path / "out"
+    result = build("--config", str(config), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    alerts_file, rules_file = out / "dashboards" / "hangwatch-alerts.yml", out / "dashboards" / "hangwatch-rules.yml"
+    check = subprocess.run([PROMTOOL, "check", "rules", str(alerts_file), str(rules_file)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    text = alerts_file.read_text() + rules_file.read_text()
+    assert 'job="hangwatch"' not in text and "cluster" not in text
+    assert "github.com" not in text and "example.internal" not in text
+    rules = [r for g in yaml.safe_load(alerts_file.read_text())["groups"] for r in g["rules"]]
+    for rule in rules:
+        assert 'job="hw", namespace="ml"' in rule["expr"], rule["alert"]
+        assert rule["annotations"]["runbook_url"].startswith("https://wiki.example.org/hangwatch/")
+    (silent,) = [r for r in rules if r["alert"] == "HangwatchAgentSilent"]
+    assert silent["expr"].endswith("> 90")
+
+    dashboard = json.loads((out / "dashboards" / "hangwatch-grafana.json").read_text())
+    assert [v["name"] for v in dashboard["templating"]["list"]] == ["datasource", "job"]  # no cluster variable
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
+    # Every raw series (not a recorded one, whose name holds colons) is read through the site's selector.
+    raw = re.findall(r"(?<![\w:])((?:hangwatch|process)_\w+|up)\{([^}]*)\}", exprs)
+    assert len(raw) >= 10 and all(m.startswith('job="hw", namespace="ml"') for _, m in raw), raw
+    (monitor,) = yaml.safe_load_all((out / "deploy" / "kubernetes" / "service-monitor.yaml").read_text())
+    assert monitor["metadata"] == {"name": "hangwatch-monitor", "namespace": "monitoring",
+                                   "labels": {"app.kubernetes.io/part-of": "hangwatch", "release": "prom"}}
+
+    # The templates still render under the site's selector: promtool evaluates the deadlock alert.
+    unit = tmp_path / "site.test.yml"
+    unit.write_text(yaml.safe_dump({
+        "rule_files": [str(alerts_file)],
+        "evaluation_interval": "5s",
+        "tests": [{
+            "interval": "5s",
+            "input_series": [
+                {"series": 'hangwatch_job_verdict{job="hw", namespace="ml", job_id="slurm:42", verdict="deadlock"}',
+                 "values": "1x20"},
+                {"series": 'hangwatch_rank_culprit{job="hw", namespace="ml", job_id="slurm:42", rank="3", node="gpu9"}',
+                 "values": "1x20"},
+                {"series": 'hangwatch_job_last_progress_timestamp_seconds{job="hw", namespace="ml", job_id="slurm:42"}',
+                 "values": "0x20"},
+            ],
+            "alert_rule_test": [{
+                "eval_time": "1m",
+                "alertname": "HangwatchDeadlock",
+                "exp_alerts": [{
+                    "exp_labels": {"severity": "critical", "job_id": "slurm:42"},
+                    "exp_annotations": {
+                        "summary": "Training job slurm:42 is deadlocked",
+                        "description": (
+                            "hangwatch sees job slurm:42 parked in a collective with no progress and nothing being"
+                            " sent for 1m 0s.\n"
+                            "Culprits (live, not in the collective the others wait in): rank 3 on gpu9.\n"
+                            "Evidence and stacks: https://hangwatch.example.org/diagnose?job=slurm%3A42"),
+                        "diagnose_url": "https://hangwatch.example.org/diagnose?job=slurm%3A42",
+                        "runbook_url": "https://wiki.example.org/hangwatch/deadlock",
+                    },
+                }],
+            }],
+        }],
+    }))
+    result = subprocess.run([PROMTOOL, "test", "rules", str(unit)], capture_output=True, text=True)
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
