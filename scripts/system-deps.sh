@@ -17,6 +17,11 @@ declare -A PROVIDES=(
     [ip]=iproute2
     [tc]=iproute2
     [mpirun]=openmpi-bin
+    # The container image's build and smoke test (tests/ops/test_container.py): podman, runc (crun,
+    # podman's default runtime, refuses hybrid cgroups) and debootstrap (the stand-in base image).
+    [podman]=podman
+    [runc]=runc
+    [debootstrap]=debootstrap
 )
 
 missing=()
