@@ -176,9 +176,10 @@ def test_monitor_and_agent_containers(image: str, names: Callable[[str], str], t
     monitor, volume, agent = names("monitor"), names("state"), names("agent")
     port = free_port()
     url = f"http://{LOOPBACK}:{port}"
-    # The default command, as docs/install.md runs it (published on loopback only, for the test).
+    # The default command, as docs/install.md runs it (published on loopback only, for the test),
+    # and locked down as monitor-deployment.yaml runs it: read-only root, no capabilities.
     podman(*RUN[1:], "--detach", "--name", monitor, "--publish", f"{LOOPBACK}:{port}:8787",
-           "--volume", f"{volume}:/var/lib/hangwatch", image)
+           "--volume", f"{volume}:/var/lib/hangwatch", "--read-only", "--cap-drop", "ALL", image)
 
     def monitor_log() -> str:
         return "monitor log:\n" + podman("logs", monitor, check=False).stderr[-3000:]
@@ -215,7 +216,8 @@ def test_monitor_and_agent_containers(image: str, names: Callable[[str], str], t
     try:
         # The agent container as documented: host PID namespace, SYS_PTRACE, root; host network
         # here only so that it reaches the monitor's published loopback port.
-        podman(*RUN[1:], "--detach", "--name", agent, *AGENT_FLAGS, "--network", "host", image,
+        # Read-only root, as agent-daemonset.yaml runs it.
+        podman(*RUN[1:], "--detach", "--name", agent, *AGENT_FLAGS, "--read-only", "--network", "host", image,
                "hangwatch-agent", f"--monitor={url}", "--interval=0.5", f"--job={job_id}", "--node=container-test")
 
         def agent_log() -> str:
