@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 
 import psutil
@@ -12,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hangwatch.version import version
 from monitor.diagnosis import VERDICTS, Diagnosis, JobView
+from monitor.process_metrics import process_families
 from monitor.state import SILENT_NODE_KEPT_S
 
 
@@ -150,3 +152,18 @@ def test_rank_state_culprit_and_agent_error_series(client, clock) -> None:
     assert {labels["rank"] for labels, _ in m["hangwatch_rank_culprit"]} == {"0", "1"}
     assert value(m, "hangwatch_agent_collector_errors_total", node="node-a", collector="stacks") == 3.0
     assert value(m, "hangwatch_agent_stack_dump_failures_total", node="node-a") == 3.0
+
+
+def test_process_families_read_the_proc_tree_they_are_given(tmp_path) -> None:
+    """No /proc (another OS, a locked-down container): no process_* families, never a failed scrape."""
+    assert process_families(proc=str(tmp_path)) == []
+    (tmp_path / "stat").write_text("cpu  1 2 3\nbtime 1700000000\n")
+    (tmp_path / "self").mkdir()
+    fields = ["S"] + ["0"] * 50
+    fields[11], fields[12], fields[19], fields[20], fields[21] = "250", "150", "1000", "4096", "10"
+    (tmp_path / "self" / "stat").write_text("42 (uvicorn) " + " ".join(fields) + "\n")
+    got = {f.name: f.lines for f in process_families(proc=str(tmp_path))}
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert got["process_cpu_seconds"] == [f"process_cpu_seconds_total {400 / ticks!r}"]
+    assert got["process_start_time_seconds"] == [f"process_start_time_seconds {1700000000 + 1000 / ticks!r}"]
+    assert got["process_virtual_memory_bytes"] == ["process_virtual_memory_bytes 4096.0"]
