@@ -3,7 +3,7 @@
 Each node is a frame with the ranks whose stack passes through it and the job's ranks that do
 not (``missing``): the odd rank out shows as the one missing under the frame its peers wait in.
 Native frames (py-spy ``--native``, taken for stuck ranks) are kept and flagged so the page can
-fold them. Rank sets are written as ranges (``0-6,8``), so a node costs the same at 10,000 ranks.
+fold them, except the interpreter's start-up frames outside the outermost Python frame. Rank sets are written as ranges (``0-6,8``), so a node costs the same at 10,000 ranks.
 
 Bounded: at most ``MAX_DEPTH`` innermost frames of a stack (where a rank waits is innermost; the
 outer frames are the common ``<module>``/``main`` prefix), and at most ``MAX_DISTINCT_STACKS``
@@ -47,6 +47,12 @@ def stack_tree(ranks: Sequence[RankView], world_size: int | None) -> dict[str, A
 
 
 def _outermost_first(frames: Sequence[Frame]) -> tuple[FrameKey, ...]:
+    """``frames`` (innermost first) as tree keys, outermost first, without the native frames outside
+    the outermost Python frame: the interpreter's start-up (``_start``, ``Py_RunMain``, ...) says
+    nothing about where a rank is, and differs between dumps, which split the tree at its root."""
+    python = [i for i, f in enumerate(frames) if not f.native]
+    if python:
+        frames = frames[: python[-1] + 1]
     return tuple((f.where(), f.native) for f in reversed(frames[:MAX_DEPTH]))
 
 

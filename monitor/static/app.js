@@ -22,7 +22,9 @@ const LINE_COLORS = ["#3558c8", "#1a7f37", "#b35900", "#8e24aa", "#00838f", "#c6
 // Verdict history and rank timelines: fetched when what they show changes, else at most every 10 s.
 const SIDE_REFRESH_MS = 10000;
 const HISTORY_SHOWN = 6;
-// The per-rank timeline covers the chart's window; past this many ranks the rest are counted.
+// The per-rank timeline covers at most the chart's window, at least TIMELINE_MIN_S: a young job
+// fills the bar instead of a sliver at its right end. Past TIMELINE_RANKS_MAX ranks the rest are counted.
+const TIMELINE_MIN_S = 60;
 const TIMELINE_RANKS_MAX = 64;
 const histories = new Map();  // job_id -> { key, fetchedAt, data, pending }
 const timelines = new Map();  // job_id -> { key, fetchedAt, data, pending }
@@ -289,14 +291,20 @@ function historyBlock(job) {
     el("div", { class: "bar" }, ...segments), el("ol", { class: "changes" }, ...recent));
 }
 
-// Per rank, its states over the chart's window as coloured segments (the monitor keeps them:
+function spanText(seconds) {
+  return seconds >= 120 ? `${Math.round(seconds / 60)} min` : `${Math.round(seconds)} s`;
+}
+
+// Per rank, its states over the recent past as coloured segments (the monitor keeps them:
 // /api/v1/jobs/ID/timeline); the newest state runs on to the job's "now".
 function timelineBlock(job) {
   const entry = timelines.get(job.job_id);
   const ranks = (entry && entry.data && entry.data.ranks) || [];
   if (ranks.length === 0) return null;
   const now = job.now;
-  const from = now - CHART_WINDOW_S;
+  const known = Math.min(...ranks.map((r) => (r.spans.length ? r.spans[0][0] : now)));
+  const windowS = Math.min(CHART_WINDOW_S, Math.max(TIMELINE_MIN_S, now - known));
+  const from = now - windowS;
   const culprits = new Set(job.culprit_ranks);
   const ordered = [...ranks].sort((a, b) => (culprits.has(b.rank) - culprits.has(a.rank)) || a.rank - b.rank);
   const shown = ordered.slice(0, TIMELINE_RANKS_MAX);
@@ -323,9 +331,9 @@ function timelineBlock(job) {
   });
   const more = ranks.length - shown.length;
   return el("div", { key: "timeline", class: "timeline" },
-    el("h3", {}, `Rank states (last ${CHART_WINDOW_S / 60} min)`),
+    el("h3", {}, `Rank states (last ${spanText(windowS)})`),
     el("div", { class: "trows" }, ...rows),
-    el("div", { class: "taxis" }, el("span", {}, `−${CHART_WINDOW_S / 60} min`), el("span", {}, "now")),
+    el("div", { class: "taxis" }, el("span", {}, clock(from)), el("span", {}, "now")),
     more > 0 ? el("p", { class: "meta" }, `${more} more ${more === 1 ? "rank" : "ranks"} not drawn`) : null,
     el("div", { class: "legend" }, ...[...states].sort().map((state) => el("span", { key: state, class: "entry" },
       el("span", { class: `swatch st-${state}` }), state))));

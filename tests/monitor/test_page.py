@@ -294,9 +294,10 @@ def test_rank_timeline_draws_each_ranks_states_culprits_first(
     rows = render_page(client, tmp_path)["cards"]["job-a"]["timeline"]
     assert [(r["rank"], r["cls"]) for r in rows] == [("1", "trow culprit"), ("0", "trow")]
     culprit, waiting = rows
-    # Before the job was seen: no state; then each state for as long as it lasted (flex-grow: seconds).
+    # The bar covers at least a minute: before the job was seen no state, then each state for as
+    # long as it lasted (flex-grow: seconds).
     assert [(s["cls"], s["style"]) for s in culprit["segments"]] == [
-        ("seg none", "flex-grow: 260.000"), ("seg st-running", "flex-grow: 10.000"), ("seg st-idle", "flex-grow: 30.000")]
+        ("seg none", "flex-grow: 20.000"), ("seg st-running", "flex-grow: 10.000"), ("seg st-idle", "flex-grow: 30.000")]
     assert [s["cls"] for s in waiting["segments"]] == ["seg none", "seg st-in_collective"]
     # The fake clock's day is not today: the date comes first.
     assert re.fullmatch(r"rank 1: idle \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC – now", culprit["segments"][2]["title"])

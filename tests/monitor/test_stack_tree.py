@@ -55,3 +55,12 @@ def test_distinct_stacks_past_the_bound_are_counted_not_merged() -> None:
     assert len(leaves) == MAX_DISTINCT_STACKS
     assert tree["not_merged"] == f"{MAX_DISTINCT_STACKS}-{MAX_DISTINCT_STACKS + 2}"
     assert tree["without_stack"] == ""
+
+
+def test_start_up_native_frames_outside_python_do_not_split_the_tree() -> None:
+    start_up = [Frame("Py_RunMain", native=True), Frame("__libc_start_main", native=True), Frame("_start", native=True)]
+    other_start_up = [Frame("Py_BytesMain", native=True), Frame("0x7f3a2b1c", native=True)]
+    tree = stack_tree([rv(0, NATIVE_WAIT + ALL_REDUCE + start_up), rv(1, LINGER + other_start_up)], world_size=2)
+    assert [(row[0], row[1], row[3]) for row in flat(tree["roots"])][:2] == [
+        (0, "<module> (train.py:90)", "0,1"), (1, "train_step (train.py:50)", "0")]
+    assert ("c10d::Work::wait", True) in {(row[1], row[2]) for row in flat(tree["roots"])}

@@ -43,6 +43,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-b
 STALL_STEP = 50
 STEP_SLEEP = "0.2"
 VERDICT_TIMEOUT = 60.0
+# Linked from the status page, never fetched (the browser test checks every request stays on loopback).
+GRAFANA_URL = "https://grafana.example.com/d/hangwatch/jobs?var-job={job}"
+RUNBOOK_URL = "https://github.com/hangwatch/hangwatch/blob/main/docs/runbook.md"
 
 # Records what the page shows in its "jobs at a glance" bar, every 200 ms, from page load on;
 # ``__loaded`` is set once per document: a reload would start the record over.
@@ -125,7 +128,11 @@ def live_hang(ops_reaper: Reaper, ops_dir: Path, browser, artifacts: Path) -> It
     # run training jobs on this machine at the same time).
     port = free_port()
     job_id = f"{LOOPBACK}:{port}"
-    monitor = start_monitor(ops_reaper, ops_dir)
+    with pytest.MonkeyPatch.context() as env:
+        # The page's links (test_status_page.py); start_monitor passes HANGWATCH_* settings on.
+        env.setenv("HANGWATCH_GRAFANA_URL", GRAFANA_URL)
+        env.setenv("HANGWATCH_RUNBOOK_URL", RUNBOOK_URL)
+        monitor = start_monitor(ops_reaper, ops_dir)
     agent = start_agent(ops_reaper, ops_dir, monitor.url, interval=1.0, extra=["--job", job_id])
     prometheus = start_prometheus(ops_reaper, ops_dir / "prometheus", monitor.url)
     client = MonitorClient(monitor.url)
