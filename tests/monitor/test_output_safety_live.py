@@ -94,8 +94,9 @@ def test_hangwatch_status_and_diagnose_print_no_control_characters(monitor_url: 
     shown = OWN_COLOUR.sub("", status.stdout)
     assert UNSAFE.search(shown) is None, shown
     lines = shown.splitlines()
-    assert len(lines) == 2 and any(line.startswith("job<script>alert(1)</script>") for line in lines), lines
-    assert "\\x1b[2J\\x1b]0;pwned\\x07" in shown and "\\u202eevil" in shown and "\\r\\nJOB fake" in shown
+    # The table's header, then one row per job.
+    assert len(lines) == 3 and lines[0].split()[:2] == ["JOB", "VERDICT"], lines
+    assert any(line.startswith("job<script>alert(1)</script>") for line in lines[1:]), lines
     assert ("\x1b[1;31mRANK_EXITED" in status.stdout) == (colour == "always")
 
     diagnose = hangwatch("diagnose", "--monitor", monitor_url, "--color", colour)
@@ -105,8 +106,11 @@ def test_hangwatch_status_and_diagnose_print_no_control_characters(monitor_url: 
     one = hangwatch("diagnose", "--monitor", monitor_url, "--job", JOB, "--color", colour)
     assert one.returncode == 1 and "JOB job<script>" in one.stdout, one
     assert UNSAFE.search(OWN_COLOUR.sub("", one.stdout)) is None
+    # The table cuts a long job id; the report shows it whole, its control characters escaped.
+    assert "\\x1b[2J\\x1b]0;pwned\\x07" in one.stdout and "\\u202eevil" in one.stdout, one.stdout
+    assert "\\r\\nJOB fake" in one.stdout, one.stdout
     missing = hangwatch("status", "--monitor", monitor_url, "--job", "nope\x1b[2J\u202e")
-    assert missing.returncode == 2 and UNSAFE.search(missing.stdout + missing.stderr) is None, missing
+    assert missing.returncode == 3 and UNSAFE.search(missing.stdout + missing.stderr) is None, missing
 
 
 def test_hangwatch_diagnose_json_keeps_the_strings(monitor_url: str) -> None:
