@@ -48,7 +48,8 @@ from hangwatch.harness import LOOPBACK, MonitorClient, free_port
 ROOT = Path(__file__).resolve().parents[2]
 PODMAN = "/usr/bin/podman"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-IMAGE = "localhost/hangwatch:ci-test"
+# Per run: a concurrent run (another checkout on this machine) must not remove the image in use here.
+IMAGE = f"localhost/hangwatch:test-{uuid.uuid4().hex[:8]}"
 UID = 10001
 STARTUP_TIMEOUT = 60.0
 # runc, and rlimits under this VM's hard limits (see above); every container is run with these.
