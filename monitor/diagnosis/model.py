@@ -7,6 +7,7 @@ monitor's clock) and calls ``diagnose(job)``; nothing here does I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 Verdict = Literal[
@@ -58,6 +59,18 @@ class Stack:
     native: bool = False
     # py-spy's view of the main thread: False = idle (waiting), True = running.
     active: bool | None = None
+
+    @cached_property
+    def outline(self) -> tuple[tuple[str, bool], ...]:
+        """The frames as ``(text, native)``, outermost first, without the native frames outside the
+        outermost Python frame: the interpreter's start-up (``_start``, ``Py_RunMain``, ...) says
+        nothing about where a rank is and differs between dumps. Made once per dump: the merged
+        stack tree groups thousands of ranks by it at every refresh."""
+        frames = self.frames
+        python = [i for i, f in enumerate(frames) if not f.native]
+        if python:
+            frames = frames[: python[-1] + 1]
+        return tuple((f.where(), f.native) for f in reversed(frames))
 
 
 @dataclass(frozen=True)

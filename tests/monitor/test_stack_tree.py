@@ -42,10 +42,13 @@ def test_the_odd_rank_out_is_missing_under_the_frame_its_peers_wait_in() -> None
     assert (tree["ranks"], tree["without_stack"], tree["not_merged"]) == ("0-3", "", "")
 
 
-def test_ranks_without_a_stack_or_not_yet_seen_are_missing_everywhere() -> None:
-    tree = stack_tree([rv(0, ALL_REDUCE), rv(1, None), rv(2, ALL_REDUCE, alive=False)], world_size=4)
+def test_ranks_without_a_stack_or_not_yet_seen_are_listed_apart_not_missing() -> None:
+    # Nobody knows where they are: calling them missing at a frame would point at them wrongly.
+    tree = stack_tree([rv(0, ALL_REDUCE), rv(1, None), rv(2, ALL_REDUCE, alive=False), rv(4, LINGER)], world_size=5)
     assert tree["without_stack"] == "1-3"
-    assert {row[4] for row in flat(tree["roots"])} == {"1-3"}
+    assert {(row[1], row[4]) for row in flat(tree["roots"])} >= {("<module> (train.py:90)", ""),
+                                                                   ("linger_forever (train.py:12)", "0")}
+    assert "1" not in {rank for row in flat(tree["roots"]) for rank in row[4].split(",")}
 
 
 def test_distinct_stacks_past_the_bound_are_counted_not_merged() -> None:
@@ -55,6 +58,9 @@ def test_distinct_stacks_past_the_bound_are_counted_not_merged() -> None:
     assert len(leaves) == MAX_DISTINCT_STACKS
     assert tree["not_merged"] == f"{MAX_DISTINCT_STACKS}-{MAX_DISTINCT_STACKS + 2}"
     assert tree["without_stack"] == ""
+    # The ranks not merged may well be at the shared frames: never called missing there.
+    (root,) = tree["roots"]
+    assert root["missing"] == "" and root["ranks"] == f"0-{MAX_DISTINCT_STACKS - 1}"
 
 
 def test_start_up_native_frames_outside_python_do_not_split_the_tree() -> None:
