@@ -293,7 +293,8 @@ class Monitor:
             view = job_view(job, self.state.nodes, now, self.started_at)
             found = self._run_diagnosis(view)
             # Each rank's state as observed, whatever verdict is published while an alarm confirms.
-            self.timeline.record(job_id, now, ((r.rank, r.state) for r in found.ranks))
+            self.timeline.record(job_id, now, ((r.rank, r.state) for r in found.ranks),
+                                 healthy=found.verdict == "healthy")
             if self.confirm_alarms:
                 settled = self._settled[job_id] = settle(self._settled.get(job_id), found, now, job.last_progress_at)
                 found = settled.shown

@@ -19,7 +19,7 @@ from monitor.present import job_dict
 from monitor.render_text import render_monitor_status, render_text
 from monitor.routes.deps import MonitorDep
 from monitor.safe_text import one_line, text_block
-from monitor.service import Monitor
+from monitor.service import JobResult, Monitor
 
 
 class _JobIdConvertor(Convertor[str]):
@@ -38,6 +38,8 @@ register_url_convertor("job_id", _JobIdConvertor())
 router = APIRouter()
 # Rendering yields to the event loop after about this much work, so a big answer does not stall ingest.
 STEP_S = 0.002
+# The most ranks one timeline answer holds (the page asks for 64).
+TIMELINE_LIMIT_MAX = 100_000
 
 
 def monitor_status(request: Request, monitor: Monitor) -> dict[str, Any]:
@@ -130,18 +132,34 @@ async def _history(job_id: str, monitor: Monitor) -> list[dict[str, Any]]:
 
 
 @router.get("/api/v1/jobs/{job_id:job_id}/timeline")
-async def get_timeline(job_id: str, monitor: MonitorDep) -> JSONResponse:
-    if not monitor.knows_job(job_id):
+async def get_timeline(
+    job_id: str, monitor: MonitorDep,
+    limit: Annotated[int, Query(ge=1, le=TIMELINE_LIMIT_MAX, description="ranks at most, culprits first")] = 64,
+) -> Response:
+    now = monitor.clock()
+    results = monitor.results(now, job_id=job_id)
+    if not results:
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
-    return JSONResponse({"job_id": job_id, **_timeline(job_id, monitor, monitor.clock())})
+    body = {"job_id": job_id, **_timeline(results[0], monitor, now, limit)}
+    return Response(await run_in_threadpool(dumps, body), media_type="application/json")
 
 
-def _timeline(job_id: str, monitor: Monitor, now: float) -> dict[str, Any]:
-    """Each rank's states over the last ``window_s`` seconds: ``[start, end, state]`` spans, oldest first."""
-    spans = monitor.timeline.spans(monitor.state.resolve(job_id), now)
+def _timeline(result: JobResult, monitor: Monitor, now: float, limit: int | None = None) -> dict[str, Any]:
+    """The states over the last ``window_s`` seconds, as ``[start, end, state]`` spans oldest first,
+    of at most ``limit`` ranks: the culprits, then the lowest ranks (what the page draws)."""
+    job_id = result.view.job_id
+    kept = monitor.timeline.ranks(job_id)
+    chosen = kept
+    if limit is not None:
+        known = set(kept)
+        culprits = [r for r in result.diagnosis.culprit_ranks if r in known]
+        first = set(culprits)
+        chosen = (culprits + [r for r in kept if r not in first])[:limit]
+    spans = monitor.timeline.spans(job_id, now, chosen)
     return {
         "now": now,
         "window_s": monitor.timeline.window_s,
+        "ranks_total": len(kept),
         "ranks": [{"rank": rank, "spans": [[s.start, s.end, s.state] for s in runs]} for rank, runs in spans.items()],
     }
 
@@ -160,7 +178,7 @@ async def get_evidence(request: Request, job_id: str, monitor: MonitorDep) -> Re
         "saved_at": now,
         "job": job_dict(result, monitor.state.jobs.get(result.view.job_id)),
         "history": await _history(job_id, monitor),
-        "rank_timeline": _timeline(job_id, monitor, now),
+        "rank_timeline": _timeline(result, monitor, now),
         "monitor": monitor_status(request, monitor),
     }
     name = f"hangwatch-evidence-{_file_safe(result.view.job_id)}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}.json"

@@ -233,13 +233,15 @@ function historyKey(job) {
   return `${job.verdict}|${job.culprit_ranks.join(",")}`;
 }
 
+// The timeline follows the verdict and its culprits at once, else it is fetched every SIDE_REFRESH_MS
+// (a key over every rank's state would refetch it at nearly every poll of a big job).
 function timelineKey(job) {
-  return job.ranks.map((r) => `${r.rank}:${r.state}`).join(",");
+  return historyKey(job);
 }
 
 function refreshSideData(jobs) {
   refreshEach(jobs, histories, historyKey, (id) => `/api/v1/jobs/${encodeURIComponent(id)}/history`);
-  refreshEach(jobs, timelines, timelineKey, (id) => `/api/v1/jobs/${encodeURIComponent(id)}/timeline`);
+  refreshEach(jobs, timelines, timelineKey, (id) => `/api/v1/jobs/${encodeURIComponent(id)}/timeline?limit=${TIMELINE_RANKS_MAX}`);
 }
 
 function refreshEach(jobs, cache, keyOf, urlOf) {
@@ -329,7 +331,7 @@ function timelineBlock(job) {
     return el("div", { key: rank, class: `trow${culprits.has(rank) ? " culprit" : ""}`, "data-rank": rank },
       el("span", { class: "label" }, `rank ${rank}`), el("div", { class: "tbar" }, ...segments));
   });
-  const more = ranks.length - shown.length;
+  const more = Math.max(entry.data.ranks_total || 0, ranks.length) - shown.length;
   return el("div", { key: "timeline", class: "timeline" },
     el("h3", {}, `Rank states (last ${spanText(windowS)})`),
     el("div", { class: "trows" }, ...rows),

@@ -87,13 +87,18 @@ def run_page(tmp_path: Path, answer: dict[str, Any], routes: dict[str, Any], pol
     return json.loads(result.stdout)
 
 
+def side_url(job_id: str, part: str) -> str:
+    """The URL the page fetches for a job's history or timeline (the timeline: the 64 ranks it draws)."""
+    return f"/api/v1/jobs/{job_id}/{part}" + ("?limit=64" if part == "timeline" else "")
+
+
 def render_page(client: TestClient, tmp_path: Path, polls: int = 1, tz: str = "UTC") -> dict[str, Any]:
     """What the page shows for the monitor's current answer; each job's history and timeline come from the monitor too."""
     data = client.get("/diagnose", params={"format": "json"}).json()
     routes = {}
     for job in data["jobs"]:
         for part in ("history", "timeline"):
-            url = f"/api/v1/jobs/{job['job_id']}/{part}"
+            url = side_url(job["job_id"], part)
             routes[url] = client.get(url).json()
     return run_page(tmp_path, data, routes, polls, tz)
 
@@ -204,7 +209,7 @@ def test_a_cluster_shows_every_job_and_only_problem_jobs_in_full(
     urls = ["/diagnose?format=json&view=summary", "/diagnose?format=json&problems=1&limit=20"]
     routes = {url: client.get(url).json() for url in urls}
     for part in ("history", "timeline"):
-        routes[f"/api/v1/jobs/job-07/{part}"] = client.get(f"/api/v1/jobs/job-07/{part}").json()
+        routes[side_url("job-07", part)] = client.get(side_url("job-07", part)).json()
     # Any other /diagnose URL: nothing.
     shown = run_page(tmp_path, {"jobs": [], "total_jobs": 0}, routes)
     assert all(f"job-{i:02d}" in shown["overview"] for i in range(25))
@@ -301,6 +306,17 @@ def test_rank_timeline_draws_each_ranks_states_culprits_first(
     assert [s["cls"] for s in waiting["segments"]] == ["seg none", "seg st-in_collective"]
     # The fake clock's day is not today: the date comes first.
     assert re.fullmatch(r"rank 1: idle \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC – now", culprit["segments"][2]["title"])
+
+
+def test_timeline_limit_keeps_the_culprits_first_and_counts_the_rest(
+    client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    post_deadlock(client, clock, monkeypatch, readings=2)  # rank 1 is the culprit
+    one = client.get("/api/v1/jobs/job-a/timeline", params={"limit": 1}).json()
+    assert [r["rank"] for r in one["ranks"]] == [1] and one["ranks_total"] == 2
+    both = client.get("/api/v1/jobs/job-a/timeline", params={"limit": 64}).json()
+    assert [r["rank"] for r in both["ranks"]] == [0, 1] and both["ranks_total"] == 2
+    assert client.get("/api/v1/jobs/job-a/timeline", params={"limit": 0}).status_code == 422
 
 
 def test_timeline_of_an_unknown_job_is_404(client: TestClient) -> None:

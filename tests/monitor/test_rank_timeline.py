@@ -51,3 +51,21 @@ def test_forgotten_jobs_go() -> None:
     timeline.forget(["b"])
     assert timeline.spans("a", T0 + 1) == {}
     assert timeline.spans("b", T0 + 1) == {0: [StateSpan(T0, T0 + 1, "running")]}
+
+
+def test_a_healthy_jobs_ranks_are_one_running_run_however_busy() -> None:
+    # A healthy rank moves between computing, writing and collectives every few seconds: kept as
+    # such, 10,000 ranks would hold hundreds of runs each. Once the job is in trouble, states count.
+    timeline = RankTimeline()
+    for i in range(100):
+        timeline.record("job", T0 + i, [(0, ("running", "writing", "in_collective")[i % 3])], healthy=True)
+    timeline.record("job", T0 + 100, [(0, "in_collective")], healthy=False)
+    timeline.record("job", T0 + 101, [(0, "idle")], healthy=False)
+    assert spans(timeline, T0 + 110) == {0: [(0, 100, "running"), (100, 101, "in_collective"), (101, 110, "idle")]}
+
+
+def test_spans_of_chosen_ranks_only() -> None:
+    timeline = RankTimeline()
+    timeline.record("job", T0, [(r, "running") for r in range(5)])
+    assert timeline.ranks("job") == [0, 1, 2, 3, 4]
+    assert list(timeline.spans("job", T0 + 1, ranks=[3, 1, 9])) == [1, 3]
