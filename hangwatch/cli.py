@@ -236,6 +236,13 @@ def _access(args) -> Access:
     return Access(token, token_file, verify)
 
 
+class Unreadable(Exception):
+    """A monitor answered, but not what this hangwatch reads (another version, or not a monitor)."""
+
+    def __init__(self, monitor: str, why: str) -> None:
+        super().__init__(f"monitor {monitor} answered something this hangwatch cannot read: {why}")
+
+
 class Unreachable(Exception):
     def __init__(self, monitor: str, error: Exception) -> None:
         hint = ""
@@ -269,9 +276,19 @@ def _answer(monitor: str, job: str | None, access: Access) -> dict:
         if r.status_code in (401, 403):
             raise Refused(monitor, r.status_code, access)
         r.raise_for_status()
-        return r.json()
+        answer = r.json()
     except (httpx.HTTPError, ValueError) as e:  # ValueError: not JSON, so not a monitor
         raise Unreachable(monitor, e) from None
+    if not _readable(answer):
+        raise Unreadable(monitor, "not a /diagnose answer with jobs that each have a job_id and a verdict")
+    return answer
+
+
+def _readable(answer: object) -> bool:
+    """The shape every command relies on: jobs that each have an id and a verdict."""
+    jobs = answer.get("jobs", []) if isinstance(answer, dict) else None
+    return isinstance(jobs, list) and all(
+        isinstance(j, dict) and isinstance(j.get("job_id"), str) and isinstance(j.get("verdict"), str) for j in jobs)
 
 
 def _answers(monitors: list[str], job: str | None, access: Access) -> dict[str, dict]:
@@ -314,7 +331,7 @@ def cmd_diagnose(args, access: Access) -> int:
     monitors = _monitors(args)
     try:
         answers = _answers(monitors, args.job, access)
-    except (Unreachable, Refused) as e:
+    except (Unreachable, Unreadable, Refused) as e:
         return _fail(e)
     jobs = [j for j, _ in _merged(answers)]
     if args.job and not jobs:
@@ -324,7 +341,11 @@ def cmd_diagnose(args, access: Access) -> int:
     else:
         # The monitors that hold jobs (or the only one, which then says it has none).
         shown = [a for a in answers.values() if a.get("jobs")] or list(answers.values())[:1]
-        text = text_block("\n".join(_report_text(a) for a in shown))
+        try:
+            text = text_block("\n".join(_report_text(a) for a in shown))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            # A monitor of another version, or a broken answer: say so, never a traceback (exit 1 would read as an alarm).
+            return _fail(Unreadable(", ".join(monitors), f"its jobs cannot be written as text ({e!r})"))
         sys.stdout.write(paint_verdicts_in(text, wants_colour(sys.stdout, args.color)))
     return _exit_code(jobs)
 
@@ -337,23 +358,25 @@ def cmd_status(args, access: Access) -> int:
     monitors = _monitors(args)
     try:
         answers = _answers(monitors, args.job, access)
-    except (Unreachable, Refused) as e:
+    except (Unreachable, Unreadable, Refused) as e:
         return _fail(e)
     jobs = _merged(answers)
     if args.job and not jobs:
         return _unknown_job(args, monitors)
     from monitor.render_text import render_monitor_status
 
-    for monitor, answer in answers.items():  # a monitor past capacity or not storing says so first
-        for line in text_block(render_monitor_status(answer.get("monitor") or {})).splitlines():
-            if line:
-                print(f"{line} ({monitor})" if len(monitors) > 1 else line)
-    if not jobs:
-        print("no jobs")
-        return EXIT_OK
     colour = wants_colour(sys.stdout, args.color)
-    rows = [(j, m if len(monitors) > 1 else None) for j, m in jobs]
-    sys.stdout.write(render_table(rows, lambda text, verdict: paint_verdict(text, verdict, colour)))
+    try:
+        out = []
+        for monitor, answer in answers.items():  # a monitor past capacity or not storing says so first
+            for line in text_block(render_monitor_status(answer.get("monitor") or {})).splitlines():
+                if line:
+                    out.append(f"{line} ({monitor})" if len(monitors) > 1 else line)
+        rows = [(j, m if len(monitors) > 1 else None) for j, m in jobs]
+        table = render_table(rows, lambda text, verdict: paint_verdict(text, verdict, colour)) if jobs else "no jobs\n"
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        return _fail(Unreadable(", ".join(monitors), f"its jobs cannot be shown as a table ({e!r})"))
+    sys.stdout.write("".join(line + "\n" for line in out) + table)
     return _exit_code([j for j, _ in jobs])
 
 

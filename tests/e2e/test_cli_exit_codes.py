@@ -7,8 +7,10 @@ at the first read.
 
 from __future__ import annotations
 
+import http.server
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,3 +122,43 @@ def test_help_lists_the_exit_codes(cmd: str) -> None:
     for code in (EXIT_OK, EXIT_ALARM, EXIT_UNREACHABLE, EXIT_UNKNOWN_JOB):
         assert f"\n  {code}  " in codes, codes
     assert "--job names a job that no monitor knows" in codes
+
+
+class _OddAnswers(http.server.BaseHTTPRequestHandler):
+    """Answers /diagnose with whatever the test put in ``body``: a monitor of another version, or
+    something that is not a monitor at all."""
+
+    body = b"{}"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("cmd", ["diagnose", "status"])
+@pytest.mark.parametrize("body", [
+    b'[1, 2]',                                                      # JSON, not an answer
+    b'{"jobs": [{"job_id": 5}]}',                                   # jobs without their fields
+    b'{"jobs": [{"job_id": "j", "verdict": "deadlock", "ranks": 7}]}',  # fields of the wrong kind
+    b'{"jobs": [{"job_id": "j", "verdict": "deadlock", "evidence": 3, "culprit_ranks": null}]}',
+])
+def test_an_answer_it_cannot_read_is_one_line_and_exit_2(cmd: str, body: bytes) -> None:
+    handler = type("Handler", (_OddAnswers,), {"body": body})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        res = run(cmd, "--monitor", f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    assert res.returncode == EXIT_UNREACHABLE, res
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "cannot read" in res.stderr, res.stderr
