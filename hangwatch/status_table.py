@@ -29,6 +29,7 @@ class Column:
 
 
 JOB = Column("JOB", 56)
+NAME = Column("NAME", 40)  # what people call it (Slurm job, pod): only when some job has one
 VERDICT = Column("VERDICT", 15)
 SINCE = Column("SINCE", 6)
 CULPRITS = Column("CULPRITS", 32)
@@ -88,11 +89,18 @@ def progress_cell(job: dict[str, Any], now: float) -> str:
     return ago if step is None else f"step {step}, {ago}"
 
 
-def job_cells(job: dict[str, Any], monitor: str | None = None) -> list[str]:
-    """One row's cells, escaped, in column order (MONITOR only when ``monitor`` is given)."""
+def display_name(job: dict[str, Any]) -> str | None:
+    names = job.get("names")
+    display = names.get("display") if isinstance(names, dict) else None
+    return str(display) if display else None
+
+
+def job_cells(job: dict[str, Any], monitor: str | None = None, named: bool = False) -> list[str]:
+    """One row's cells, escaped, in column order (NAME only when ``named``, MONITOR only when
+    ``monitor`` is given)."""
     now = job.get("now") or time.time()  # the monitor's clock: ages do not depend on ours
     since = job.get("since")
-    cells = [job.get("job_id", "?"), str(job.get("verdict", "?")).upper(),
+    cells = [job.get("job_id", "?"), *([display_name(job) or "-"] if named else []), str(job.get("verdict", "?")).upper(),
              age(now - since) if since is not None else "-", culprits_cell(job), ranks_cell(job),
              str(len(job.get("nodes", []))), progress_cell(job, now)]
     if monitor is not None:
@@ -108,8 +116,10 @@ def render_table(jobs: Sequence[tuple[dict[str, Any], str | None]],
     codes take no width.
     """
     with_monitor = any(monitor is not None for _, monitor in jobs)
-    columns = [JOB, VERDICT, SINCE, CULPRITS, RANKS, NODES, PROGRESS] + ([MONITOR] if with_monitor else [])
-    rows = [[fit(c, col.cap) for c, col in zip(job_cells(job, (monitor or "") if with_monitor else None),
+    named = any(display_name(job) for job, _ in jobs)
+    columns = [JOB, *([NAME] if named else []), VERDICT, SINCE, CULPRITS, RANKS, NODES, PROGRESS] + (
+        [MONITOR] if with_monitor else [])
+    rows = [[fit(c, col.cap) for c, col in zip(job_cells(job, (monitor or "") if with_monitor else None, named),
                                                columns, strict=True)]
             for job, monitor in jobs]
     widths = [max([cell_len(col.title)] + [cell_len(row[i]) for row in rows]) for i, col in enumerate(columns)]

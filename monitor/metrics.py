@@ -17,9 +17,12 @@ from monitor.diagnosis.activity import ACTIVITIES
 from monitor.exposition import Family, labels, render
 from monitor.http_guard import HttpStats
 from monitor.load import LoadGuard
+from monitor.job_names import job_names
 from monitor.process_metrics import build_info, process_families
 from monitor.service import Monitor
 
+# hangwatch_job_info's labels, from monitor/job_names.py (pods are left out: a job has many).
+JOB_INFO_LABELS = ("job_id", "slurm_job", "slurm_job_name", "k8s_namespace", "torchelastic_run_id", "display")
 # Every word a rank's state can take: the activities plus "running" for a healthy job.
 RANK_STATES = ("running", *ACTIVITIES)
 
@@ -31,6 +34,8 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
     verdict = Family("hangwatch_job_verdict", "1 for the job's current verdict, 0 for the others")
     last_progress = Family("hangwatch_job_last_progress_timestamp_seconds",
                            "Unix time the job last made progress (when first seen if it never did)")
+    info = Family("hangwatch_job_info", "1 per job, with the names people know it by: Slurm job, Kubernetes "
+                  "namespace, torchelastic run, and display (what the page and alerts show)")
     culprits = Family("hangwatch_job_culprit_ranks", "Number of culprit ranks")
     world = Family("hangwatch_job_world_size", "World size the ranks report")
     cpu_total = Family("hangwatch_rank_cpu_seconds", "CPU time the rank process used", "counter")
@@ -51,6 +56,9 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
             verdict.add(labels(("job_id", "verdict"), (job, word)), 1.0 if d.verdict == word else 0.0)
         last = result.last_progress_at if result.last_progress_at is not None else view.first_seen_at
         last_progress.add(job_l, last)
+        # One series per job: the names cost no cardinality beyond the job id's own.
+        names = job_names(job, (dict(r.env) for r in view.ranks))
+        info.add(labels(JOB_INFO_LABELS, (job, *(str(names.get(k, "")) for k in JOB_INFO_LABELS[1:]))), 1.0)
         culprits.add(job_l, float(len(d.culprit_ranks)))
         world.add(job_l, float(view.world_size))
         job_last = view.job_progress_times[-1] if view.job_progress_times else None
@@ -111,7 +119,7 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
     for reason, count in sorted(monitor.rejected.items()):
         rejected.add(labels(("reason",), (reason,)), float(count))
 
-    families = [build_info(), verdict, last_progress, culprits, world, cpu_total, cpu_ratio, step, up,
+    families = [build_info(), verdict, info, last_progress, culprits, world, cpu_total, cpu_ratio, step, up,
                 rank_progress, wait_ratio, rank_state, culprit, last_report, collector_up, collector_errors, dump_failures, agent_cpu, agent_memory,
                 reports, rejected]
     return render([*families, *own_families(monitor, guard), *http_families(http), *process_families()])

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hangwatch.version import version
 from monitor.diagnosis import VERDICTS, Diagnosis, JobView
+from monitor.metrics import JOB_INFO_LABELS
 from monitor.process_metrics import process_families
 from monitor.state import SILENT_NODE_KEPT_S
 
@@ -73,7 +74,7 @@ def test_metrics_follow_the_state(client: TestClient, clock: FakeClock, monkeypa
         for labels, _ in samples:
             assert "pid" not in labels
             assert set(labels) <= {"job_id", "verdict", "rank", "node", "collector", "reason", "state", "kind",
-                                   "version", "python_version", "python_implementation"}
+                                   "version", "python_version", "python_implementation", *JOB_INFO_LABELS}
 
 
 def test_agents_own_cpu_and_memory_per_node(client: TestClient, clock: FakeClock) -> None:
@@ -167,3 +168,15 @@ def test_process_families_read_the_proc_tree_they_are_given(tmp_path) -> None:
     assert got["process_cpu_seconds"] == [f"process_cpu_seconds_total {400 / ticks!r}"]
     assert got["process_start_time_seconds"] == [f"process_start_time_seconds {1700000000 + 1000 / ticks!r}"]
     assert got["process_virtual_memory_bytes"] == ["process_virtual_memory_bytes 4096.0"]
+
+
+def test_job_info_carries_the_names_people_know_the_job_by(client: TestClient, clock: FakeClock) -> None:
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "llama"}
+    pod = {"POD_NAME": "w-0", "POD_NAMESPACE": "ml", "TORCHELASTIC_RUN_ID": "run-7"}
+    client.post("/api/v1/reports", json=report(ranks=[rank(job_id="10.0.0.1:29500", env=slurm),
+                                                      rank(job_id="10.0.0.2:29500", env=pod)], sent_at=clock.now))
+    samples = scrape(client)
+    assert value(samples, "hangwatch_job_info", job_id="10.0.0.1:29500", slurm_job="4242.0", slurm_job_name="llama",
+                 k8s_namespace="", torchelastic_run_id="", display="slurm job 4242.0 (llama)") == 1.0
+    assert value(samples, "hangwatch_job_info", job_id="10.0.0.2:29500", slurm_job="", slurm_job_name="",
+                 k8s_namespace="ml", torchelastic_run_id="run-7", display="pod ml/w-0") == 1.0

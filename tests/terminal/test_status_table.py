@@ -127,3 +127,13 @@ def test_no_monitor_column_for_one_monitor_and_colour_only_on_the_verdict():
     assert "<deadlock>DEADLOCK" in painted
     # The colour codes wrap the padded cell: the columns after it are where they were.
     assert painted.replace("<deadlock>", "").replace("</>", "") == plain
+
+
+def test_a_name_column_only_when_some_job_has_a_name_people_use():
+    assert "NAME" not in render_table([(job(), None)]).splitlines()[0]
+    lines = render_table([(job(names={"display": "slurm job 4242.0 (llama)"}), None),
+                          (job("b", names={}), None)]).splitlines()
+    assert lines[0].split()[:3] == ["JOB", "NAME", "VERDICT"]
+    assert "slurm job 4242.0 (llama)  DEADLOCK" in lines[1]
+    assert lines[2].split()[:3] == ["b", "-", "DEADLOCK"]
+    assert set(_cell_starts(lines[0].replace("LAST PROGRESS", "LAST_PROGRESS"))) <= set(_cell_starts(lines[2]))
