@@ -2,7 +2,7 @@
 #   monitor (the default command, uid 10001):
 #     docker run -d -p 8787:8787 -v hangwatch-state:/var/lib/hangwatch IMAGE
 #   agent (one per node; root, host PID namespace, ptrace for py-spy; the HEALTHCHECK is the monitor's):
-#     docker run -d --pid=host --cap-add SYS_PTRACE --user 0 --no-healthcheck IMAGE \
+#     docker run -d --pid=host --cap-add SYS_PTRACE --security-opt apparmor=unconfined --user 0 --no-healthcheck IMAGE \
 #         hangwatch-agent --monitor http://MONITOR:8787 --node "$(hostname)" --dump-other-users
 # No torch: the agent and the monitor never import it (it is the demo and test extra only).
 

@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-case="${1:-deadlock}"
-shift || true
+case=deadlock
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then  # a first word that is not an option names the case
+    case="$1"
+    shift
+fi
 exec .venv/bin/hangwatch demo "$case" "$@"

@@ -70,6 +70,7 @@ def test_the_presented_token_is_read_from_bearer_or_basic(headers: list, expecte
 @pytest.mark.parametrize(("path", "kind"), [
     ("/healthz", "open"), ("/api/v1/reports", "ingest"), ("/metrics", "metrics"),
     ("/diagnose", "read"), ("/", "read"), ("/api/v1/jobs/x/history", "read"), ("/static/app.js", "read"),
+    ("/api/v1/jobs/x/timeline", "read"), ("/api/v1/jobs/x/evidence", "read"),
 ])
 def test_requests_are_classed_by_path(path: str, kind: str) -> None:
     assert request_kind(path) == kind
@@ -159,7 +160,9 @@ def test_reads_and_metrics_can_each_require_their_own_token(tmp_path: Path) -> N
         base = monitor.base
         # Reports stay open here (no --token-file), so there is a job to read.
         assert httpx.post(base + REPORTS, json=report(ranks=[rank(job_id="job-r")]), timeout=5).status_code == 202
-        for path in ("/diagnose", "/", "/api/v1/jobs/job-r/history"):
+        read_paths = ("/diagnose", "/", "/api/v1/jobs/job-r/history", "/api/v1/jobs/job-r/timeline",
+                      "/api/v1/jobs/job-r/evidence")
+        for path in read_paths:
             refused = httpx.get(base + path, timeout=5)
             assert refused.status_code == 401, path
             # A browser asks for Basic credentials: the page's reader types the token as the password.
@@ -172,7 +175,7 @@ def test_reads_and_metrics_can_each_require_their_own_token(tmp_path: Path) -> N
         assert httpx.get(base + "/metrics", headers=_bearer(READER), timeout=5).status_code == 401
         assert httpx.get(base + "/healthz", timeout=5).status_code == 200
         scraper = _bearer(SCRAPER)
-        assert _metric(base, "hangwatch_monitor_requests_unauthorized_total", scraper, kind="read") == 6
+        assert _metric(base, "hangwatch_monitor_requests_unauthorized_total", scraper, kind="read") == 2 * len(read_paths)
         assert _metric(base, "hangwatch_monitor_requests_unauthorized_total", scraper, kind="metrics") == 2
 
 
