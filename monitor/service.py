@@ -188,6 +188,7 @@ class Monitor:
         """Why the monitor must not take ``report`` in (monitor/limits.py); None when it may."""
         with self._lock:
             state = self.state
+            state.make_room_for_node(report.node, self.limits.max_nodes, self.clock(), self.job_retention_s)
             return check_report(report, self.limits, state.jobs.keys(), state.nodes.keys(), state.resolve)
 
     def reject(self, reason: str) -> None:

@@ -586,6 +586,19 @@ class MonitorState:
                     job.known_wait_sites.add(site)
                 track.pending_wait_site = None
 
+    def make_room_for_node(self, node: str, max_nodes: int, now: float, silent_s: float) -> str | None:
+        """At ``max_nodes``, forget the longest-silent node to let a new ``node`` in, if it has been
+        silent for over ``silent_s`` (the job retention: its jobs are forgotten already). A silent
+        node is kept for its alert (SILENT_NODE_KEPT_S), never at the cost of refusing a live one.
+        Returns the node forgotten, if any."""
+        if node in self.nodes or len(self.nodes) < max_nodes or not self.nodes:
+            return None
+        oldest = min(self.nodes, key=lambda name: self.nodes[name].last_report_at)
+        if now - self.nodes[oldest].last_report_at <= silent_s:
+            return None
+        del self.nodes[oldest]
+        return oldest
+
     def prune(self, now: float, retention_s: float) -> list[str]:
         """Forget jobs that ended, or that no agent mentioned, more than ``retention_s`` ago."""
         dropped = []

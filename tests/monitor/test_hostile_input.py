@@ -12,12 +12,14 @@ from typing import Any
 import httpx
 import pytest
 from monitor_reports import progress, rank, report
-from monitor_testkit import TestClient, assert_refused, monitor_of
+from monitor_testkit import FakeClock, TestClient, assert_refused, monitor_of
 from real_monitor import running_monitor
 
+from monitor.app import create_app
 from monitor.fastwire import decode_report
 from monitor.limits import Limits, check_report
-from monitor.store import Store
+from monitor.settings import Settings
+from monitor.store import Store, open_store
 
 URL = "/api/v1/reports"
 
@@ -130,3 +132,30 @@ def test_junk_jobs_past_the_limit_are_refused_and_real_ones_go_on(tmp_path: Path
         metrics = httpx.get(monitor.base + "/metrics", timeout=5).text
         assert 'hangwatch_reports_rejected_total{reason="too_many_jobs"} 18.0' in metrics
         assert 'hangwatch_reports_rejected_total{reason="world_size"} 1.0' in metrics
+
+
+def test_a_full_monitor_lets_a_new_node_in_by_forgetting_the_longest_silent_one(
+    db_path: Path, clock: FakeClock
+) -> None:
+    """Silent nodes are kept (for their alert) but never at the cost of a live one: once silent
+    past the job retention, the longest-silent one makes room; before that, the new node waits."""
+    settings = Settings.from_raw({"db": db_path, "tick_interval_s": 0, "max_nodes": 2, "job_retention_s": 60})
+    store = open_store(settings, clock)
+    try:
+        with TestClient(create_app(settings, store, clock=clock)) as client:
+            def post(node: str) -> int:
+                body = report(node=node, ranks=[rank(job_id=f"job-{node}")], sent_at=clock.now)
+                return client.post(URL, json=body).status_code
+
+            assert post("node-a") == 202
+            clock.advance(10)
+            assert post("node-b") == 202
+            clock.advance(30)
+            assert post("node-c") == 429  # node-a silent 40 s: within the retention, kept
+            clock.advance(30)
+            assert post("node-b") == 202  # node-b speaks again; node-a is silent 70 s now
+            assert post("node-c") == 202
+            nodes = set(monitor_of(client).state.nodes)
+            assert nodes == {"node-b", "node-c"}
+    finally:
+        store.close()
