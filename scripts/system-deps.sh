@@ -22,6 +22,10 @@ declare -A PROVIDES=(
     [podman]=podman
     [runc]=runc
     [debootstrap]=debootstrap
+    # The Alertmanager inhibit example (deploy/prometheus/alertmanager-inhibit.yml):
+    # `amtool check-config` and a real Alertmanager in tests/ops/test_alert_rules.py.
+    [amtool]=prometheus-alertmanager
+    [prometheus-alertmanager]=prometheus-alertmanager
 )
 
 missing=()

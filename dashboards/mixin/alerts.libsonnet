@@ -19,7 +19,7 @@ local lib = import 'lib.libsonnet';
         runbook_url: h.runbook(anchor),
       },
     },
-    local job = '{{ $labels.job_id }}',
+    local job = h.jobName,
 
     groups+: [
       {

@@ -6,8 +6,12 @@
     // Label matchers for the monitor's scrape job: in every query of the rules and the dashboard.
     hangwatchSelector: 'job="hangwatch"',
     // The label that tells clusters apart (kept in every `by (...)` and shown in the alerts);
-    // '' for a single cluster without one.
+    // '' for a single cluster without one. It must be on the scraped series (a target label), not
+    // only in Prometheus' external_labels, which rule evaluation never sees.
     clusterLabel: 'cluster',
+    // This cluster's name: when set, the ServiceMonitor puts it in clusterLabel on every series it
+    // scrapes ('' leaves the label to the Prometheus or to no one).
+    clusterName: '',
     // runbook_url of each alert; %s is the alert's section in docs/runbook.md.
     runbookURLPattern: 'https://github.com/hangwatch/hangwatch/blob/main/docs/runbook.md#%s',
     // The monitor as people reach it (not as Prometheus does): alerts link to its /diagnose?job=.

@@ -59,19 +59,22 @@ local at(x, y, w, h) = { x: x, y: y, w: w, h: h };
     local panels = [
       row('Jobs', 0),
       panel('table', 'Jobs overview',
-            'Current verdict per job, its culprit count, time without progress and world size. Details: '
+            'Current verdict per job, the name people know it by, its culprit count, time without progress and world size. Details: '
             + cfg.monitorURL + '/diagnose?job=JOB_ID',
             [
               instant(verdictCode, 'A'),
               instant('max by (job_id) (hangwatch_job_culprit_ranks%s)' % raw(jobs), 'B'),
               instant('min by (job_id) (job_id:hangwatch_seconds_since_progress:min%s)' % recorded(jobs), 'C'),
               instant('max by (job_id) (hangwatch_job_world_size%s)' % raw(jobs), 'D'),
+              // The name people know the job by (Slurm job, pod, torchelastic run), empty when unknown.
+              instant('max by (job_id, display) (hangwatch_job_info%s)' % raw(jobs), 'E'),
             ], at(0, 1, 24, 7)) {
         transformations: [
           { id: 'merge', options: {} },
           { id: 'organize', options: {
-            excludeByName: { Time: true },
-            renameByName: { job_id: 'job', 'Value #A': 'verdict', 'Value #B': 'culprit ranks',
+            excludeByName: { Time: true, 'Value #E': true },
+            indexByName: { job_id: 0, display: 1, 'Value #A': 2, 'Value #B': 3, 'Value #C': 4, 'Value #D': 5 },
+            renameByName: { job_id: 'job', display: 'name', 'Value #A': 'verdict', 'Value #B': 'culprit ranks',
                             'Value #C': 'since progress', 'Value #D': 'world size' },
           } },
         ],

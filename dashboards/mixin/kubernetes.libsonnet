@@ -25,7 +25,11 @@
           scrapeTimeout: cfg.scrapeTimeout,
           // The operator names the job after the Service; the rules select the scrape job by
           // hangwatchSelector, so give it that name.
-          relabelings: [{ targetLabel: 'job', replacement: cfg.scrapeJobName }],
+          // The cluster as a target label (clusterName): Prometheus' external_labels are not seen
+          // by the rules, so "in cluster X" needs the label on the series themselves.
+          relabelings: [{ targetLabel: 'job', replacement: cfg.scrapeJobName }]
+                       + (if cfg.clusterName != '' && cfg.clusterLabel != ''
+                          then [{ targetLabel: cfg.clusterLabel, replacement: cfg.clusterName }] else []),
           // A monitor with a metrics token (HANGWATCH_METRICS_TOKEN_FILE) wants it here, from a Secret:
           //   authorization: { type: Bearer, credentials: { name: hangwatch-monitor-tokens, key: metrics } }
         }],

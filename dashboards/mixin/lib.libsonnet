@@ -17,20 +17,32 @@
 
     // A `printf` for a `query` template: the selector of this alert's job (its cluster included),
     // written as a Go raw string so the selector's quotes need no escaping.
-    jobQuery(metricExpr):: (
-      local matchers = [cfg.hangwatchSelector] + (if cl != '' then ['%s=%%q' % cl] else []) + ['job_id=%q'];
+    jobQuery(metricExpr, extra=[]):: (
+      local matchers = [cfg.hangwatchSelector] + (if cl != '' then ['%s=%%q' % cl] else []) + ['job_id=%q'] + extra;
       local args = std.join(' ', (if cl != '' then ['$labels.%s' % cl] else []) + ['$labels.job_id']);
       'printf `%s` %s' % [std.strReplace(metricExpr, '{SEL}', '{' + std.join(', ', matchers) + '}'), args]
     ),
 
     diagnoseURL:: cfg.monitorURL + '/diagnose?job={{ $labels.job_id | urlquery }}',
 
+    // The alert's job as people know it: its id, then the name from hangwatch_job_info when the
+    // monitor has one, e.g. "10.0.0.1:29500 (slurm job 4242.0 (llama))"; the id alone otherwise.
+    jobName:: '{{ $labels.job_id }}{{ with %s | query }} ({{ . | first | label "display" }}){{ end }}'
+              % self.jobQuery('hangwatch_job_info{SEL}', ['display!=""']),
+
     // The culprit ranks of the alert's job, each with its node, e.g.
     // "Culprits: rank 1 on node-a, rank 3 on node-b." (at most culpritsNamed, then the count).
+    // Lowest ranks first, in numeric order: templates sort only by a label's text (sortByLabel) and
+    // PromQL 2.x cannot turn a label into a value, so label_replace adds `order`, the rank behind
+    // its digit count ("1"+"2" = "12" sorts before "2"+"10" = "210"). Ranks below 1,000,000; a
+    // bigger one lacks `order` and comes first.
     culprits(intro, none):: (
-      local q = self.jobQuery('max by (rank, node) (hangwatch_rank_culprit{SEL} == 1)');
+      local orderBy(expr, digits) =
+        if digits > 6 then expr
+        else orderBy('label_replace(%s, "order", "%d$1", "rank", "([0-9]{%d})")' % [expr, digits, digits], digits + 1);
+      local q = self.jobQuery(orderBy('max by (rank, node) (hangwatch_rank_culprit{SEL} == 1)', 1));
       local n = cfg.culpritsNamed;
-      '{{ with %s | query | sortByLabel "rank" }}%s {{ range $i, $c := . }}' % [q, intro]
+      '{{ with %s | query | sortByLabel "order" }}%s {{ range $i, $c := . }}' % [q, intro]
       + '{{ if lt $i %d }}{{ if $i }}, {{ end }}rank {{ $c.Labels.rank }} on {{ $c.Labels.node }}{{ end }}' % n
       + '{{ end }}{{ if gt (len .) %d }} ({{ len . }} ranks in all){{ end }}.{{ else }}%s{{ end }}' % [n, none]
     ),

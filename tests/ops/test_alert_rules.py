@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,6 +17,7 @@ from monitor.app import create_app
 from monitor.diagnosis import VERDICTS
 from monitor.settings import Settings
 from monitor.store import open_store
+from hangwatch.harness import LOOPBACK, free_port, wait_until_ready
 from tests.monitor.monitor_reports import progress, rank, report, stack
 from tests.monitor.monitor_testkit import TestClient
 from tests.ops.promserver import PROMTOOL, RECORDING_RULES, RULES, TEST_FOR, rules_for_test
@@ -23,6 +25,9 @@ from tests.ops.promserver import PROMTOOL, RECORDING_RULES, RULES, TEST_FOR, rul
 ROOT = Path(__file__).resolve().parents[2]
 RULE_TESTS = sorted((ROOT / "dashboards" / "tests").glob("*.yml"))
 RUNBOOK = ROOT / "docs" / "runbook.md"
+INHIBIT = ROOT / "deploy" / "prometheus" / "alertmanager-inhibit.yml"
+ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
+AMTOOL = "/usr/bin/amtool"
 RUNBOOK_URL = re.compile(r"^https://github\.com/hangwatch/hangwatch/blob/main/docs/runbook\.md#([a-z0-9-]+)$")
 
 
@@ -132,3 +137,51 @@ def test_the_integration_copy_only_shortens_for(tmp_path: Path) -> None:
     assert [r["for"] for r in changed] == [TEST_FOR] * len(original)
     for a, b in zip(original, changed):
         assert {**a, "for": TEST_FOR} == b
+
+
+def test_alertmanager_inhibit_example_is_valid() -> None:
+    result = subprocess.run([AMTOOL, "check-config", str(INHIBIT)], capture_output=True, text=True)
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+    assert " - 1 inhibit rules" in result.stdout, result.stdout
+    # It names the rules' own alerts: a renamed alert would leave it muting nothing.
+    names = {a["alert"] for a in alerts()}
+    (rule,) = yaml.safe_load(INHIBIT.read_text())["inhibit_rules"]
+    sources = re.fullmatch(r'alertname=~"(.+)"', rule["source_matchers"][0]).group(1).split("|")
+    assert set(sources) == {"HangwatchMonitorDown", "HangwatchMonitorAbsent"} <= names
+
+
+def test_monitor_down_inhibits_that_clusters_other_alerts(tmp_path: Path) -> None:
+    """A real Alertmanager with the example file: HangwatchMonitorDown in cluster c1 mutes c1's job
+    and agent alerts, not c2's, and not itself."""
+    port = free_port()
+    url = f"http://{LOOPBACK}:{port}"
+    log = tmp_path / "alertmanager.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([ALERTMANAGER, f"--config.file={INHIBIT}", f"--storage.path={tmp_path / 'data'}",
+                                 f"--web.listen-address={LOOPBACK}:{port}", "--cluster.listen-address="],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until_ready(proc, url + "/-/ready", "alertmanager", lambda: log.read_text(errors="replace"), 20.0)
+        sent = {
+            "down c1": {"alertname": "HangwatchMonitorDown", "cluster": "c1", "instance": "mon:8787"},
+            "deadlock c1": {"alertname": "HangwatchDeadlock", "cluster": "c1", "job_id": "j"},
+            "agent c1": {"alertname": "HangwatchAgentSilent", "cluster": "c1", "node": "n1"},
+            "deadlock c2": {"alertname": "HangwatchDeadlock", "cluster": "c2", "job_id": "j"},
+            "other c1": {"alertname": "NodeDown", "cluster": "c1", "instance": "n1"},
+        }
+        r = httpx.post(url + "/api/v2/alerts", json=[{"labels": labels} for labels in sent.values()], timeout=5.0)
+        assert r.status_code == 200, r.text
+        want = {"down c1": False, "deadlock c1": True, "agent c1": True, "deadlock c2": False, "other c1": False}
+        end = time.monotonic() + 15
+        while True:
+            got = {name: None for name in sent}
+            for a in httpx.get(url + "/api/v2/alerts", timeout=5.0).json():
+                (name,) = [n for n, labels in sent.items() if labels == a["labels"]]
+                got[name] = bool(a["status"]["inhibitedBy"])
+            if got == want or time.monotonic() > end:
+                break
+            time.sleep(0.2)
+        assert got == want, f"{got}\n{log.read_text(errors='replace')}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

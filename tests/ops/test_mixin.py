@@ -98,6 +98,10 @@ def test_a_site_config_reaches_every_output(tmp_path: Path) -> None:
                  "values": "1x20"},
                 {"series": 'hangwatch_job_last_progress_timestamp_seconds{job="hw", namespace="ml", job_id="slurm:42"}',
                  "values": "0x20"},
+                {"series": 'hangwatch_job_info{job="hw", namespace="ml", job_id="slurm:42", display="slurm job 42"}',
+                 "values": "1x20"},
+                # Outside the site's selector: not this job's name.
+                {"series": 'hangwatch_job_info{job="hw", job_id="slurm:42", display="someone else"}', "values": "1x20"},
             ],
             "alert_rule_test": [{
                 "eval_time": "1m",
@@ -105,9 +109,9 @@ def test_a_site_config_reaches_every_output(tmp_path: Path) -> None:
                 "exp_alerts": [{
                     "exp_labels": {"severity": "critical", "job_id": "slurm:42"},
                     "exp_annotations": {
-                        "summary": "Training job slurm:42 is deadlocked",
+                        "summary": "Training job slurm:42 (slurm job 42) is deadlocked",
                         "description": (
-                            "hangwatch sees job slurm:42 parked in a collective with no progress and nothing being"
+                            "hangwatch sees job slurm:42 (slurm job 42) parked in a collective with no progress and nothing being"
                             " sent for 1m 0s.\n"
                             "Culprits (live, not in the collective the others wait in): rank 3 on gpu9.\n"
                             "Evidence and stacks: https://hangwatch.example.org/diagnose?job=slurm%3A42"),
@@ -120,3 +124,23 @@ def test_a_site_config_reaches_every_output(tmp_path: Path) -> None:
     }))
     result = subprocess.run([PROMTOOL, "test", "rules", str(unit)], capture_output=True, text=True)
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+
+
+def test_cluster_name_is_a_target_label_of_the_service_monitor(tmp_path: Path) -> None:
+    """The rules see the cluster only as a label on the series (external_labels are added after
+    rule evaluation): clusterName makes the ServiceMonitor put it there, under clusterLabel."""
+    def relabelings(config: str, out: Path) -> list[dict]:
+        site = tmp_path / f"{out.name}.jsonnet"
+        site.write_text(config)
+        result = build("--config", str(site), "--out", str(out))
+        assert result.returncode == 0, result.stderr
+        (monitor,) = yaml.safe_load_all((out / "deploy" / "kubernetes" / "service-monitor.yaml").read_text())
+        (endpoint,) = monitor["spec"]["endpoints"]
+        return endpoint["relabelings"]
+
+    job = {"targetLabel": "job", "replacement": "hangwatch"}
+    assert relabelings("{ clusterName: 'gpu-east', clusterLabel: 'k8s_cluster' }", tmp_path / "named") == [
+        job, {"targetLabel": "k8s_cluster", "replacement": "gpu-east"}]
+    assert relabelings("{ clusterName: 'gpu-east', clusterLabel: '' }", tmp_path / "unlabelled") == [job]
+    (default,) = yaml.safe_load_all((K8S / "service-monitor.yaml").read_text())
+    assert default["spec"]["endpoints"][0]["relabelings"] == [job]

@@ -37,7 +37,12 @@ def test_deadlock_alert_fires(live_hang: LiveHang) -> None:
                    f"{live.prometheus.api('/api/v1/alerts')}\n{live.context()}")
     alert = found[0]
     assert alert["labels"]["severity"] == "critical"
-    assert alert["annotations"]["summary"] == f"Training job {live.job.job_id} is deadlocked"
+    # The job as people know it: the monitor's display name (hangwatch_job_info), when it has one.
+    display = (live.diagnosis.get("names") or {}).get("display", "")
+    (info,) = live.prometheus.query(f'hangwatch_job_info{{job="hangwatch", job_id="{live.job.job_id}"}}')
+    assert info["metric"].get("display", "") == display, (info, live.diagnosis.get("names"))
+    name = live.job.job_id + (f" ({display})" if display else "")
+    assert alert["annotations"]["summary"] == f"Training job {name} is deadlocked"
     description = alert["annotations"]["description"]
     # The culprit is named with the node it runs on, as the monitor's own diagnosis has it.
     (culprit,) = [r for r in live.diagnosis["ranks"] if r["rank"] == 1]
