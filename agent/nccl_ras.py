@@ -159,6 +159,10 @@ def fetch_status(
         raise RasError(f"{step} from {where} timed out") from None
     except RasError:
         raise
+    except (BrokenPipeError, ConnectionResetError):
+        # Whether the close shows as EOF, a reset or a broken pipe depends on when our next send
+        # lands: one cause, one message.
+        raise RasError(f"the service at {where} closed the connection without answering ({step})") from None
     except OSError as e:
         raise RasError(f"reading {where}: {e.strerror or e}") from None
     return body.decode("utf-8", "replace")
