@@ -7,7 +7,7 @@ monitor's clock) and calls ``diagnose(job)``; nothing here does I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Literal
 
 Verdict = Literal[
@@ -38,17 +38,23 @@ class Frame:
     @property
     def short_file(self) -> str:
         """The path from the package root on (``torch/distributed/...``), else the base name."""
-        parts = self.file.replace("\\", "/").split("/")
-        for marker in ("site-packages", "dist-packages"):
-            if marker in parts:
-                return "/".join(parts[parts.index(marker) + 1 :])
-        return parts[-1] if parts else ""
+        return _short_file(self.file)
 
     def where(self) -> str:
         if self.native or not self.file:
             return self.name
         line = f":{self.line}" if self.line is not None else ""
         return f"{self.name} ({self.short_file}{line})"
+
+
+@lru_cache(maxsize=8192)
+def _short_file(path: str) -> str:
+    # Memoised: thousands of ranks' stacks name the same few hundred files.
+    parts = path.replace("\\", "/").split("/")
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            return "/".join(parts[parts.index(marker) + 1 :])
+    return parts[-1] if parts else ""
 
 
 @dataclass(frozen=True)
