@@ -49,7 +49,6 @@ from urllib.parse import urlparse
 DEFAULT_MONITOR = "http://127.0.0.1:8787"
 OK_VERDICTS = ("healthy", "finished")
 EXIT_OK, EXIT_ALARM, EXIT_UNREACHABLE, EXIT_UNKNOWN_JOB = 0, 1, 2, 3
-EXIT_USAGE = 2
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}  every job is healthy or finished (or there is no job at all)
   {EXIT_ALARM}  a job has any other verdict: hung, stopped, a rank gone, a straggler...
@@ -98,9 +97,6 @@ from hangwatch.colour import paint_verdict, paint_verdicts_in, wants_colour  # n
 from hangwatch.harness import watch_case  # noqa: E402
 from hangwatch.status_table import render_table  # noqa: E402
 from monitor.safe_text import one_line, text_block  # noqa: E402
-
-
-
 
 
 def _say(t0: float, msg: str) -> None:
@@ -317,6 +313,10 @@ def _report_text(answer: dict) -> str:
     return render_monitor_status(answer.get("monitor") or {}) + body
 
 
+# What rendering an answer of an unexpected shape raises (a monitor of another version).
+RENDER_ERRORS = (KeyError, TypeError, ValueError, AttributeError)
+
+
 def _fail(error: Exception) -> int:
     print(f"hangwatch: {one_line(str(error))}", file=sys.stderr)
     return EXIT_UNREACHABLE
@@ -343,7 +343,7 @@ def cmd_diagnose(args, access: Access) -> int:
         shown = [a for a in answers.values() if a.get("jobs")] or list(answers.values())[:1]
         try:
             text = text_block("\n".join(_report_text(a) for a in shown))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except RENDER_ERRORS as e:
             # A monitor of another version, or a broken answer: say so, never a traceback (exit 1 would read as an alarm).
             return _fail(Unreadable(", ".join(monitors), f"its jobs cannot be written as text ({e!r})"))
         sys.stdout.write(paint_verdicts_in(text, wants_colour(sys.stdout, args.color)))
@@ -374,7 +374,7 @@ def cmd_status(args, access: Access) -> int:
                     out.append(f"{line} ({monitor})" if len(monitors) > 1 else line)
         rows = [(j, m if len(monitors) > 1 else None) for j, m in jobs]
         table = render_table(rows, lambda text, verdict: paint_verdict(text, verdict, colour)) if jobs else "no jobs\n"
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except RENDER_ERRORS as e:
         return _fail(Unreadable(", ".join(monitors), f"its jobs cannot be shown as a table ({e!r})"))
     sys.stdout.write("".join(line + "\n" for line in out) + table)
     return _exit_code([j for j, _ in jobs])

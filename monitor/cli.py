@@ -12,7 +12,7 @@ from typing import NoReturn
 
 import uvicorn
 
-from hangwatch.version import version_line
+from agent.cli_common import add_version_option
 from monitor.app import create_app
 from monitor.auth import TokenFileError
 from monitor.http_guard import ConnectionLimits, connection_cap, guarded_protocol, raise_open_file_limit
@@ -32,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Central hang-detection monitor for distributed PyTorch training.")
-    parser.add_argument("--version", action="version", version=version_line(PROG))
+    add_version_option(parser)
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1, env HANGWATCH_HOST)")
     parser.add_argument("--port", help="port to listen on (default 8787, env HANGWATCH_PORT)")
     parser.add_argument("--db", help="SQLite file (default $HANGWATCH_STATE_DIR/monitor.db or the XDG state dir)")

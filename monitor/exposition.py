@@ -63,7 +63,6 @@ def render(families: Iterable[Family]) -> bytes:
     return "\n".join(out).encode()
 
 
-
 def from_client(metric: Metric) -> list[Family]:
     """A prometheus_client family (a stock collector's output) as this writer's families.
 

@@ -17,7 +17,6 @@ from monitor.diagnosis.activity import ACTIVITIES
 from monitor.exposition import Family, labels, render
 from monitor.http_guard import HttpStats
 from monitor.load import LoadGuard
-from monitor.job_names import job_names
 from monitor.process_metrics import build_info, process_families
 from monitor.service import Monitor
 
@@ -57,7 +56,7 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
         last = result.last_progress_at if result.last_progress_at is not None else view.first_seen_at
         last_progress.add(job_l, last)
         # One series per job: the names cost no cardinality beyond the job id's own.
-        names = job_names(job, (dict(r.env) for r in view.ranks))
+        names = result.names
         info.add(labels(JOB_INFO_LABELS, (job, *(str(names.get(k, "")) for k in JOB_INFO_LABELS[1:]))), 1.0)
         culprits.add(job_l, float(len(d.culprit_ranks)))
         world.add(job_l, float(view.world_size))
@@ -120,8 +119,8 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
         rejected.add(labels(("reason",), (reason,)), float(count))
 
     families = [build_info(), verdict, info, last_progress, culprits, world, cpu_total, cpu_ratio, step, up,
-                rank_progress, wait_ratio, rank_state, culprit, last_report, collector_up, collector_errors, dump_failures, agent_cpu, agent_memory,
-                reports, rejected]
+                rank_progress, wait_ratio, rank_state, culprit, last_report, collector_up, collector_errors,
+                dump_failures, agent_cpu, agent_memory, reports, rejected]
     return render([*families, *own_families(monitor, guard), *http_families(http), *process_families()])
 
 

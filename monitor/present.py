@@ -10,7 +10,7 @@ from typing import Any
 
 from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
 from monitor.diagnosis.model import FlightRecord
-from monitor.job_names import job_names, rank_names
+from monitor.job_names import rank_names
 from monitor.rank_ranges import ranks_text as ranks_text  # re-exported: render_text and tests import it from here
 from monitor.service import JobResult
 from monitor.stack_tree import stack_tree
@@ -31,7 +31,7 @@ def job_head(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]
         # The same job as other nodes named it (a host name here, an address there).
         "aliases": sorted(track.aliases) if track is not None else [],
         # What people call it: Slurm job, Kubernetes pods, torchelastic run (monitor/job_names.py).
-        "names": job_names(result.view.job_id, (dict(r.env) for r in result.view.ranks)),
+        "names": result.names,
         "verdict": d.verdict,
         "culprit_ranks": list(d.culprit_ranks),
         "since": d.since,

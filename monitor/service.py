@@ -12,6 +12,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import msgspec
@@ -21,6 +22,7 @@ import monitor.diagnosis as diagnosis
 from monitor.diagnosis import Diagnosis, JobView
 from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.fastwire import decode_report
+from monitor.job_names import job_names
 from monitor.limits import Limits, Refusal, check_report
 from monitor.rank_timeline import RankTimeline
 from monitor.state import MonitorState
@@ -49,6 +51,12 @@ class JobResult:
     last_report_at: float
     last_progress_at: float | None
     cpu_seconds: dict[int, float | None]
+
+    @cached_property
+    def names(self) -> dict[str, Any]:
+        """What people call the job (monitor/job_names.py): made once per diagnosis, for every
+        answer and scrape that shows it (it reads every rank's environment)."""
+        return job_names(self.view.job_id, (dict(r.env) for r in self.view.ranks))
 
 
 @dataclass(frozen=True)
