@@ -45,7 +45,8 @@ def main() -> int:
     os.environ.update(slurm_master(dict(os.environ)))
     from hangwatch.workloads import train
 
-    return train.main(sys.argv[1:])
+    train.leave(train.main(sys.argv[1:]))  # never returns: see train.leave
+    return 0
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ def run_rank(index: int, world_size: int, port: int, train_argv: list[str]) -> N
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     from hangwatch.workloads import train
 
-    train.main(train_argv)
+    train.leave(train.main(train_argv))  # without torch's thread teardown: see train.leave
 
 
 def main(argv: list[str] | None = None) -> int:
