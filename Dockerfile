@@ -17,6 +17,7 @@ COPY pyproject.toml README.md ./
 COPY agent ./agent
 COPY monitor ./monitor
 COPY hangwatch ./hangwatch
+COPY hangwatch_common ./hangwatch_common
 # One wheel, then a venv holding it and its runtime dependencies (binary wheels only: no
 # compiler in this stage, and a dependency without a wheel fails here, not at run time).
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent.cli_common import (
+from hangwatch_common.cli_common import (
     DefaultsHelpFormatter,
     OneLineParser,
     UsageError,
@@ -31,7 +31,7 @@ from agent.report import NODE_NAME, default_node_name
 from agent.runner import Agent, Config
 from agent.selfwatch import DEFAULT_MAX_CPU_PERCENT, DEFAULT_MAX_RSS_MB, EXIT_OVER_MEMORY, MIN_NICE, lower_priority
 from agent.sender import ShardedSender
-from agent.token_file import TokenFileError, TokenSource
+from hangwatch_common.token_file import TokenFileError, TokenSource
 
 log = logging.getLogger("agent")
 DESCRIPTION = ("hangwatch agent: samples the training processes on this node (progress, CPU, I/O, stacks, "

@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from agent import __version__
+from hangwatch_common.version import version
 from agent.discovery import Discovery, OrphanProcess, RankProcess
 from agent.exits import ExitWatcher, exit_from_stat
 from agent.errorfile import read_error_file
@@ -25,7 +25,7 @@ from agent.procio import WriteRateSampler
 from agent.procstat import CLOCK_TICKS, CpuSampler, ProcessSample
 from agent.redact import make_redactor
 from agent.report import build_report, orphan_report, rank_report
-from agent.sdnotify import Notifier
+from hangwatch_common.sdnotify import Notifier
 from agent.selfwatch import (
     DEFAULT_MAX_CPU_PERCENT,
     DEFAULT_MAX_RSS_MB,
@@ -202,7 +202,7 @@ class Agent:
 
     def agent_info(self) -> dict:
         return {
-            "version": __version__,
+            "version": version(),
             "pid": os.getpid(),
             "started_at": self.started_at,
             "interval_s": self.config.interval,

@@ -14,7 +14,7 @@ the newest report.
 Once the monitor says it takes them (``"delta": true`` in its answer), reports carry only
 what changed since the last one it took (agent/delta.py).
 
-With a token (agent/token_file.py) every POST carries ``Authorization: Bearer <token>``. A 401
+With a token (hangwatch_common/token_file.py) every POST carries ``Authorization: Bearer <token>``. A 401
 or 403 is the monitor refusing it: logged once per status until a report gets through again,
 counted as failed and retried with the backoff (a token rotated in its file is picked up by
 the next try). With a CA bundle (--ca-file) an https monitor's certificate is verified against
@@ -51,12 +51,6 @@ BACKOFF_MAX_S = 4.0
 RETRY_AFTER_MAX_S = 30.0
 REFUSED = (401, 403)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
-
-
-def tls_context(ca_file: str) -> ssl.SSLContext:
-    """Verification against this CA bundle alone (a private CA), not the system's.
-    Raises OSError or ssl.SSLError for a missing or certificate-less file."""
-    return ssl.create_default_context(cafile=ca_file)
 
 
 def reports_url(monitor: str) -> str:

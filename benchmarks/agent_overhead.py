@@ -2,7 +2,7 @@
 
     . .venv/bin/activate && python benchmarks/agent_overhead.py [--ranks 4] [--runs 3] [--duration 30]
 
-Starts ``--ranks`` plain-launched ranks of hangwatch/workloads/train.py (gloo, one thread each,
+Starts ``--ranks`` plain-launched ranks of hangwatch/demo/workloads/train.py (gloo, one thread each,
 healthy, logging on every rank). Each run then measures, over ``--duration`` seconds:
 
 * without the agent: the job's throughput (steps/s from rank 0's log);
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hangwatch.harness import Job, Reaper, launch_plain, start_agent, start_monitor, stop_gently
+from hangwatch.demo.harness import Job, Reaper, launch_plain, start_agent, start_monitor, stop_gently
 
 TICK = os.sysconf("SC_CLK_TCK")
 STEP = re.compile(r"step (\d+)/")

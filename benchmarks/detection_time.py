@@ -2,7 +2,7 @@
 
     . .venv/bin/activate && python benchmarks/detection_time.py [--repeat 3] [--cases deadlock,exit,...]
 
-For each case a real 2-rank gloo job (hangwatch/workloads/train.py) runs under a real agent
+For each case a real 2-rank gloo job (hangwatch/demo/workloads/train.py) runs under a real agent
 (1 s interval) and a real monitor on loopback. The failure starts at ``--stall-step``; its
 time is the workload's ``HANGWATCH-STALL t=`` line (or the moment the benchmark sends
 SIGKILL/SIGSTOP, the launch for a world size never reached, the job's end for a clean finish).
@@ -18,7 +18,7 @@ the flips: verdict changes away from ``healthy`` in the monitor's own history of
 To see what alarm confirmation buys, run with ``HANGWATCH_CONFIRM_ALARMS=false`` (the
 monitor then publishes every single reading).
 
-Multi-node cases (``mn-*``, root only: they create network namespaces, see hangwatch/netns.py)
+Multi-node cases (``mn-*``, root only: they create network namespaces, see hangwatch/demo/netns.py)
 run on a fresh pair of simulated nodes each, with one agent per node and the monitor in the
 switch namespace; their failure begins at the launch.
 """
@@ -32,8 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hangwatch.cases import CASE_NAMES, MULTINODE_CASES, demo_cases, launch_case, start_multinode_case
-from hangwatch.harness import (
+from hangwatch.demo.cases import CASE_NAMES, MULTINODE_CASES, demo_cases, launch_case, start_multinode_case
+from hangwatch.demo.harness import (
     CaseRun,
     Job,
     MonitorClient,
@@ -57,7 +57,7 @@ def run_multinode(name: str, wd: Path, timeout: float, poll: float) -> tuple[Cas
     """One multi-node case on a fresh fabric; returns (run, case)."""
     import time
 
-    from hangwatch.netns import Fabric
+    from hangwatch.demo.netns import Fabric
 
     case = MULTINODE_CASES[name]
     with Fabric(wd) as fabric:

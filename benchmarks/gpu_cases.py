@@ -3,7 +3,7 @@
     . .venv/bin/activate && python benchmarks/gpu_cases.py [--nproc 3] [--repeat 1] [--out DIR]
     python benchmarks/gpu_cases.py --device cpu      # the same cases on gloo: a dry run anywhere
 
-Each case starts a small torchrun job of hangwatch/workloads/train.py with ``--device cuda``
+Each case starts a small torchrun job of hangwatch/demo/workloads/train.py with ``--device cuda``
 (NCCL; several ranks may share one GPU: each poses as its own host, see FIELD-NOTES), under a
 real ``hangwatch-agent`` (1 s) reporting to a real ``hangwatch-monitor`` on loopback, and polls
 ``/diagnose`` until the case's verdict and culprits show (or the timeout). The cases:
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.nccl_ras import RasError, fetch_status
-from hangwatch.harness import (
+from hangwatch.demo.harness import (
     MonitorClient,
     Reaper,
     launch_torchrun,

@@ -32,7 +32,7 @@ import asyncio  # noqa: E402
 from monitor_scale import rss_bytes, shard_main, start_monitor, wait_ready  # noqa: E402
 from simulated_nodes import cluster  # noqa: E402
 
-from hangwatch.harness import Reaper, launch_torchrun, start_agent  # noqa: E402
+from hangwatch.demo.harness import Reaper, launch_torchrun, start_agent  # noqa: E402
 
 
 def slope_per_hour(samples: list[tuple[float, int]]) -> float:

@@ -22,11 +22,11 @@ the seconds given.
 
 A monitor started with --read-token-file wants a read token: ``--token-file`` (default
 $HANGWATCH_READ_TOKEN_FILE) names a file holding it, with the agent's rules
-(agent/token_file.py: one token, mode 600), sent as ``Authorization: Bearer``. Never on the
+(hangwatch_common/token_file.py: one token, mode 600), sent as ``Authorization: Bearer``. Never on the
 command line, never printed. ``--ca-file`` (default $HANGWATCH_CA_FILE) is the CA bundle that
 verifies an https monitor's certificate.
 
-What the monitor answers is printed with its control characters escaped (monitor/safe_text.py):
+What the monitor answers is printed with its control characters escaped (hangwatch_common/safe_text.py):
 job ids, frames and log lines come from the monitored processes, and only the colour codes
 this command adds itself reach the terminal as they are.
 """
@@ -84,7 +84,7 @@ def _seconds(text: str) -> float:
     return v
 
 
-from agent.cli_common import (  # noqa: E402
+from hangwatch_common.cli_common import (  # noqa: E402
     OneLineParser,
     UsageError,
     add_access_options,
@@ -92,11 +92,11 @@ from agent.cli_common import (  # noqa: E402
     given_by,
     tls_verify,
 )
-from hangwatch.cases import CASE_NAMES, demo_cases  # noqa: E402
+from hangwatch.demo.cases import CASE_NAMES, demo_cases  # noqa: E402
 from hangwatch.colour import paint_verdict, paint_verdicts_in, wants_colour  # noqa: E402
-from hangwatch.harness import watch_case  # noqa: E402
+from hangwatch.demo.harness import watch_case  # noqa: E402
 from hangwatch.status_table import render_table  # noqa: E402
-from monitor.safe_text import one_line, text_block  # noqa: E402
+from hangwatch_common.safe_text import one_line, text_block  # noqa: E402
 
 
 def _say(t0: float, msg: str) -> None:
@@ -104,8 +104,8 @@ def _say(t0: float, msg: str) -> None:
 
 
 def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, workdir: str | None) -> int:
-    from hangwatch.cases import launch_case  # imported here: `hangwatch diagnose` needs none of this
-    from hangwatch.harness import MonitorClient, Reaper, kill_pid, start_agent, start_monitor, stop_gently
+    from hangwatch.demo.cases import launch_case  # imported here: `hangwatch diagnose` needs none of this
+    from hangwatch.demo.harness import MonitorClient, Reaper, kill_pid, start_agent, start_monitor, stop_gently
 
     case = demo_cases(stall_step)[case_name]
     tmp = tempfile.TemporaryDirectory(prefix="hangwatch-demo-") if workdir is None else None
@@ -217,7 +217,7 @@ class Access:
 def _access(args) -> Access:
     """From --token-file/--ca-file or their variables (an empty one is as good as unset);
     an unusable file is a UsageError naming it (never the token)."""
-    from agent.token_file import TokenFileError, read_token
+    from hangwatch_common.token_file import TokenFileError, read_token
 
     token_file = args.token_file or os.environ.get("HANGWATCH_READ_TOKEN_FILE") or None
     ca_file = args.ca_file or os.environ.get("HANGWATCH_CA_FILE") or None

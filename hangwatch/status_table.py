@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.cells import cell_len, set_cell_size
 
-from monitor.safe_text import one_line
+from hangwatch_common.safe_text import one_line
 
 ELLIPSIS = "…"
 GAP = "  "

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
-from agent.sdnotify import Notifier
+from hangwatch_common.sdnotify import Notifier
 from monitor import openapi
 from monitor.answers import AnswerCache
 from monitor.auth import INGEST, METRICS, READ, AuthLayer, TokenFile

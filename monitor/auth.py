@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from agent.watched_file import SecretFileError, Signature, WatchedFile, read_private
+from hangwatch_common.watched_file import SecretFileError, Signature, WatchedFile, read_private
 
 log = logging.getLogger("hangwatch.monitor.auth")
 

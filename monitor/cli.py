@@ -12,7 +12,7 @@ from typing import NoReturn
 
 import uvicorn
 
-from agent.cli_common import add_version_option
+from hangwatch_common.cli_common import add_version_option
 from monitor.app import create_app
 from monitor.auth import TokenFileError
 from monitor.http_guard import ConnectionLimits, connection_cap, guarded_protocol, raise_open_file_limit

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from hangwatch.version import version
+from hangwatch_common.version import version
 from monitor.wire import Report
 
 INGEST = "/api/v1/reports"

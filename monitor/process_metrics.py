@@ -11,7 +11,7 @@ import platform
 
 from prometheus_client import ProcessCollector
 
-from hangwatch.version import version
+from hangwatch_common.version import version
 from monitor.exposition import Family, from_client, labels
 
 

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from monitor.present import ranks_text
-from monitor.safe_text import one_line
+from hangwatch_common.safe_text import one_line
 
 
 def render_text(jobs: list[dict[str, Any]], now: float) -> str:

@@ -5,7 +5,9 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh || exit 1
 # System tools the tests run for real: promtool/prometheus, chromium, iptables, systemd-analyze, mpirun.
 scripts/system-deps.sh || exit 1
-.venv/bin/ruff check --quiet agent monitor hangwatch tests benchmarks || exit 1
+.venv/bin/ruff check --quiet agent monitor hangwatch hangwatch_common tests benchmarks || exit 1
+# Imports run only downward (pyproject.toml [tool.importlinter]).
+.venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache || exit 1
 .venv/bin/python -m pytest "$@"
 status=$?
 if [ "$status" -eq 5 ]; then

@@ -18,7 +18,7 @@ from monitor.page_links import page_links
 from monitor.present import job_dict
 from monitor.render_text import render_monitor_status, render_text
 from monitor.routes.deps import MonitorDep
-from monitor.safe_text import one_line, text_block
+from hangwatch_common.safe_text import one_line, text_block
 from monitor.service import JobResult, Monitor
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.sender import Sender, ShardedSender, tls_context
+from agent.sender import Sender, ShardedSender
+from hangwatch_common.cli_common import tls_context
 from tests.agent.conftest import agent_argv
 from tests.tls_certs import make_tls_files
 

@@ -1,4 +1,4 @@
-"""The agent's token file (agent/token_file.py): the rules table-style, rotation, and the command
+"""The agent's token file (hangwatch_common/token_file.py): the rules table-style, rotation, and the command
 line's start-up errors (exit 2, one line, never the token)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main, parse_config
-from agent.token_file import RELOAD_CHECK_S, TokenFileError, TokenSource, read_token, token_from
+from hangwatch_common.token_file import RELOAD_CHECK_S, TokenFileError, TokenSource, read_token, token_from
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_rotation_picks_up_a_new_token_and_keeps_the_last_good_one(tmp_path: Pat
     assert source.current() == "second-token"
 
     # A botched edit: world-readable, then empty. The last good token stays, each problem logged once.
-    with caplog.at_level(logging.WARNING, logger="agent.token_file"):
+    with caplog.at_level(logging.WARNING, logger="hangwatch_common.token_file"):
         os.chmod(path, 0o644)
         for _ in range(3):
             now[0] += RELOAD_CHECK_S

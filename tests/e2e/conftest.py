@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hangwatch.harness import (
+from hangwatch.demo.harness import (
     Job,
     MonitorClient,
     Reaper,

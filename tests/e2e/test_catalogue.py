@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hangwatch.harness import (
+from hangwatch.demo.harness import (
     LOOPBACK,
     MonitorClient,
     Observation,

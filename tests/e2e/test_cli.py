@@ -17,8 +17,8 @@ import httpx
 import psutil
 import pytest
 
-from hangwatch.harness import free_port, tool
-from hangwatch.version import version
+from hangwatch.demo.harness import free_port, tool
+from hangwatch_common.version import version
 
 HANGWATCH = [sys.executable, "-m", "hangwatch.cli"]
 
@@ -170,7 +170,7 @@ def test_demo_killed_shows_verdict_and_cleans_up():
 def test_sharded_monitors_one_job_each_place_and_one_view(reaper, tmp_path):
     """An agent given two monitors sends a real job to its owner only; the CLI shows both monitors' jobs."""
     from agent.shards import owner
-    from hangwatch.harness import MonitorClient, launch_torchrun, start_agent, start_monitor
+    from hangwatch.demo.harness import MonitorClient, launch_torchrun, start_agent, start_monitor
 
     monitors = []
     for name in ("a", "b"):

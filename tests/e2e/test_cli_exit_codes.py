@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from hangwatch.cli import EXIT_ALARM, EXIT_OK, EXIT_UNKNOWN_JOB, EXIT_UNREACHABLE
-from hangwatch.harness import free_port
+from hangwatch.demo.harness import free_port
 from tests.monitor.monitor_reports import rank, report
 from tests.monitor.real_monitor import RunningMonitor, running_monitor
 

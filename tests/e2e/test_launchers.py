@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from hangwatch.other_launchers import launch_lightning, launch_mpirun, launch_spawn, launch_srun_style, mpirun
+from hangwatch.demo.other_launchers import launch_lightning, launch_mpirun, launch_spawn, launch_srun_style, mpirun
 from tests.e2e.conftest import STALL_STEP
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from hangwatch.harness import STALL_MARKER, MonitorClient, Observation, Reaper, Service, start_monitor
+from hangwatch.demo.harness import STALL_MARKER, MonitorClient, Observation, Reaper, Service, start_monitor
 
 OUTAGE_S = float(os.environ.get("HANGWATCH_TEST_OUTAGE_S", "120"))
 

@@ -1,6 +1,6 @@
 """Every verdict on a real 2-rank gloo job, diagnosed by the real agent and a real monitor.
 
-Each test starts the workload (hangwatch/workloads/train.py) so that it goes wrong in one way
+Each test starts the workload (hangwatch/demo/workloads/train.py) so that it goes wrong in one way
 at step STALL_STEP (or from outside: SIGKILL / SIGSTOP), then polls ``/diagnose?format=json``
 until the expected verdict and culprit ranks show up.
 """
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hangwatch.harness import Observation
+from hangwatch.demo.harness import Observation
 from tests.e2e.conftest import STALL_STEP, VERDICT_TIMEOUT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]

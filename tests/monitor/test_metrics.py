@@ -11,7 +11,7 @@ from monitor_reports import frame, progress, rank, report, stack
 from monitor_testkit import FakeClock, TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from hangwatch.version import version
+from hangwatch_common.version import version
 from monitor.diagnosis import VERDICTS, Diagnosis, JobView
 from monitor.metrics import JOB_INFO_LABELS
 from monitor.process_metrics import process_families

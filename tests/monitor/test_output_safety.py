@@ -2,7 +2,7 @@
 
 A job id, command line, log line or frame name may hold terminal escapes (clear the screen, set
 the window title), a CR or newline that fakes a line, a bidi override, or HTML. The text report
-escapes them (monitor/safe_text.py); JSON keeps them exactly; the page is served with headers
+escapes them (hangwatch_common/safe_text.py); JSON keeps them exactly; the page is served with headers
 that let only its own script and style run. The real server, the CLI, /metrics and a browser:
 test_output_safety_live.py.
 """
@@ -21,7 +21,7 @@ from monitor_testkit import FakeClock, TestClient
 
 from monitor.app import create_app
 from monitor.routes.page import STATIC_DIR
-from monitor.safe_text import one_line, text_block
+from hangwatch_common.safe_text import one_line, text_block
 from monitor.security_headers import CONTENT_SECURITY_POLICY, SecurityHeaders
 from monitor.settings import Settings
 from monitor.store import Store
@@ -36,7 +36,7 @@ PAYLOAD = HTML + ANSI + LABEL + BIDI + C1 + FAKE_LINE
 JOB = "job" + PAYLOAD
 # A job id that breaks a Prometheus label written without escapes.
 LABEL_JOB = LABEL
-# Written independently of monitor/safe_text.py: what must never reach a terminal.
+# Written independently of hangwatch_common/safe_text.py: what must never reach a terminal.
 UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 # What the escaped payload shows instead.
 SHOWN = ["\\x1b[2J", "\\x1b]0;pwned\\x07", "\\u202eevil\\u202c", "\\x9b31m\\x85", "\\r\\nJOB fake  HEALTHY",

@@ -27,7 +27,7 @@ from test_output_safety import (
     payload_report,
 )
 
-from hangwatch.harness import LOOPBACK, Reaper, free_port, stop_gently, wait_until_ready
+from hangwatch.demo.harness import LOOPBACK, Reaper, free_port, stop_gently, wait_until_ready
 
 PROMTOOL = "/usr/bin/promtool"
 CHROMIUM = "/usr/bin/chromium"

@@ -1,8 +1,8 @@
 """Ops fixtures: one real hang shared by the Prometheus, dashboard and browser tests.
 
-``live_hang`` (package scope: it ends with the last test of tests/ops) starts a real monitor and agent (hangwatch.harness), a real Prometheus
+``live_hang`` (package scope: it ends with the last test of tests/ops) starts a real monitor and agent (hangwatch.demo.harness), a real Prometheus
 scraping the monitor, and a headless Chromium with the status page open; then a real 2-rank gloo
-job (the ``deadlock`` case of hangwatch/cases.py, slowed so it is healthy for a while) runs until
+job (the ``deadlock`` case of hangwatch/demo/cases.py, slowed so it is healthy for a while) runs until
 the monitor says DEADLOCK with rank 1 the culprit. The page is opened *before* the job starts and
 never reloaded, so the browser test can check that it updated itself from healthy to deadlock.
 Every process is recorded in a Reaper and killed at the end, also when a test fails.
@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from hangwatch.cases import demo_cases
-from hangwatch.harness import (
+from hangwatch.demo.cases import demo_cases
+from hangwatch.demo.harness import (
     LOOPBACK,
     Job,
     MonitorClient,

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from hangwatch.harness import LOOPBACK, Reaper, free_port, wait_until_ready
+from hangwatch.demo.harness import LOOPBACK, Reaper, free_port, wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "dashboards" / "hangwatch-alerts.yml"

@@ -17,7 +17,7 @@ from monitor.app import create_app
 from monitor.diagnosis import VERDICTS
 from monitor.settings import Settings
 from monitor.store import open_store
-from hangwatch.harness import LOOPBACK, free_port, wait_until_ready
+from hangwatch.demo.harness import LOOPBACK, free_port, wait_until_ready
 from tests.monitor.monitor_reports import progress, rank, report, stack
 from tests.monitor.monitor_testkit import TestClient
 from tests.ops.promserver import PROMTOOL, RECORDING_RULES, RULES, TEST_FOR, rules_for_test

@@ -43,7 +43,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from hangwatch.harness import LOOPBACK, MonitorClient, free_port
+from hangwatch.demo.harness import LOOPBACK, MonitorClient, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PODMAN = "/usr/bin/podman"

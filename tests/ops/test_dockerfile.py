@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hangwatch.harness import tool
+from hangwatch.demo.harness import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"

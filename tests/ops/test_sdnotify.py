@@ -1,4 +1,4 @@
-"""agent/sdnotify.py against a real AF_UNIX datagram socket, as systemd's NOTIFY_SOCKET would be."""
+"""hangwatch_common/sdnotify.py against a real AF_UNIX datagram socket, as systemd's NOTIFY_SOCKET would be."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.sdnotify import Notifier, watchdog_interval
+from hangwatch_common.sdnotify import Notifier, watchdog_interval
 
 
 class FakeClock:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import parse_config
-from hangwatch.harness import tool
+from hangwatch.demo.harness import tool
 from monitor.settings import Settings
 
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"

@@ -1,5 +1,5 @@
 """The wheel nodes install (docs/install.md): `pip wheel --no-deps` on a copy of the sources gives one
-wheel holding the three packages, the status page's static files and the three console scripts;
+wheel holding the four packages, the status page's static files and the three console scripts;
 installed into a fresh venv, its hangwatch-agent, hangwatch-monitor and hangwatch answer --version.
 
 Offline and fast: the wheel is built without build isolation (this environment's setuptools) and
@@ -44,7 +44,7 @@ def test_wheel_installs_and_runs_from_a_fresh_venv(tmp_path: Path) -> None:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    for package in ("agent", "monitor", "hangwatch"):
+    for package in ("agent", "monitor", "hangwatch", "hangwatch_common"):
         shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     dist = tmp_path / "dist"
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",

@@ -6,7 +6,7 @@ import pytest
 from rich.cells import cell_len
 
 from hangwatch.status_table import age, culprits_cell, fit, job_cells, progress_cell, ranks_cell, render_table
-from monitor.safe_text import one_line
+from hangwatch_common.safe_text import one_line
 
 NOW = 1_000_000.0
 

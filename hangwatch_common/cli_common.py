@@ -41,7 +41,7 @@ class _RefuseToken(argparse.Action):
 
 
 def add_version_option(parser: argparse.ArgumentParser) -> None:
-    from hangwatch.version import version_line
+    from hangwatch_common.version import version_line
 
     parser.add_argument("--version", action="version", version=version_line(parser.prog))
 
@@ -60,13 +60,17 @@ def given_by(option: str, variable: str, value: object) -> str:
     return option if value else variable
 
 
+def tls_context(ca_file: str) -> ssl.SSLContext:
+    """Verification against this CA bundle alone (a private CA), not the system's.
+    Raises OSError or ssl.SSLError for a missing or certificate-less file."""
+    return ssl.create_default_context(cafile=ca_file)
+
+
 def tls_verify(ca_file: str | None, named: str = "--ca-file") -> ssl.SSLContext | bool:
     """httpx's ``verify``: the CA bundle's context, or the default bundle. Raises UsageError naming
     the setting as ``named`` (``--ca-file`` or ``HANGWATCH_CA_FILE``)."""
     if not ca_file:
         return True
-    from agent.sender import tls_context
-
     try:
         return tls_context(ca_file)
     except (OSError, ssl.SSLError) as e:

@@ -1,6 +1,6 @@
 """A tiny gloo training job that can go wrong on purpose.
 
-Runs under ``torchrun --nproc-per-node=2 hangwatch/workloads/train.py ...`` or
+Runs under ``torchrun --nproc-per-node=2 hangwatch/demo/workloads/train.py ...`` or
 under any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
 itself. A small MLP learns random data; gradients are synchronised with
 ``dist.all_reduce`` (or by DistributedDataParallel with ``--ddp``).

@@ -4,7 +4,7 @@ Never from the command line: every user of the node can read /proc/PID/cmdline. 
 The file holds one token (surrounding whitespace and the final newline are dropped) and must
 be closed to group and others (``chmod 600``): a token any local user can read is anyone's.
 
-The file is re-read when it changes (agent/watched_file.py), so a token is rotated without a
+The file is re-read when it changes (hangwatch_common/watched_file.py), so a token is rotated without a
 restart; a changed file that cannot be used keeps the last good token.
 """
 
@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from agent.watched_file import RELOAD_CHECK_S, SecretFileError, Signature, WatchedFile, read_private
+from hangwatch_common.watched_file import RELOAD_CHECK_S, SecretFileError, Signature, WatchedFile, read_private
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@
   read from a rank, else the master.
 
 The rank programs map their launcher's variables to RANK/WORLD_SIZE inside Python
-(hangwatch/workloads/mapped_env.py), so /proc/PID/environ never has RANK. Every process
+(hangwatch/demo/workloads/mapped_env.py), so /proc/PID/environ never has RANK. Every process
 is recorded in the Reaper (launchers with ``launcher=True``: their children are killed by
 pid with them).
 """
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import psutil
 
-import hangwatch.workloads
-from hangwatch.harness import LOOPBACK, Job, Reaper, _nice, _workload_env, free_port
+import hangwatch.demo.workloads
+from hangwatch.demo.harness import LOOPBACK, Job, Reaper, _nice, _workload_env, free_port
 
-WORKLOADS = Path(hangwatch.workloads.__file__).resolve().parent
+WORKLOADS = Path(hangwatch.demo.workloads.__file__).resolve().parent
 LIGHTNING_SCRIPT = WORKLOADS / "lightning_train.py"
 SPAWN_SCRIPT = WORKLOADS / "spawn_train.py"
 MAPPED_SCRIPT = WORKLOADS / "mapped_env.py"

@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 def run_rank(index: int, world_size: int, port: int, train_argv: list[str]) -> None:
     os.environ.update({"RANK": str(index), "LOCAL_RANK": str(index), "WORLD_SIZE": str(world_size),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    from hangwatch.workloads import train
+    from hangwatch.demo.workloads import train
 
     train.leave(train.main(train_argv))  # without torch's thread teardown: see train.leave
 

@@ -85,7 +85,7 @@ def launch_case(case: DemoCase, reaper, workdir, *, name: str = "job"):
     For ``orphan_port`` cases the orphan's pid is in ``job.orphan_pid``: kill it with
     ``harness.kill_pid`` when done.
     """
-    from hangwatch.harness import free_port, launch_plain, launch_torchrun, start_orphan_listener
+    from hangwatch.demo.harness import free_port, launch_plain, launch_torchrun, start_orphan_listener
 
     if case.launcher == "plain":
         return launch_plain(reaper, workdir, list(case.train_args), world_size=case.world_size,
@@ -100,7 +100,7 @@ def launch_case(case: DemoCase, reaper, workdir, *, name: str = "job"):
     return job
 
 
-# ---------------------------------------------------------------- simulated nodes (hangwatch/netns.py)
+# ---------------------------------------------------------------- simulated nodes (hangwatch/demo/netns.py)
 
 
 @dataclass(frozen=True)

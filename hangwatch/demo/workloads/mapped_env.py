@@ -43,7 +43,7 @@ def slurm_master(env: dict[str, str]) -> dict[str, str]:
 def main() -> int:
     os.environ.update(map_launcher_env(dict(os.environ)))
     os.environ.update(slurm_master(dict(os.environ)))
-    from hangwatch.workloads import train
+    from hangwatch.demo.workloads import train
 
     train.leave(train.main(sys.argv[1:]))  # never returns: see train.leave
     return 0

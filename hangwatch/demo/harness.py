@@ -24,9 +24,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-import hangwatch.workloads
+import hangwatch.demo.workloads
 
-TRAIN_SCRIPT = Path(hangwatch.workloads.__file__).resolve().parent / "train.py"
+TRAIN_SCRIPT = Path(hangwatch.demo.workloads.__file__).resolve().parent / "train.py"
 LOOPBACK = "127.0.0.1"
 STALL_MARKER = re.compile(r"HANGWATCH-STALL t=(?P<t>[0-9.]+) mode=(?P<mode>\S+) rank=(?P<rank>\d+)")
 
@@ -388,7 +388,7 @@ class Observation:
 
 class MonitorClient:
     """``url`` as the monitor is addressed; ``uds``: reach it through this Unix socket instead
-    (a monitor in another network namespace, see hangwatch/netns.py)."""
+    (a monitor in another network namespace, see hangwatch/demo/netns.py)."""
 
     def __init__(self, url: str, *, uds: str | None = None) -> None:
         self.url = url.rstrip("/")

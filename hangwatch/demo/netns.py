@@ -17,7 +17,7 @@ rule is added there. The veth pairs are created directly inside the switch names
 their peer in the node namespace.
 
 **Process tables.** Each node has an init process started with
-``ip netns exec NS unshare --pid --fork --mount-proc --kill-child python -m hangwatch.netns init``:
+``ip netns exec NS unshare --pid --fork --mount-proc --kill-child python -m hangwatch.demo.netns init``:
 pid 1 of the node's own PID namespace (it reaps orphans, as a real init does) with its own
 ``/proc``. Everything else on the node (agent, torchrun, helpers) enters that namespace
 with ``nsenter --target <init> --net --pid --mount``, so the node's agent sees only that
@@ -28,10 +28,10 @@ its child if it dies itself (``--kill-child``).
 **Reaching the monitor.** The monitor runs in the switch namespace on
 ``10.231.0.254:<port>``, reachable from every node over the bridge. The test process
 (in the root namespace) reaches it through a Unix socket: a small forwarder in the switch
-namespace (``python -m hangwatch.netns proxy``) accepts on ``<workdir>/monitor.sock`` and
+namespace (``python -m hangwatch.demo.netns proxy``) accepts on ``<workdir>/monitor.sock`` and
 connects to the monitor's TCP address. Unix sockets live in the file system, not in a
 network namespace, so no address has to be added to the root namespace.
-:class:`hangwatch.harness.MonitorClient` takes ``uds=`` for this.
+:class:`hangwatch.demo.harness.MonitorClient` takes ``uds=`` for this.
 
 Firewall and slow links are applied inside a node namespace (``iptables`` / ``tc`` run with
 ``ip netns exec``); they disappear with the namespace.
@@ -56,7 +56,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from hangwatch.harness import TRAIN_SCRIPT, Job, Reaper, Service, _workload_env, tool
+from hangwatch.demo.harness import TRAIN_SCRIPT, Job, Reaper, Service, _workload_env, tool
 
 SUBNET = "10.231.0"
 PREFIX = 24
@@ -327,7 +327,7 @@ class Fabric:
 
     def start_node(self, node: Node) -> None:
         node.init = self.reaper.popen(["ip", "netns", "exec", node.ns, "unshare", "--pid", "--fork",
-                                       "--mount-proc", "--kill-child", sys.executable, "-m", "hangwatch.netns",
+                                       "--mount-proc", "--kill-child", sys.executable, "-m", "hangwatch.demo.netns",
                                        "init"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         end = time.monotonic() + 10
         while time.monotonic() < end:
@@ -359,7 +359,7 @@ class Fabric:
         self.monitor_url = self.monitor.url
         self.monitor_uds = str(self.workdir / "monitor.sock")
         with open(self.workdir / "proxy.log", "wb") as out:
-            self.reaper.popen(["ip", "netns", "exec", self.switch_ns, sys.executable, "-m", "hangwatch.netns",
+            self.reaper.popen(["ip", "netns", "exec", self.switch_ns, sys.executable, "-m", "hangwatch.demo.netns",
                                "proxy", self.monitor_uds, SWITCH_ADDR, str(port)],
                               stdout=out, stderr=subprocess.STDOUT)
         end = time.monotonic() + timeout
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         for ns in sweep_stale():
             print(f"deleted {ns}")
         return 0
-    print("usage: python -m hangwatch.netns init | proxy UDS HOST PORT | sweep", file=sys.stderr)
+    print("usage: python -m hangwatch.demo.netns init | proxy UDS HOST PORT | sweep", file=sys.stderr)
     return 2
 
 
