@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import random
 import ssl
 import threading
 import time
@@ -59,6 +60,16 @@ def reports_url(monitor: str) -> str:
 
 def next_backoff(current: float) -> float:
     return min(BACKOFF_MAX_S, max(BACKOFF_START_S, current * 2))
+
+
+def retry_delay(backoff: float, retry_after: float | None, rng: Callable[[], float] = random.random) -> float:
+    """How long to wait before the next try, jittered: thousands of agents that lost one monitor at
+    the same moment would otherwise retry in lockstep, and a restarted monitor would take them all in
+    the same second. A failed try waits between half and all of its backoff; a shedding monitor's
+    Retry-After is a floor (never sooner than asked), spread over up to half as much again."""
+    if retry_after is not None:
+        return retry_after * (1.0 + 0.5 * rng())
+    return backoff * (0.5 + 0.5 * rng())
 
 
 class Sender:
@@ -224,9 +235,11 @@ class Sender:
                     self._latest, self._latest_at = report, taken_at  # nothing newer yet: retry this one
             # A shedding monitor says when to come back (it is up: nothing to keep); a failing one
             # gets the growing backoff.
-            backoff = self.retry_after if shedding else next_backoff(backoff)
+            if not shedding:
+                backoff = next_backoff(backoff)
+            delay = retry_delay(backoff, self.retry_after if shedding else None)
             with self._cond:
-                self._cond.wait_for(lambda: self._stop, timeout=backoff)
+                self._cond.wait_for(lambda: self._stop, timeout=delay)
 
 
 def journal_path(directory: Path | None, monitor: str) -> Path | None:

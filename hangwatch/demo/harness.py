@@ -31,7 +31,51 @@ LOOPBACK = "127.0.0.1"
 STALL_MARKER = re.compile(r"HANGWATCH-STALL t=(?P<t>[0-9.]+) mode=(?P<mode>\S+) rank=(?P<rank>\d+)")
 
 
+# Under pytest-xdist each worker takes its ports from a block of its own, below the kernel's
+# ephemeral range: a port picked with bind(0) is ephemeral, and between picking it and binding it a
+# job of another worker may take it as the source port of a connection (gloo opens many).
+PORT_BLOCK_START = 10000
+PORT_BLOCK_SIZE = 1000
+_next_in_block: dict[str, int] = {}
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _worker_block(worker: str) -> range | None:
+    """``gw3`` -> its block of ports; None for a name that is not an xdist worker's or past the range."""
+    m = re.fullmatch(r"gw(\d+)", worker)
+    if not m:
+        return None
+    start = PORT_BLOCK_START + int(m.group(1)) * PORT_BLOCK_SIZE
+    end = start + PORT_BLOCK_SIZE
+    return range(start, end) if end <= _ephemeral_low() else None
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:  # no SO_REUSEADDR: a port still in TIME_WAIT is skipped too
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
+    """A loopback port nobody is bound to."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    block = _worker_block(worker)
+    if block is not None:
+        first = _next_in_block.get(worker, 0)
+        for i in range(len(block)):
+            port = block[(first + i) % len(block)]
+            if _bindable(port):
+                _next_in_block[worker] = (first + i + 1) % len(block)
+                return port
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         return s.getsockname()[1]

@@ -4,12 +4,12 @@ Layout of one :class:`Fabric` (``uid`` = a short random id; everything is create
 fabric and removed by ``close()``, also when a test fails, and by :func:`sweep_stale` for
 fabrics whose creating process died without cleaning up)::
 
-    namespace hw-<pid>-<uid>-sw  ("switch" + monitor host)
+    namespace hw-<pidns>_<pid>-<uid>-sw  ("switch" + monitor host; <pidns>_<pid>: the creator)
         br0  10.231.0.254/24     the bridge; the monitor listens here
         pa, pb, ...              bridge ports, veth peers of the nodes' eth0
-    namespace hw-<pid>-<uid>-a   node-a
+    namespace hw-<pidns>_<pid>-<uid>-a   node-a
         lo, eth0 10.231.0.1/24
-    namespace hw-<pid>-<uid>-b   node-b
+    namespace hw-<pidns>_<pid>-<uid>-b   node-b
         lo, eth0 10.231.0.2/24
 
 The root namespace's network is never touched: no interface, address, route or firewall
@@ -63,7 +63,11 @@ PREFIX = 24
 SWITCH_ADDR = f"{SUBNET}.254"
 NS_PREFIX = "hw-"
 NETNS_ETC = Path("/etc/netns")  # per-namespace /etc files that `ip netns exec` mounts
-_NS_NAME = re.compile(rf"^{NS_PREFIX}(?P<pid>\d+)-[0-9a-f]+-\w+$")
+# Set in a test worker started as a node of its own (tests/node_worker.py).
+NODE_NAMESPACE_MARK = "HANGWATCH_TEST_NODE_NAMESPACE"
+# hw-<pid namespace>_<pid>-<uid>-<role>: the creator's pid is only meaningful in its own PID
+# namespace (test workers run each in one of their own, tests/node_worker.py).
+_NS_NAME = re.compile(rf"^{NS_PREFIX}(?P<pidns>\d+)_(?P<pid>\d+)-[0-9a-f]+-\w+$")
 
 
 class NetnsUnavailable(RuntimeError):
@@ -122,17 +126,42 @@ def write_hosts(ns: str, names: dict[str, str]) -> None:
     (folder / "hosts").write_text(base.rstrip("\n") + "\n# hangwatch simulated nodes\n" + "\n".join(lines) + "\n")
 
 
+def _pid_namespace(pid: int | str = "self") -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def owner_tag() -> str:
+    """``<pid namespace>_<pid>`` of this process: the start of the names of the namespaces it makes."""
+    return f"{_pid_namespace()}_{os.getpid()}"
+
+
+def _is_stale(name: str) -> bool:
+    """Made by a process that is gone. A name from another PID namespace is judged only from outside
+    every worker's namespace, where every process is visible: gone when no process is left in that
+    namespace. A worker never judges another worker's fabrics."""
+    m = _NS_NAME.match(name)
+    if not m:
+        return False
+    pidns, pid = int(m.group("pidns")), int(m.group("pid"))
+    if pidns == _pid_namespace():
+        return not psutil.pid_exists(pid)
+    if os.environ.get(NODE_NAMESPACE_MARK):
+        return False
+    return not any(_pid_namespace(p) == pidns for p in psutil.pids())
+
+
 def sweep_stale() -> list[str]:
     """Delete namespaces left by fabrics whose creating process is gone (and their processes)."""
     gone = []
     for ns in list_namespaces():
-        m = _NS_NAME.match(ns)
-        if m and not psutil.pid_exists(int(m.group("pid"))):
+        if _is_stale(ns):
             delete_namespace(ns)
             gone.append(ns)
     for folder in NETNS_ETC.glob(f"{NS_PREFIX}*") if NETNS_ETC.is_dir() else ():
-        m = _NS_NAME.match(folder.name)
-        if m and not psutil.pid_exists(int(m.group("pid"))):
+        if _is_stale(folder.name):
             shutil.rmtree(folder, ignore_errors=True)
     return gone
 
@@ -281,7 +310,7 @@ class Fabric:
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
-        self.switch_ns = f"{NS_PREFIX}{os.getpid()}-{self.uid}-sw"
+        self.switch_ns = f"{NS_PREFIX}{owner_tag()}-{self.uid}-sw"
 
     # -- building
 
@@ -308,7 +337,7 @@ class Fabric:
         dial the worker, as in the firewall case.
         """
         n = host if host is not None else ord(letter) - ord("a") + 1
-        ns = f"{NS_PREFIX}{os.getpid()}-{self.uid}-{letter}"
+        ns = f"{NS_PREFIX}{owner_tag()}-{self.uid}-{letter}"
         node = Node(f"node-{letter}", ns, f"{SUBNET}.{n}", self, veth_switch_side=f"p{letter}")
         self._add_ns(ns)
         sw = self.switch_ns

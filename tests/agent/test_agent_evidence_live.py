@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ import pytest
 from agent.sockets import SocketReader
 from monitor.wire import Report
 from tests.agent.conftest import run_agent_once
+from hangwatch.demo.harness import free_port
 
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
@@ -61,12 +61,6 @@ def _rank_env(job_port: int, rank: int = 0, world: int = 1, **extra) -> dict:
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
@@ -101,7 +95,7 @@ def _rank(report: dict, pid: int) -> dict:
 
 
 def test_sockets_listen_and_established_with_addresses_and_queues(tmp_path):
-    port = _free_port()
+    port = free_port()
     script = tmp_path / "sock_rank.py"
     script.write_text(SOCKET_RANK)
     proc = subprocess.Popen(
@@ -184,7 +178,7 @@ def _kill_launcher(launcher: subprocess.Popen) -> None:
 def test_real_torchrun_waiting_for_a_missing_node(tmp_path, receiver, agent_process):
     """torchrun --nnodes=2 --node-rank=0 with no second node: no workers, TCPStore listening,
     a plain py-spy stack in rendezvous."""
-    port = _free_port()
+    port = free_port()
     job = f"127.0.0.1:{port}"
     (tmp_path / "never.py").write_text("print('never runs')\n")
     log = open(tmp_path / "torchrun.log", "w")
@@ -247,7 +241,7 @@ CRASHING = textwrap.dedent(
 
 @needs_torchrun
 def test_real_record_crash_error_file_dtype_and_launcher_exit(tmp_path, receiver, agent_process):
-    port = _free_port()
+    port = free_port()
     job = f"127.0.0.1:{port}"
     script = tmp_path / "crash.py"
     script.write_text(CRASHING)
@@ -301,7 +295,7 @@ ORPHAN_MAKER = textwrap.dedent(
 
 
 def test_orphan_with_rank_environment_and_listening_port(tmp_path):
-    port = _free_port()
+    port = free_port()
     script = tmp_path / "orphan.py"
     script.write_text(ORPHAN_MAKER)
     maker = subprocess.Popen([sys.executable, str(script)], env=_rank_env(port, rank=1, world=2),
@@ -350,7 +344,7 @@ def test_stale_orphan_holds_master_port_and_torchrun_fails_eaddrinuse(rank_env, 
     script = tmp_path / "orphan.py"
     script.write_text(ORPHAN_MAKER)
     # A stale worker of the last run on this port (its TCPStore still listening), or any process.
-    free = _free_port()
+    free = free_port()
     env = {"PATH": os.environ.get("PATH", ""), "LISTEN_PORT": str(free)}
     if rank_env:  # another job's leftover is reported once it holds the port this job wants
         env = _rank_env(free if rank_env == "same-job" else free + 1, rank=0, world=2, LISTEN_PORT=str(free))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import time
 
-from agent.sender import BACKOFF_MAX_S, Sender, next_backoff
+import pytest
+
+from agent.sender import BACKOFF_MAX_S, Sender, next_backoff, retry_delay
 from tests.agent.conftest import Receiver
 
 
@@ -56,3 +58,22 @@ def test_backoff_doubles_up_to_cap():
         b = next_backoff(b)
         seen.append(b)
     assert seen[:3] == [0.5, 1.0, 2.0] and seen[-1] == BACKOFF_MAX_S
+
+
+@pytest.mark.parametrize("backoff, retry_after, draw, expected", [
+    (4.0, None, 0.0, 2.0),      # a failed try: at least half the backoff
+    (4.0, None, 1.0, 4.0),      # at most all of it
+    (1.0, None, 0.5, 0.75),
+    (4.0, 10.0, 0.0, 10.0),     # a shedding monitor's Retry-After is a floor
+    (4.0, 10.0, 1.0, 15.0),     # spread over up to half as much again
+])
+def test_retry_delay_is_jittered_within_its_bounds(backoff, retry_after, draw, expected):
+    assert retry_delay(backoff, retry_after, rng=lambda: draw) == pytest.approx(expected)
+
+
+def test_agents_that_lose_the_monitor_together_do_not_retry_in_lockstep():
+    # 1,000 agents at the capped backoff: their next tries spread over half a backoff, not one instant.
+    delays = sorted(retry_delay(BACKOFF_MAX_S, None) for _ in range(1000))
+    assert delays[0] >= BACKOFF_MAX_S / 2 and delays[-1] <= BACKOFF_MAX_S
+    in_busiest_tenth_of_a_second = max(sum(1 for d in delays if t <= d < t + 0.1) for t in delays)
+    assert in_busiest_tenth_of_a_second < 100, in_busiest_tenth_of_a_second

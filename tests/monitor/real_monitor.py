@@ -6,7 +6,6 @@ import contextlib
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -15,14 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from hangwatch.demo.harness import free_port
 
 EXE = shutil.which("hangwatch-monitor") or str(Path(sys.executable).parent / "hangwatch-monitor")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,14 +16,9 @@ import pytest
 from monitor_reports import rank, report
 
 from tests.notify_socket import NotifySocket
+from hangwatch.demo.harness import free_port
 
 EXE = shutil.which("hangwatch-monitor") or str(Path(sys.executable).parent / "hangwatch-monitor")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until_up(proc: subprocess.Popen[str], base: str, timeout: float = 20.0) -> None:
