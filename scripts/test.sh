@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite. Extra arguments go to pytest.
+# Set up (if needed) and run the test suite. Extra arguments go to pytest.
+#
+#   scripts/test.sh                   the whole suite, in parallel (HANGWATCH_TEST_WORKERS workers)
+#   scripts/test.sh --fast            the pure and API tiers only (no real processes): the edit-test loop
+#   scripts/test.sh -m live           one tier (tests marked live start real processes; e2e ones torch jobs)
+#   scripts/test.sh tests/monitor -n0 one folder, serially
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh || exit 1
@@ -8,7 +13,21 @@ scripts/system-deps.sh || exit 1
 .venv/bin/ruff check --quiet agent monitor hangwatch hangwatch_common tests benchmarks || exit 1
 # Imports run only downward (pyproject.toml [tool.importlinter]).
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache || exit 1
-.venv/bin/python -m pytest "$@"
+
+# Most of the suite waits on real processes (verdicts, quiet windows, servers starting), so workers
+# overlap well even on 2 cores. Each worker is a node of its own (tests/conftest.py).
+workers=${HANGWATCH_TEST_WORKERS:-6}
+args=()
+tier=()
+for arg in "$@"; do
+    if [ "$arg" = "--fast" ]; then
+        tier=(-m "not live")
+        workers=${HANGWATCH_TEST_WORKERS:-2}
+    else
+        args+=("$arg")
+    fi
+done
+.venv/bin/python -m pytest -n "$workers" --dist loadgroup "${tier[@]}" "${args[@]}"
 status=$?
 if [ "$status" -eq 5 ]; then
     echo "pytest collected no tests: failing on purpose" >&2

@@ -1,4 +1,14 @@
-"""Suite-wide set-up: each pytest-xdist worker is a node of its own (tests/node_worker.py)."""
+"""Suite-wide set-up for running the tests in parallel (pytest-xdist, scripts/test.sh).
+
+- Each worker is a node of its own: pid 1 of a fresh PID namespace (tests/node_worker.py), so its
+  agents see only its own ranks.
+- Tests that share a module- or package-scoped fixture (a browser, a Prometheus, one live hang)
+  run on one worker, so that fixture is made once (``--dist loadgroup`` honours the group).
+- The longest tiers are handed out first: a 40-second test started last would keep the suite
+  waiting on one worker while the others sit idle.
+- Tiers: tests that start real processes are marked ``live`` (``e2e`` ones, which start torch
+  jobs, are live too); ``scripts/test.sh --fast`` runs the rest.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +18,59 @@ from pathlib import Path
 
 import pytest
 
-NODE_WORKER = Path(__file__).resolve().parent / "node_worker.py"
+TESTS = Path(__file__).resolve().parent
+NODE_WORKER = TESTS / "node_worker.py"
+# Handed out in this order (the rest after them): where the long, waiting tests are.
+FIRST = ("e2e", "ops", "agent")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # pytest-xdist turns `-n N` into N "popen" specs; each becomes `python tests/node_worker.py ...`,
-    # which starts the worker as pid 1 of its own PID namespace.
+    # pytest-xdist turns `-n N` into N "popen" specs; each becomes `python tests/node_worker.py ...`.
     tx = getattr(config.option, "tx", None)
     if tx and "PYTEST_XDIST_WORKER" not in os.environ:
         config.option.tx = [f"popen//python={sys.executable} {NODE_WORKER}" if spec == "popen" else spec
                             for spec in tx]
+
+
+def _shared_fixture_group(item: pytest.Item) -> str | None:
+    """The broadest module- or package-scoped fixture the test uses, as a group name."""
+    best: tuple[int, str] | None = None
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        fixturedef = defs[-1]
+        if fixturedef.scope == "package":
+            key = (2, f"package:{fixturedef.baseid}")
+        elif fixturedef.scope == "module":
+            key = (1, f"module:{item.nodeid.split('::')[0]}")
+        else:
+            continue
+        if best is None or key[0] > best[0]:
+            best = key
+    return best[1] if best else None
+
+
+# Every test in these folders starts real processes.
+LIVE_FOLDERS = ("e2e", "ops")
+
+
+def _folder(item: pytest.Item) -> str:
+    parts = Path(str(item.path)).relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 else ""
+
+
+def _tier_rank(item: pytest.Item) -> int:
+    if not item.get_closest_marker("live"):
+        return len(FIRST) + 1
+    folder = _folder(item)
+    return FIRST.index(folder) if folder in FIRST else len(FIRST)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if (item.get_closest_marker("e2e") or _folder(item) in LIVE_FOLDERS) and not item.get_closest_marker("live"):
+            item.add_marker(pytest.mark.live)
+        group = _shared_fixture_group(item)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=_tier_rank)  # stable: the order within a tier is the collection order

@@ -21,6 +21,8 @@ from monitor.wire import Report
 from tests.agent.conftest import run_agent_once
 from hangwatch.demo.harness import free_port
 
+pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
+
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
 # A stand-in rank that listens, connects to itself, and reports its ports.

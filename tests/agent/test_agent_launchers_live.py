@@ -24,6 +24,8 @@ from agent.procstat import Stat
 from monitor.wire import Report
 from tests.agent.conftest import _kill, run_agent_once
 
+pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
+
 SPAWN_ARGV = ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=4, pipe_handle=6)",
               "--multiprocessing-fork"]
 

@@ -14,6 +14,8 @@ from monitor.wire import Report
 from tests.agent.conftest import agent_argv, run_agent_once
 from tests.notify_socket import NotifySocket
 
+pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
+
 
 def _by_rank(report: dict, job: str) -> dict[int, dict]:
     return {r["rank"]: r for r in report["ranks"] if r["job_id"] == job}

@@ -17,6 +17,8 @@ from agent.procstat import read_stat, read_thread_stats
 from agent.stacks import StackError, StackSampler, find_py_spy, take_stack
 from agent.targets import Dumper
 
+pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
+
 PY_SPY = find_py_spy()
 needs_py_spy = pytest.mark.skipif(PY_SPY is None, reason="py-spy not installed")
 

@@ -16,6 +16,8 @@ from agent.outage_journal import OutageJournal, signature
 from agent.sender import Sender
 from tests.monitor.real_monitor import free_port, running_monitor
 
+pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
+
 
 def _rank(r: int = 0, **fields) -> dict:
     return {"job_id": "job-j", "rank": r, "world_size": 2, "pid": 100 + r, "alive": True, "state": "S",

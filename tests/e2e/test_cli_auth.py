@@ -14,6 +14,8 @@ from tests.monitor.monitor_reports import rank, report
 from tests.monitor.real_monitor import running_monitor
 from tests.tls_certs import make_tls_files
 
+pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
+
 HANGWATCH = [sys.executable, "-m", "hangwatch.cli"]
 READER = "reader-token-0123456789abcdef"
 OTHER = "other-token-0123456789abcdef"

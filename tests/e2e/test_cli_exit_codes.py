@@ -23,6 +23,8 @@ from hangwatch.demo.harness import free_port
 from tests.monitor.monitor_reports import rank, report
 from tests.monitor.real_monitor import RunningMonitor, running_monitor
 
+pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
+
 HANGWATCH = [sys.executable, "-m", "hangwatch.cli"]
 REPORTS = "/api/v1/reports"
 

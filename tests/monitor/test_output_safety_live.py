@@ -29,6 +29,8 @@ from test_output_safety import (
 
 from hangwatch.demo.harness import LOOPBACK, Reaper, free_port, stop_gently, wait_until_ready
 
+pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
+
 PROMTOOL = "/usr/bin/promtool"
 CHROMIUM = "/usr/bin/chromium"
 HANGWATCH = [sys.executable, "-m", "hangwatch.cli"]

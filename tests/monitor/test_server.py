@@ -18,6 +18,8 @@ from monitor_reports import rank, report
 from tests.notify_socket import NotifySocket
 from hangwatch.demo.harness import free_port
 
+pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
+
 EXE = shutil.which("hangwatch-monitor") or str(Path(sys.executable).parent / "hangwatch-monitor")
 
 

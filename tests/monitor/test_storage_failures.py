@@ -19,6 +19,8 @@ from real_monitor import running_monitor
 from monitor.store import failure_reason
 from monitor.store_schema import SCHEMA_VERSION
 
+pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
+
 URL = "/api/v1/reports"
 
 
