@@ -20,9 +20,9 @@ from typing import Any
 
 import orjson
 
+from monitor.job_track import JobTrack
 from monitor.present import job_dict, job_head
 from monitor.service import JobResult
-from monitor.state import JobTrack
 
 QUIET_VERDICTS = frozenset({"healthy", "finished"})
 VIEWS = ("full", "summary")

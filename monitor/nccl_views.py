@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from monitor.diagnosis.model import NcclComm, NcclMissingRank, NcclRank
-from monitor.state import JobTrack, NcclRasTrack, NodeTrack
+from monitor.job_track import JobTrack
+from monitor.tracks import NcclRasTrack, NodeTrack
 from monitor.wire import NcclMissingRankReport, NcclRankReport
 
 # (node, pid) -> the job's rank.

@@ -11,10 +11,10 @@ from typing import Any
 from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
 from monitor.diagnosis.model import FlightRecord
 from monitor.job_names import rank_names
+from monitor.job_track import JobTrack
 from monitor.rank_ranges import ranks_text as ranks_text  # re-exported: render_text and tests import it from here
 from monitor.service import JobResult
 from monitor.stack_tree import stack_tree
-from monitor.state import JobTrack
 
 # Innermost main-thread Python frames compared when grouping ranks by stack.
 STACK_GROUP_DEPTH = 8

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from monitor.diagnosis import HostFacts, Interface, JobView, LauncherView, OrphanView, RankView, Socket
+from monitor.job_track import JobTrack
 from monitor.nccl_views import job_nccl
-from monitor.state import JobTrack, LauncherTrack, NodeTrack, RankTrack, SocketKey
+from monitor.tracks import LauncherTrack, NodeTrack, RankTrack, SocketKey
 from monitor.wire import HostReport
 
 # A node counts as reporting while its agent's last report is at most this old

@@ -18,7 +18,8 @@ from monitor.diagnosis import JobView, diagnose
 from monitor.diagnosis.model import NcclComm, NcclMissingRank, NcclRank
 from monitor.diagnosis.nccl import ISSUED_ALONE, MAJORITY, STOPPED_FIRST, culprits_of, mismatches, missing
 from monitor.nccl_views import join_comms
-from monitor.state import NcclRasTrack, to_stack
+from monitor.rank_ingest import to_stack
+from monitor.tracks import NcclRasTrack
 from monitor.wire import NcclRasReport, StackReport
 from tests.diagnosis.builders import NOW, job, rank, sleeping, steps
 

@@ -15,7 +15,7 @@ import pytest
 from agent.stacks import parse_dump
 from monitor.diagnosis import diagnose
 from monitor.diagnosis.stacks import wait_point
-from monitor.state import to_stack
+from monitor.rank_ingest import to_stack
 from monitor.wire import StackReport
 from tests.diagnosis.builders import NOW, job, rank, steps
 

@@ -15,7 +15,7 @@ from hangwatch_common.version import version
 from monitor.diagnosis import VERDICTS, Diagnosis, JobView
 from monitor.metrics import JOB_INFO_LABELS
 from monitor.process_metrics import process_families
-from monitor.state import SILENT_NODE_KEPT_S
+from monitor.retention import SILENT_NODE_KEPT_S
 
 
 def scrape(client: TestClient) -> dict[str, list[tuple[dict[str, str], float]]]:

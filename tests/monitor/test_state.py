@@ -8,7 +8,9 @@ import pytest
 from monitor_reports import ALL_REDUCE_FRAMES, frame, launcher, progress, rank, report, stack
 
 from monitor.diagnosis import ExitView, Frame, Stack
-from monitor.state import PROGRESS_POINTS_KEPT, SILENT_NODE_KEPT_S, MonitorState
+from monitor.retention import SILENT_NODE_KEPT_S
+from monitor.state import MonitorState
+from monitor.tracks import PROGRESS_POINTS_KEPT
 from monitor.views import job_view
 from monitor.wire import Report
 
@@ -389,7 +391,8 @@ def test_fast_steps_keep_a_long_history_of_sightings() -> None:
     (a pause seen half a minute ago still sets the stall threshold)."""
     from collections import deque
 
-    from monitor.state import PROGRESS_HISTORY, _add_times
+    from monitor.progress_ingest import _add_times
+    from monitor.tracks import PROGRESS_HISTORY
 
     times: deque[float] = deque(maxlen=PROGRESS_HISTORY)
     for sighting in range(40):

@@ -1,0 +1,68 @@
+"""How long the monitor remembers jobs and nodes, and what it forgets to make room.
+
+These functions update the maps ``monitor.state.MonitorState`` holds; the service calls them
+through its ``prune`` and ``make_room_for_node``.
+"""
+
+from __future__ import annotations
+
+from monitor.job_track import JobTrack
+from monitor.tracks import NodeTrack
+
+# How long a forgotten job's dead ranks are ignored (agents stop listing them well before).
+FORGOTTEN_KEPT_S = 24 * 3600.0
+# How long a silent node is remembered (its jobs go after the job retention): while it is, its
+# last report time stays on /metrics and the agent-silent alert holds instead of clearing itself.
+SILENT_NODE_KEPT_S = 24 * 3600.0
+
+
+def prune(
+    *,
+    jobs: dict[str, JobTrack],
+    nodes: dict[str, NodeTrack],
+    aliases: dict[str, str],
+    forgotten: dict[str, float],
+    forgotten_pids: dict[str, frozenset[tuple[str, int]]],
+    now: float,
+    retention_s: float,
+) -> list[str]:
+    """Forget jobs that ended, or that no agent mentioned, more than ``retention_s`` ago.
+
+    A forgotten job's ids (its own and its aliases) go to ``forgotten`` with its processes'
+    (node, pid) in ``forgotten_pids``, so that agents still listing its dead ranks do not bring
+    it back and a new run under the id skips them. Returns the ids of the jobs forgotten."""
+    dropped = []
+    for job_id, job in list(jobs.items()):
+        ended_at = job.ended_at
+        if now - job.last_report_at > retention_s or (ended_at is not None and now - ended_at > retention_s):
+            del jobs[job_id]
+            dropped.append(job_id)
+            pids = frozenset((t.node, t.pid) for t in (*job.ranks.values(), *job.launchers.values()))
+            for name in (job_id, *job.aliases):
+                aliases.pop(name, None)
+                forgotten[name] = now
+                forgotten_pids[name] = pids
+    for name, node in list(nodes.items()):
+        if now - node.last_report_at > max(retention_s, SILENT_NODE_KEPT_S):
+            del nodes[name]
+    for job_id, at in list(forgotten.items()):
+        if now - at > FORGOTTEN_KEPT_S:
+            del forgotten[job_id]
+            forgotten_pids.pop(job_id, None)
+    return dropped
+
+
+def make_room_for_node(
+    nodes: dict[str, NodeTrack], node: str, max_nodes: int, now: float, silent_s: float
+) -> str | None:
+    """At ``max_nodes``, forget the longest-silent node to let a new ``node`` in, if it has been
+    silent for over ``silent_s`` (the job retention: its jobs are forgotten already). A silent
+    node is kept for its alert (SILENT_NODE_KEPT_S), never at the cost of refusing a live one.
+    Returns the node forgotten, if any."""
+    if node in nodes or len(nodes) < max_nodes or not nodes:
+        return None
+    oldest = min(nodes, key=lambda name: nodes[name].last_report_at)
+    if now - nodes[oldest].last_report_at <= silent_s:
+        return None
+    del nodes[oldest]
+    return oldest

@@ -1,0 +1,142 @@
+"""What the monitor keeps about each rank, launcher and node: the records ingest updates.
+
+Every time in them is on the monitor's clock (see ``monitor.state``). The job's own record,
+which gathers its ranks and launchers, is ``monitor.job_track.JobTrack``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from monitor.diagnosis import ExitView, LogPhase, Stack
+from monitor.diagnosis.model import FlightRecord
+from monitor.wire import (
+    AgentInfo,
+    CollectorHealth,
+    FlightRecorderReport,
+    HostReport,
+    LauncherReport,
+    NcclRasReport,
+    OrphanReport,
+    RankReport,
+)
+
+PROGRESS_HISTORY = 64
+# Recent (monitor time, step) points per rank and per job, for the page's progress chart.
+PROGRESS_POINTS_KEPT = 120
+# Stack samples kept per rank for the collective wait share, and over how long.
+WAIT_SAMPLES_KEPT = 1024
+WAIT_SHARE_WINDOW_S = 600.0
+WAIT_SHARE_MIN_SAMPLES = 5
+
+RankKey = tuple[str, int]
+# A launcher on one node: (job_id, pid).
+LauncherKey = tuple[str, int]
+SocketKey = tuple[str, str, str]  # (local, remote, state)
+
+
+@dataclass
+class ProgressCursor:
+    """How far one progress source has been read: its event count and newest time taken.
+
+    The mark is on the agent's clock: dedupe on the agent's own numbers, since the
+    shift onto the monitor's clock jitters with network latency.
+    """
+
+    events: int | None = None
+    mark: float | None = None
+
+
+@dataclass
+class RankTrack:
+    job_id: str
+    rank: int
+    node: str
+    pid: int
+    first_seen_at: float
+    observed_at: float
+    latest: RankReport
+    alive: bool = True
+    exit: ExitView | None = None
+    # True when the agent stopped listing this rank without saying it ended.
+    vanished: bool = False
+    proc_state: str | None = None
+    state_since: float | None = None
+    idle_since: float | None = None
+    # The last report in which the rank moved data (writes, sends) at MOVING_BYTES_PER_S or more.
+    moved_at: float | None = None
+    progress_cursor: ProgressCursor = field(default_factory=lambda: ProgressCursor())
+    progress_times: deque[float] = field(default_factory=lambda: deque(maxlen=PROGRESS_HISTORY))
+    # (time on the monitor's clock, step), oldest first: from progress lines that print a step.
+    progress_points: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=PROGRESS_POINTS_KEPT))
+    last_progress_at: float | None = None
+    stack: Stack | None = None
+    # Wait site of ``stack`` not yet known to be a regular sync point of the job.
+    pending_wait_site: str | None = None
+    log_errors: list[str] = field(default_factory=list)
+    # When (monitor clock) each socket currently reported was first seen in its state.
+    sockets_since: dict[SocketKey, float] = field(default_factory=dict)
+    # One (taken_at on the monitor's clock, waiting in a collective) per distinct stack.
+    wait_samples: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=WAIT_SAMPLES_KEPT))
+    # taken_at of the last stack sampled, on the agent's clock (the agent re-sends its latest stack).
+    last_stack_mark: float | None = None
+    # Facts the agent may send once (or only once found): the last one reported is kept.
+    env: dict[str, str] = field(default_factory=dict)
+    error_file_message: str | None = None
+    compute_dtype: str | None = None
+    compute_dtype_line: str | None = None
+    log_phase: LogPhase | None = None
+    log_phase_mark: float | None = None  # its seen_at on the agent's clock
+    # The latest Flight Recorder dump the agent read, and the report it came in.
+    flight_recorder: FlightRecord | None = None
+    flight_recorder_report: FlightRecorderReport | None = None
+
+    def wait_share(self, now: float) -> float | None:
+        """Share of the recent stack samples that waited in a collective; None below the minimum count."""
+        recent = [waiting for at, waiting in self.wait_samples if at >= now - WAIT_SHARE_WINDOW_S]
+        if len(recent) < WAIT_SHARE_MIN_SAMPLES:
+            return None
+        return sum(recent) / len(recent)
+
+
+@dataclass
+class LauncherTrack:
+    job_id: str
+    node: str
+    pid: int
+    first_seen_at: float
+    observed_at: float
+    latest: LauncherReport
+    alive: bool = True
+    exit: ExitView | None = None
+    vanished: bool = False
+    stack: Stack | None = None
+    sockets_since: dict[SocketKey, float] = field(default_factory=dict)
+    log_errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NcclRasTrack:
+    """A node's latest answer from NCCL's RAS service, its times on the monitor's clock."""
+
+    polled_at: float
+    unchanged_since: float
+    answer: NcclRasReport
+
+
+@dataclass
+class NodeTrack:
+    node: str
+    last_report_at: float
+    offset: float
+    agent: AgentInfo
+    host: HostReport
+    collectors: tuple[CollectorHealth, ...]
+    rank_keys: set[RankKey] = field(default_factory=set)
+    launcher_keys: set[LauncherKey] = field(default_factory=set)
+    orphans: tuple[OrphanReport, ...] = ()
+    nccl_ras: NcclRasTrack | None = None
+    # Running totals over this monitor's life, for the agent-health counters.
+    collector_errors: dict[str, int] = field(default_factory=dict)
+    stack_failures: int = 0
