@@ -51,6 +51,7 @@ class MonitorState:
             nccl_ras=_nccl_ras(report, node, offset),
             collector_errors=dict(node.collector_errors) if node else {},
             stack_failures=(node.stack_failures if node else 0) + sum(1 for r in report.ranks if r.stack_error),
+            live=not report.replayed,
         )
         for health in report.collectors:
             if not health.ok:

@@ -140,3 +140,6 @@ class NodeTrack:
     # Running totals over this monitor's life, for the agent-health counters.
     collector_errors: dict[str, int] = field(default_factory=dict)
     stack_failures: int = 0
+    # False while the node's latest report is one its agent kept through an outage: a picture of
+    # the past however recent its time, never read as the node's present (monitor/views.is_fresh).
+    live: bool = True

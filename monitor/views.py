@@ -81,7 +81,10 @@ def host_facts(host: HostReport) -> HostFacts:
 
 
 def is_fresh(node: NodeTrack, now: float) -> bool:
-    return now - node.last_report_at <= max(NODE_FRESH_S, 3 * (node.agent.interval_s or 0.0))
+    """The node's last report says what is true now. One replayed from the agent's outage journal
+    never does, however recent: after a short outage it can be seconds old and show a job in the
+    middle of failing, read as the present it is a false verdict until the first live report."""
+    return node.live and now - node.last_report_at <= max(NODE_FRESH_S, 3 * (node.agent.interval_s or 0.0))
 
 
 def nodes_reporting(nodes: Mapping[str, NodeTrack], now: float) -> frozenset[str]:

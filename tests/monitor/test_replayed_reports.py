@@ -93,3 +93,30 @@ def _replay_an_old_picture(client: TestClient, clock: FakeClock) -> None:
     job = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
     # Now, the node has not reported live for 2 minutes: nothing is known, least of all "healthy".
     assert job["verdict"] == "unknown", job["summary"]
+
+
+def test_a_replayed_report_taken_moments_ago_is_still_the_past(settings: Settings, store: Store,
+                                                              clock: FakeClock) -> None:
+    # A short outage: the agent's last kept report was taken 2 s before it reached the monitor, well
+    # inside the window a live report counts as fresh. It shows both ranks busy and the last step 30 s
+    # back (the job was failing as the outage ended). Read as the present that is slow_compute; it is
+    # the past until the node's first live report says what is true now.
+    ticking = dataclasses.replace(settings, tick_interval_s=3600.0)
+    with TestClient(create_app(ticking, store, clock=clock)) as client:
+        for step in range(1, 4):
+            assert client.post(URL, json=report(ranks=_ranks(clock, step), sent_at=clock.now)).status_code == 202
+            clock.advance(1)
+        last_step_at = clock.now - 1
+        clock.advance(30)
+        stale = [(last_step_at - 0.5, 2), (last_step_at, 3)]
+        busy = [rank(rank=r, cpu_percent=99.0, progress=progress(3, 3, stale)) for r in (0, 1)]
+        kept = report(ranks=busy, sent_at=clock.now - 2, replayed=True)
+        assert client.post(URL, json=kept).status_code == 202
+        job = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
+        assert job["verdict"] == "unknown", job["summary"]
+        # The first live report ends the wait: the monitor judges what it says.
+        live = report(ranks=_ranks(clock, 4), sent_at=clock.now)
+        assert client.post(URL, json=live).status_code == 202
+        monitor_of(client).tick()
+        job = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
+        assert job["verdict"] != "unknown", job["summary"]
