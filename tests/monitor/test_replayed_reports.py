@@ -112,6 +112,8 @@ def test_a_replayed_report_taken_moments_ago_is_still_the_past(settings: Setting
         busy = [rank(rank=r, cpu_percent=99.0, progress=progress(3, 3, stale)) for r in (0, 1)]
         kept = report(ranks=busy, sent_at=clock.now - 2, replayed=True)
         assert client.post(URL, json=kept).status_code == 202
+        # At its own time it is the present: the history has what the monitor would have said then.
+        assert _history(client)[-1][1] == "slow_compute"
         job = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
         assert job["verdict"] == "unknown", job["summary"]
         # The first live report ends the wait: the monitor judges what it says.

@@ -104,11 +104,18 @@ def test_verdict_timeline_shows_healthy_then_deadlock(live_hang: LiveHang) -> No
             codes[shown["text"]] = float(value)
     expr = substitute(timeline["targets"][0]["expr"], {"job": re.escape(live.job.job_id).replace("\\", "\\\\"),
                                                        "cluster": ".*"})
-    data = live.prometheus.api("/api/v1/query_range", query=expr, start=str(live.job.started_at),
-                               end=str(live.deadlock_at + 5), step="1s")
-    (series,) = data["result"]
+    # The monitor said DEADLOCK at deadlock_at; Prometheus shows it after its next scrape (and rule
+    # evaluation), later still on a loaded machine: ask until it does.
+    deadline = time.monotonic() + 30.0
+    while True:
+        data = live.prometheus.api("/api/v1/query_range", query=expr, start=str(live.job.started_at),
+                                   end=str(max(time.time(), live.deadlock_at + 5)), step="1s")
+        (series,) = data["result"]
+        seen = [float(v) for _, v in series["values"]]
+        if codes["DEADLOCK"] in seen or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
     assert series["metric"]["job_id"] == live.job.job_id
-    seen = [float(v) for _, v in series["values"]]
     assert codes["HEALTHY"] in seen and codes["DEADLOCK"] in seen, seen
     assert seen.index(codes["HEALTHY"]) < seen.index(codes["DEADLOCK"])
     assert set(seen) <= set(codes.values()), "every point maps to a verdict"
