@@ -74,3 +74,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if group and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=_tier_rank)  # stable: the order within a tier is the collection order
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's, which appends "@group" to each grouped item's id
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not getattr(session.config.option, "loadgroup", False):  # set in workers under --dist loadgroup
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(lost)} tests (e.g. {lost[0]}): this pytest and pytest-xdist do not "
+            "work together for --dist loadgroup, so shared fixtures would be made on several workers "
+            "(see the pytest pin in pyproject.toml)")
