@@ -49,6 +49,10 @@ def assert_unchanged(client: TestClient, store: Store) -> None:
         (json.dumps(report(schema_version=2)).encode(), "schema", "schema_version"),
         (json.dumps([1, 2]).encode(), "schema", "(body)"),
     ],
+    # Named, not the bodies: they hold the time they were made, and parallel workers must collect
+    # the same test ids.
+    ids=["truncated", "empty", "no schema_version", "pid 0", "bad node name", "unknown phase", "schema_version 2",
+         "a list"],
 )
 def test_rejects_malformed_reports_with_422_naming_the_problem(
     client: TestClient, store: Store, content: bytes, reason: str, needle: str
