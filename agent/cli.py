@@ -31,6 +31,7 @@ from agent.report import NODE_NAME, default_node_name
 from agent.runner import Agent, Config
 from agent.selfwatch import DEFAULT_MAX_CPU_PERCENT, DEFAULT_MAX_RSS_MB, EXIT_OVER_MEMORY, MIN_NICE, lower_priority
 from agent.sender import ShardedSender
+from hangwatch_common.env_names import unknown_variables_warning
 from hangwatch_common.token_file import TokenFileError, TokenSource
 
 log = logging.getLogger("agent")
@@ -275,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per report
+    # A misspelt setting (TOKEN_FLE for TOKEN_FILE) is otherwise ignored without a word.
+    unknown = unknown_variables_warning(os.environ)
+    if unknown:
+        log.warning("%s", unknown)
     try:
         sender = make_sender(config, setting_names(args)) if config.monitors else None
     except UsageError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ from typing import NoReturn
 import uvicorn
 
 from hangwatch_common.cli_common import add_version_option
+from hangwatch_common.env_names import unknown_variables_warning
 from monitor.app import create_app
 from monitor.auth import TokenFileError
 from monitor.http_guard import ConnectionLimits, connection_cap, guarded_protocol, raise_open_file_limit
@@ -84,6 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _quiet_exit)
+    # A misspelt setting (TOKEN_FLE for TOKEN_FILE) is otherwise ignored without a word.
+    unknown = unknown_variables_warning(os.environ)
+    if unknown:
+        logging.getLogger("hangwatch.monitor").warning("%s", unknown)
     if disk_problem:
         logging.getLogger("hangwatch.monitor").error("%s: the history will be held in memory", disk_problem)
     store = open_store(settings)  # a database it cannot use: history in memory, said on /metrics

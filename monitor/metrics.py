@@ -24,6 +24,9 @@ from monitor.service import Monitor
 JOB_INFO_LABELS = ("job_id", "slurm_job", "slurm_job_name", "k8s_namespace", "torchelastic_run_id", "display")
 # Every word a rank's state can take: the activities plus "running" for a healthy job.
 RANK_STATES = ("running", *ACTIVITIES)
+# The labels every per-rank family (hangwatch_rank_*) carries, in this order: the node is on each,
+# so any per-rank series can be joined or grouped by where the rank runs (and an alert name it).
+RANK_LABELS = ("job_id", "rank", "node")
 
 
 def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes:
@@ -64,28 +67,25 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
         states = {rd.rank: rd.state for rd in d.ranks}
         culprit_set = set(d.culprit_ranks)
         for r in view.ranks:
-            rank = str(r.rank)
-            job_rank = labels(("job_id", "rank"), (job, rank))
-            job_rank_node = labels(("job_id", "rank", "node"), (job, rank, r.node))
+            rank_l = labels(RANK_LABELS, (job, str(r.rank), r.node))
             current = states.get(r.rank, "unknown")
-            prefix = job_rank_node[:-1]
+            prefix = rank_l[:-1]
             for word in RANK_STATES:
                 rank_state.add(f'{prefix},state="{word}"}}', 1.0 if current == word else 0.0)
-            # The node is on the series so an alert can name where each culprit runs.
-            culprit.add(job_rank_node, 1.0 if r.rank in culprit_set else 0.0)
+            culprit.add(rank_l, 1.0 if r.rank in culprit_set else 0.0)
             seconds = result.cpu_seconds.get(r.rank)
             if seconds is not None:
-                cpu_total.add(job_rank_node, seconds)
+                cpu_total.add(rank_l, seconds)
             if r.cpu_percent is not None:
-                cpu_ratio.add(job_rank_node, r.cpu_percent / 100.0)
+                cpu_ratio.add(rank_l, r.cpu_percent / 100.0)
             if r.step is not None:
-                step.add(job_rank, float(r.step))
-            up.add(job_rank_node, 1.0 if r.alive else 0.0)
+                step.add(rank_l, float(r.step))
+            up.add(rank_l, 1.0 if r.alive else 0.0)
             rank_last = r.progress_times[-1] if r.progress_times else job_last
             if rank_last is not None:
-                rank_progress.add(job_rank, rank_last)
+                rank_progress.add(rank_l, rank_last)
             if r.collective_wait_share is not None:
-                wait_ratio.add(job_rank, r.collective_wait_share)
+                wait_ratio.add(rank_l, r.collective_wait_share)
 
     last_report = Family("hangwatch_agent_last_report_timestamp_seconds",
                          "Unix time the monitor last took a report from the node's agent (kept for a day "
@@ -189,4 +189,4 @@ def http_families(http: HttpStats) -> list[Family]:
     return [unauthorized, open_connections, closed]
 
 
-__all__ = ["RANK_STATES", "render_metrics"]
+__all__ = ["RANK_LABELS", "RANK_STATES", "render_metrics"]

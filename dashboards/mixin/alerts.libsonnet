@@ -164,6 +164,64 @@ local lib = import 'lib.libsonnet';
               runbook_url: h.runbook('refused-requests'),
             },
           },
+          // Reports refused for the monitor's own limits: the jobs in them go unwatched, and only
+          // these alerts say so. A lone refusal (one junk report) leaves the 2-minute window before
+          // the 5-minute `for:` is out and never fires; agents retry every few seconds, so a real one lasts.
+          {
+            alert: 'HangwatchReportsRefusedAtCapacity',
+            expr: 'sum by (%s) (increase(hangwatch_reports_rejected_total%s[2m])) > 0'
+                  % [h.by(['instance', 'reason']), h.sel(['reason=~"too_many_jobs|too_many_nodes"'])],
+            'for': '5m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: "hangwatch monitor {{ $labels.instance }} is full: agents' reports refused ({{ $labels.reason }})" + h.inCluster,
+              description: std.join('\n', [
+                'The monitor at {{ $labels.instance }} has refused agents\' reports with HTTP 429 for 5 minutes ({{ $value | humanize }} in the last 2 minutes): '
+                + '{{ if eq $labels.reason "too_many_jobs" }}it already follows %s, the most HANGWATCH_MAX_JOBS allows'
+                  % ('{{ with %s | query }}{{ . | first | value }} {{ end }}jobs' % h.instanceQuery('count(hangwatch_job_world_size{SEL})'))
+                + '{{ else }}it already follows %s, the most HANGWATCH_MAX_NODES allows{{ end }}.'
+                  % ('{{ with %s | query }}{{ . | first | value }} {{ end }}nodes'
+                     % h.instanceQuery('count(hangwatch_agent_last_report_timestamp_seconds{SEL})')),
+                'The jobs in those reports are not watched: a hang in them pages nobody.',
+                'Raise the limit or shard the jobs over more monitors (docs/scaling.md); ended jobs leave after HANGWATCH_JOB_RETENTION_S.',
+              ]),
+              runbook_url: h.runbook('reports-refused'),
+            },
+          },
+          {
+            alert: 'HangwatchReportsRefusedWorldSize',
+            expr: 'sum by (%s) (increase(hangwatch_reports_rejected_total%s[2m])) > 0'
+                  % [h.by(['instance', 'reason']), h.sel(['reason="world_size"'])],
+            'for': '5m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'hangwatch monitor {{ $labels.instance }} refuses reports of ranks past its world size limit' + h.inCluster,
+              description: std.join('\n', [
+                "The monitor at {{ $labels.instance }} has refused reports with HTTP 422 for 5 minutes ({{ $value | humanize }} in the last 2 minutes): their ranks claim a world size above HANGWATCH_MAX_WORLD_SIZE.",
+                'A real job that large is not watched: raise HANGWATCH_MAX_WORLD_SIZE on this monitor. No real job that large: a broken or hostile sender; find it by its address (--log-level debug).',
+              ]),
+              runbook_url: h.runbook('reports-refused'),
+            },
+          },
+          {
+            // The share of reports shed, so that a busy monitor's brief burst (agents coming back
+            // together after a restart) stays quiet and a monitor past its capacity does not.
+            local shed = 'sum by (%s) (rate(hangwatch_monitor_reports_shed_total%s[5m]))' % [h.by(['instance']), h.sel()],
+            local accepted = 'sum by (%s) (rate(hangwatch_reports_total%s[5m]))' % [h.by(['instance']), h.sel()],
+            alert: 'HangwatchReportsShed',
+            expr: '%s\n/ (%s + %s)\n> %g' % [shed, shed, accepted, cfg.reportsShedShare],
+            'for': '10m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'hangwatch monitor {{ $labels.instance }} sheds reports: past its capacity' + h.inCluster,
+              description: std.join('\n', [
+                "The monitor at {{ $labels.instance }} refused {{ $value | humanizePercentage }} of agents' reports with HTTP 503 over the last 5 minutes, for 10 minutes now: its event loop runs late, it has more ranks than it can diagnose.",
+                'Every node still gets a report in every few seconds, so verdicts come late rather than never; more load leaves jobs unwatched.',
+                'Shard the jobs over more monitors (docs/scaling.md) or give this one a faster core.',
+              ]),
+              runbook_url: h.runbook('reports-shed'),
+            },
+          },
         ],
       },
     ],

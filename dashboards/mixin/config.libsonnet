@@ -18,6 +18,9 @@
     monitorURL: 'http://hangwatch-monitor.example.internal:8787',
     // An agent that has not reported for this long is silent (it reports every second).
     agentSilentSeconds: 30,
+    // HangwatchReportsShed: the share of agents' reports a monitor may refuse with 503 (shedding
+    // past capacity) over 5 minutes before it warns; it fires when that lasts 10 minutes.
+    reportsShedShare: 0.05,
     // Culprits named in one alert at most; the rest are counted.
     culpritsNamed: 10,
 

@@ -55,6 +55,8 @@ local at(x, y, w, h) = { x: x, y: y, w: w, h: h };
     local verdictEntries = [{ text: v.text, color: v.color } for v in h.verdicts],
     local verdictCode = 'max by (job_id) (job_id:hangwatch_job_verdict:code%s)' % recorded(jobs),
     local okEntries(bad, good) = [{ text: bad, color: 'red' }, { text: good, color: 'green' }],
+    // Every per-rank series carries job_id, rank and node: each rank's line says where it runs.
+    local rankLegend = '{{job_id}} rank {{rank}} ({{node}})',
 
     local panels = [
       row('Jobs', 0),
@@ -105,20 +107,20 @@ local at(x, y, w, h) = { x: x, y: y, w: w, h: h };
                  'Cores used by each rank process (1 = one core). A rank parked in a gloo collective sits near 0; NCCL ranks may spin at 1 while hung.',
                  'none',
                  [target('sum by (job_id, rank, node) (rate(hangwatch_rank_cpu_seconds_total%s[$__rate_interval]))' % raw(jobs),
-                         '{{job_id}} rank {{rank}} ({{node}})')],
+                         rankLegend)],
                  at(0, 24, 12, 8)),
       timeseries('Step per rank', "Last training step each rank's log showed: a flat line is a stall.", 'none',
-                 [target('max by (job_id, rank) (hangwatch_rank_step%s)' % raw(jobs), '{{job_id}} rank {{rank}}')],
+                 [target('max by (job_id, rank, node) (hangwatch_rank_step%s)' % raw(jobs), rankLegend)],
                  at(12, 24, 12, 8)),
       timeseries('Steps per second', 'Training progress rate per rank.', 'none',
-                 [target('max by (job_id, rank) (deriv(hangwatch_rank_step%s[1m]))' % raw(jobs), '{{job_id}} rank {{rank}}')],
+                 [target('max by (job_id, rank, node) (deriv(hangwatch_rank_step%s[1m]))' % raw(jobs), rankLegend)],
                  at(0, 32, 12, 8)),
       timeseries('Time waiting in collectives', "Share of each rank's recent stack samples waiting in a collective (0-1).",
                  'percentunit',
-                 [target('max by (job_id, rank) (hangwatch_rank_collective_wait_ratio%s)' % raw(jobs), '{{job_id}} rank {{rank}}')],
+                 [target('max by (job_id, rank, node) (hangwatch_rank_collective_wait_ratio%s)' % raw(jobs), rankLegend)],
                  at(12, 32, 12, 8)),
       stateTimeline('Rank alive', '1 while the rank process is alive.', okEntries('ended', 'alive'),
-                    [target('max by (job_id, rank) (hangwatch_rank_alive%s)' % raw(jobs), '{{job_id}} rank {{rank}}')],
+                    [target('max by (job_id, rank, node) (hangwatch_rank_alive%s)' % raw(jobs), rankLegend)],
                     at(0, 40, 24, 6)),
 
       row('Agents', 46),
@@ -132,9 +134,12 @@ local at(x, y, w, h) = { x: x, y: y, w: w, h: h };
                     okEntries('failing', 'ok'),
                     [target('min by (node, collector) (hangwatch_agent_collector_up%s)' % raw(), '{{node}} {{collector}}')],
                     at(8, 47, 8, 8)),
-      timeseries('Reports per second', 'Agent reports the monitor accepted and refused.', 'reqps', [
+      timeseries('Reports per second',
+                 'Agent reports the monitor accepted, refused (hangwatch_reports_rejected_total{reason}: HangwatchReportsRefusedAtCapacity and HangwatchReportsRefusedWorldSize fire on its limits) and shed past its capacity (HangwatchReportsShed).',
+                 'reqps', [
         target('sum(rate(hangwatch_reports_total%s[$__rate_interval]))' % raw(), 'accepted', 'A'),
         target('sum(rate(hangwatch_reports_rejected_total%s[$__rate_interval])) or vector(0)' % raw(), 'refused', 'B'),
+        target('sum(rate(hangwatch_monitor_reports_shed_total%s[$__rate_interval]))' % raw(), 'shed', 'C'),
       ], at(16, 47, 8, 8)),
 
       row('Monitor', 55),

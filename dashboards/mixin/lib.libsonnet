@@ -15,13 +15,17 @@
     // ` in cluster X` when the alert has a cluster label.
     inCluster:: if cl != '' then '{{ with $labels.%s }} in cluster {{ . }}{{ end }}' % cl else '',
 
-    // A `printf` for a `query` template: the selector of this alert's job (its cluster included),
-    // written as a Go raw string so the selector's quotes need no escaping.
-    jobQuery(metricExpr, extra=[]):: (
-      local matchers = [cfg.hangwatchSelector] + (if cl != '' then ['%s=%%q' % cl] else []) + ['job_id=%q'] + extra;
-      local args = std.join(' ', (if cl != '' then ['$labels.%s' % cl] else []) + ['$labels.job_id']);
+    // A `printf` for a `query` template: `{SEL}` in metricExpr becomes the selector of the series
+    // with this alert's value of `label` (its cluster included), written as a Go raw string so the
+    // selector's quotes need no escaping.
+    labelQuery(metricExpr, label, extra=[]):: (
+      local matchers = [cfg.hangwatchSelector] + (if cl != '' then ['%s=%%q' % cl] else []) + ['%s=%%q' % label] + extra;
+      local args = std.join(' ', (if cl != '' then ['$labels.%s' % cl] else []) + ['$labels.%s' % label]);
       'printf `%s` %s' % [std.strReplace(metricExpr, '{SEL}', '{' + std.join(', ', matchers) + '}'), args]
     ),
+    // The same for this alert's job, and for this alert's monitor (its scrape target).
+    jobQuery(metricExpr, extra=[]):: self.labelQuery(metricExpr, 'job_id', extra),
+    instanceQuery(metricExpr, extra=[]):: self.labelQuery(metricExpr, 'instance', extra),
 
     diagnoseURL:: cfg.monitorURL + '/diagnose?job={{ $labels.job_id | urlquery }}',
 

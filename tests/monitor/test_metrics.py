@@ -52,14 +52,14 @@ def test_metrics_follow_the_state(client: TestClient, clock: FakeClock, monkeypa
         assert value(m, "hangwatch_job_verdict", job_id="job-a", verdict=word) == (1.0 if word == "straggler" else 0.0)
     # Times are timestamps: the job last progressed 25 s before the scrape, its agent reported 20 s before.
     assert value(m, "hangwatch_job_last_progress_timestamp_seconds", job_id="job-a") == pytest.approx(clock.now - 25)
-    assert value(m, "hangwatch_rank_last_progress_timestamp_seconds", job_id="job-a", rank="0") == pytest.approx(
-        clock.now - 25)
+    assert value(m, "hangwatch_rank_last_progress_timestamp_seconds", job_id="job-a", rank="0",
+                 node="node-a") == pytest.approx(clock.now - 25)
     # Rank 1 never progressed (nor did the job as a whole): no made-up time.
     assert [lab["rank"] for lab, _ in m["hangwatch_rank_last_progress_timestamp_seconds"]] == ["0"]
     assert value(m, "hangwatch_rank_cpu_seconds_total", job_id="job-a", rank="0", node="node-a") == 100.0
     assert value(m, "hangwatch_rank_cpu_ratio", job_id="job-a", rank="1", node="node-a") == 0.5
-    assert value(m, "hangwatch_rank_step", job_id="job-a", rank="0") == 30.0
-    assert m.get("hangwatch_rank_step", []) == [({"job_id": "job-a", "rank": "0"}, 30.0)]
+    assert value(m, "hangwatch_rank_step", job_id="job-a", rank="0", node="node-a") == 30.0
+    assert m.get("hangwatch_rank_step", []) == [({"job_id": "job-a", "rank": "0", "node": "node-a"}, 30.0)]
     assert value(m, "hangwatch_rank_alive", job_id="job-a", rank="1", node="node-a") == 1.0
     assert value(m, "hangwatch_agent_last_report_timestamp_seconds", node="node-a") == pytest.approx(clock.now - 20)
     assert value(m, "hangwatch_rank_culprit", job_id="job-a", rank="1", node="node-a") == 1.0
@@ -136,8 +136,9 @@ def test_collective_wait_ratio_per_rank(client: TestClient, clock: FakeClock) ->
         client.post("/api/v1/reports", json=report(ranks=ranks, sent_at=clock.now))
         clock.advance(1)
     m = scrape(client)
-    assert value(m, "hangwatch_rank_collective_wait_ratio", job_id="job-a", rank="0") == 1.0
-    assert value(m, "hangwatch_rank_collective_wait_ratio", job_id="job-a", rank="1") == pytest.approx(0.6)
+    assert value(m, "hangwatch_rank_collective_wait_ratio", job_id="job-a", rank="0", node="node-a") == 1.0
+    assert value(m, "hangwatch_rank_collective_wait_ratio", job_id="job-a", rank="1",
+                 node="node-a") == pytest.approx(0.6)
     # No stacks, no ratio.
     assert not [lab for lab, _ in m["hangwatch_rank_collective_wait_ratio"] if lab["rank"] == "2"]
 

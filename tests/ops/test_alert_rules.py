@@ -17,10 +17,11 @@ from monitor.app import create_app
 from monitor.diagnosis import VERDICTS
 from monitor.settings import Settings
 from monitor.store import open_store
-from hangwatch.demo.harness import LOOPBACK, free_port, wait_until_ready
+from hangwatch.demo.harness import LOOPBACK, Reaper, free_port, wait_until_ready
 from tests.monitor.monitor_reports import progress, rank, report, stack
 from tests.monitor.monitor_testkit import TestClient
-from tests.ops.promserver import PROMTOOL, RECORDING_RULES, RULES, TEST_FOR, rules_for_test
+from tests.monitor.real_monitor import running_monitor
+from tests.ops.promserver import PROMTOOL, RECORDING_RULES, RULES, TEST_FOR, rules_for_test, start_prometheus
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_TESTS = sorted((ROOT / "dashboards" / "tests").glob("*.yml"))
@@ -185,3 +186,32 @@ def test_monitor_down_inhibits_that_clusters_other_alerts(tmp_path: Path) -> Non
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_a_real_prometheus_scrapes_gzip_and_sees_a_monitor_at_capacity(tmp_path: Path) -> None:
+    """A real monitor that may follow one job, scraped by a real Prometheus (which asks for gzip)
+    with the mixin's rules (`for:` shortened): a second job's agent is refused (too_many_jobs) for
+    as long as it reports, and HangwatchReportsRefusedAtCapacity fires naming the reason and the count."""
+    with Reaper() as reaper, running_monitor(tmp_path, extra_env={"HANGWATCH_MAX_JOBS": "1"}) as monitor:
+        reports = monitor.base + "/api/v1/reports"
+        watched = report(node="node-a", ranks=[rank(job_id="watched", rank=r) for r in (0, 1)])
+        assert httpx.post(reports, json=watched, timeout=10).status_code == 202
+        prometheus = start_prometheus(reaper, tmp_path / "prometheus", monitor.base)
+        unwatched = report(node="node-b", ranks=[rank(job_id="unwatched", rank=r) for r in (0, 1)])
+        deadline = time.monotonic() + 60
+        fired: list[dict] = []
+        while not fired and time.monotonic() < deadline:
+            assert httpx.post(reports, json=unwatched, timeout=10).status_code == 429  # the agent retries
+            fired = [a for a in prometheus.api("/api/v1/alerts")["alerts"]
+                     if a["labels"]["alertname"] == "HangwatchReportsRefusedAtCapacity" and a["state"] == "firing"]
+            time.sleep(0.5)
+        assert fired, f"no capacity alert within 60 s\n{prometheus.log_tail()}\n{monitor.log_text()}"
+        (alert,) = fired
+        assert alert["labels"]["reason"] == "too_many_jobs" and alert["labels"]["severity"] == "warning"
+        assert "it already follows 1 jobs, the most HANGWATCH_MAX_JOBS allows." in alert["annotations"]["description"]
+        # The gzipped scrape arrived whole: the watched job's ranks, each with its node.
+        alive = prometheus.query('hangwatch_rank_alive{job="hangwatch"}')
+        assert {(s["metric"]["job_id"], s["metric"]["rank"], s["metric"]["node"]) for s in alive} == {
+            ("watched", "0", "node-a"), ("watched", "1", "node-a")}
+        (up,) = prometheus.query('up{job="hangwatch"}')
+        assert up["value"][1] == "1"
