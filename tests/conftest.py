@@ -8,6 +8,10 @@
   waiting on one worker while the others sit idle.
 - Tiers: tests that start real processes are marked ``live`` (``e2e`` ones, which start torch
   jobs, are live too); ``scripts/test.sh --fast`` runs the rest.
+- Tests marked ``cpu_bound`` judge ranks by the CPU they get (a busy rank must look busy): beside
+  other workers' jobs on 2 cores it gets a fifth of a core. ``--cpu-bound=without`` leaves them out
+  and ``--cpu-bound=only`` runs just them; scripts/test.sh runs the parallel part without them, then
+  them alone.
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ TESTS = Path(__file__).resolve().parent
 NODE_WORKER = TESTS / "node_worker.py"
 # Handed out in this order (the rest after them): where the long, waiting tests are.
 FIRST = ("e2e", "ops", "agent")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--cpu-bound", choices=("with", "without", "only"), default="with",
+                     help="tests marked cpu_bound: run them with the rest (default), leave them out, or run only them")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -74,6 +83,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if group and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=_tier_rank)  # stable: the order within a tier is the collection order
+    which = config.getoption("cpu_bound")
+    if which != "with":
+        keep = [i for i in items if bool(i.get_closest_marker("cpu_bound")) == (which == "only")]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-xdist's, which appends "@group" to each grouped item's id

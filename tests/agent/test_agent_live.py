@@ -21,6 +21,7 @@ def _by_rank(report: dict, job: str) -> dict[int, dict]:
     return {r["rank"]: r for r in report["ranks"] if r["job_id"] == job}
 
 
+@pytest.mark.cpu_bound
 def test_once_discovers_samples_follows_logs_and_dumps_stacks(ranks):
     busy = ranks.start(0, "busy")
     idle = ranks.start(1, "with-child")

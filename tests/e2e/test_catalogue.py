@@ -145,6 +145,7 @@ def test_get_future_on_gloo_crash(torchrun_job, wait_for_verdict):
     assert "Work::getFuture not implemented" in text_of(got), compact(got)
 
 
+@pytest.mark.cpu_bound
 def test_bf16_on_cpu_is_slow_compute(torchrun_job, wait_for_verdict):
     job = torchrun_job("--dtype", "bfloat16", "--fail", "busy-all", "--busy-seconds", "60", *FAIL_AT)
     # The dtype is read from the rank's log, which may reach the monitor a poll after the

@@ -103,6 +103,7 @@ def test_sigstop_rank1(torchrun_job, wait_for_verdict, reaper):
         reaper.kill(pids[1], signal.SIGKILL)
 
 
+@pytest.mark.cpu_bound
 def test_straggler_rank1(torchrun_job, wait_for_verdict):
     job = torchrun_job("--fail", "straggle", "--busy-seconds", "60", *FAIL_AT)
     got = wait_for_verdict(job, "straggler", culprits=[1])
@@ -111,6 +112,7 @@ def test_straggler_rank1(torchrun_job, wait_for_verdict):
     assert straggler["state"] == "computing" and "busy_compute" in (straggler["top_frame"] or "")
 
 
+@pytest.mark.cpu_bound
 def test_all_ranks_busy_is_slow_compute(torchrun_job, wait_for_verdict):
     job = torchrun_job("--fail", "busy-all", "--busy-seconds", "60", *FAIL_AT)
     got = wait_for_verdict(job, "slow_compute")
