@@ -73,15 +73,18 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     source=()
     if [ "$(uname -s)" = Linux ]; then
         chosen=$("$VENV/bin/python" -m pip --disable-pip-version-check install --dry-run --quiet --no-deps \
-            --report - "torch==$TORCH_VERSION" 2>>"$LOG" |
-            "$VENV/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["install"][0]["metadata"]["version"])' \
-            2>>"$LOG" || true)
+            --report - "torch==$TORCH_VERSION" 2>>"$LOG" | "$VENV/bin/python" -c '
+import json, sys
+try:
+    print(json.load(sys.stdin)["install"][0]["metadata"]["version"])
+except (ValueError, LookupError, TypeError):  # no report: pip found nothing, or is too old for --report
+    pass' || true)
         case "$chosen" in
             "" | *+cpu) ;;  # nothing known (an older pip without --report), or a CPU build: as it is
             *) source=(--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple) ;;
         esac
     fi
-    step "installing torch $TORCH_VERSION (CPU build, about 200 MB)"
+    step "installing torch $TORCH_VERSION (CPU build: a 190 MB download, 750 MB installed)"
     pip install "${source[@]}" "torch==$TORCH_VERSION"
     done_step
 fi
