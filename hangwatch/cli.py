@@ -521,7 +521,9 @@ def _say_failures(answers: Answers, job: str | None, jobs: list) -> None:
 
 def _unreadable(answers: Answers, what: str, error: Exception) -> int:
     # A monitor of another version, or a broken answer: say so, never a traceback (exit 1 would read as an alarm).
-    failure = Unreadable(", ".join(answers.answered), f"its jobs cannot be {what} ({error!r})")
+    # Which of the answers it was is not known here: all that answered are named (and no base-URL hint).
+    failure = MonitorFailure(", ".join(answers.answered),
+                             f"answered something this hangwatch cannot read: its jobs cannot be {what} ({error!r})")
     print(f"hangwatch: {one_line(str(failure))}", file=sys.stderr)
     return EXIT_UNREACHABLE
 
