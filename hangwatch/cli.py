@@ -1,20 +1,26 @@
 """The ``hangwatch`` command: a live demo, and /diagnose for a person at a terminal.
 
-    hangwatch demo deadlock|straggler|exit|slow|stopped|killed|collective|ddp|async|rendezvous|finish [--linger [S]]
-    hangwatch diagnose [--monitor URL ...] [--json] [--job ID] [--token-file PATH] [--ca-file PATH]
-    hangwatch status [--monitor URL ...] [--job ID] [--token-file PATH] [--ca-file PATH]
+    hangwatch demo deadlock|straggler|exit|slow|stopped|killed|collective|ddp|async|rendezvous|finish
+                   [--linger [S]] [--port PORT]
+    hangwatch diagnose [--monitor URL ...] [--json] [--job ID] [--timeout S] [--token-file PATH] [--ca-file PATH]
+    hangwatch status [--monitor URL ...] [--job ID] [--timeout S] [--token-file PATH] [--ca-file PATH]
     hangwatch --version
 
 Exit codes of ``diagnose`` and ``status`` (also in their --help):
 
     0  every job is healthy or finished (or there is no job at all)
     1  a job has any other verdict: hung, stopped, a rank gone, a straggler...
-    2  a monitor cannot be reached or refuses the request, or bad options
-    3  --job names a job that no monitor knows
+    2  a monitor cannot be reached, is silent past --timeout or refuses the request (the jobs
+       of those that answered are all healthy or finished), or bad options
+    3  --job names a job that no monitor knows (every monitor answered)
+    4  both 1 and 2: a job in alarm on a monitor that answered, and a monitor that did not
 
-Each asks each monitor once (``/diagnose?format=json``); ``diagnose`` writes its text report
-from that answer. With monitors sharded by job id (docs/scaling.md), give every one: their jobs
-are shown together. ``status`` is a table, one row per job (hangwatch/status_table.py).
+Each asks every monitor once (``/diagnose?format=json``), all at once, each in a thread of its
+own, and waits --timeout (default $HANGWATCH_TIMEOUT_S or 10 s) for them; ``diagnose`` writes its
+text report from those answers. With monitors sharded by job id (docs/scaling.md), give every
+one: their jobs are shown together, and each monitor that did not answer is named on stderr, one
+line each with why, so one monitor down neither hides another's alarm nor is hidden by its
+healthy jobs. ``status`` is a table, one row per job (hangwatch/status_table.py).
 
 ``demo`` prints the monitor's status page URL as soon as the monitor is up; ``--linger``
 keeps the monitor, its page and the stalled job up after the verdicts, until Ctrl-C or for
@@ -37,10 +43,13 @@ import argparse
 import json
 import math
 import os
+import shlex
 import signal
+import socket
 import ssl
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,19 +57,29 @@ from urllib.parse import urlparse
 
 DEFAULT_MONITOR = "http://127.0.0.1:8787"
 OK_VERDICTS = ("healthy", "finished")
-EXIT_OK, EXIT_ALARM, EXIT_UNREACHABLE, EXIT_UNKNOWN_JOB = 0, 1, 2, 3
+EXIT_OK, EXIT_ALARM, EXIT_UNREACHABLE, EXIT_UNKNOWN_JOB, EXIT_ALARM_UNREACHABLE = 0, 1, 2, 3, 4
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}  every job is healthy or finished (or there is no job at all)
   {EXIT_ALARM}  a job has any other verdict: hung, stopped, a rank gone, a straggler...
-  {EXIT_UNREACHABLE}  a monitor cannot be reached or refuses the request, or bad options
-  {EXIT_UNKNOWN_JOB}  --job names a job that no monitor knows
+  {EXIT_UNREACHABLE}  a monitor cannot be reached, is silent past --timeout or refuses the request
+     (the jobs of those that answered are all healthy or finished), or bad options
+  {EXIT_UNKNOWN_JOB}  --job names a job that no monitor knows (every monitor answered)
+  {EXIT_ALARM_UNREACHABLE}  both {EXIT_ALARM} and {EXIT_UNREACHABLE}: a job in alarm on a monitor that answered, and a monitor
+     that did not answer
+What answered is shown; each monitor that did not is named on stderr, with why.
 """
+# How long each monitor gets to answer (they are asked at once) unless --timeout or this says otherwise.
+DEFAULT_TIMEOUT_S = 10.0
+TIMEOUT_VARIABLE = "HANGWATCH_TIMEOUT_S"
 
 
 def _url(text: str) -> str:
     u = urlparse(text)
     if u.scheme not in ("http", "https") or not u.netloc:
         raise argparse.ArgumentTypeError(f"not an http(s) URL: {text!r}")
+    if u.query or u.fragment:  # the commands add /diagnose?format=json to the base URL
+        raise argparse.ArgumentTypeError(f"{text!r} is not a base URL: give the monitor's base URL: "
+                                         f"{u.scheme}://{u.netloc}")
     return text.rstrip("/")
 
 
@@ -72,6 +91,26 @@ def _positive(text: str) -> float:
     if v <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
     return v
+
+
+def _port(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number (1-65535): {text!r}")
+    return v
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:  # as the monitor binds it (uvicorn sets SO_REUSEADDR)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _seconds(text: str) -> float:
@@ -103,7 +142,8 @@ def _say(t0: float, msg: str) -> None:
     print(f"[+{time.monotonic() - t0:5.1f}s] {one_line(msg)}", flush=True)
 
 
-def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, workdir: str | None) -> int:
+def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, workdir: str | None,
+             port: int | None = None) -> int:
     from hangwatch.demo.cases import launch_case  # imported here: `hangwatch diagnose` needs none of this
     from hangwatch.demo.harness import MonitorClient, Reaper, kill_pid, start_agent, start_monitor, stop_gently
 
@@ -117,8 +157,9 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
     orphan = None
     services = []
     found = False
+    ended = False  # the run went through (verdict or not), so the next commands are worth printing
     try:
-        monitor = start_monitor(reaper, wd)
+        monitor = start_monitor(reaper, wd, port=port)
         services.append(monitor)
         _say(t0, f"monitor on {monitor.url} (db {wd / 'monitor.db'})")
         _say(t0, f"status page: {monitor.url}/ (open it to watch the job go wrong)")
@@ -164,6 +205,7 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
         print(_indent(text_block(client.diagnose_text(job.job_id))), flush=True)
         if linger > 0:
             _linger(t0, monitor.url, linger)
+        ended = True
     except KeyboardInterrupt:
         _say(t0, "interrupted")
         return 130
@@ -181,7 +223,33 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
         if tmp is not None:
             tmp.cleanup()
         _say(t0, "cleaned up: every process the demo started is gone")
+    if ended and linger == 0:
+        # The monitor is gone: the same demo again, kept up on the same port, makes the commands work.
+        _say(t0, "next: run the demo again with its monitor kept up (until Ctrl-C), and from another "
+                 "terminal ask the monitor yourself:")
+        again = f"{_hangwatch_command()} demo {case_name} --linger --port {_port_of(monitor.url)}"
+        print(_indent("\n".join([again, *next_commands(monitor.url)])), flush=True)
     return 0 if found else 1
+
+
+def _hangwatch_command() -> str:
+    """How a person runs this very ``hangwatch`` from any directory: the absolute path of the
+    console script beside this Python (a venv's bin/, which need not be on PATH)."""
+    here = Path(sys.executable).with_name("hangwatch")
+    if here.exists():
+        return shlex.quote(str(here.absolute()))
+    return f"{shlex.quote(str(Path(sys.executable).absolute()))} -m hangwatch.cli"
+
+
+def next_commands(url: str) -> list[str]:
+    """Copy-pasteable commands that ask the monitor at ``url``, as a person would next."""
+    hangwatch = _hangwatch_command()
+    env = f"HANGWATCH_MONITOR={shlex.quote(url)}"
+    return [f"{env} {hangwatch} diagnose", f"{env} {hangwatch} status", f"curl -s {shlex.quote(url + '/diagnose')}"]
+
+
+def _port_of(url: str) -> int:
+    return urlparse(url).port or 80
 
 
 def _linger(t0: float, url: str, seconds: float) -> None:
@@ -189,6 +257,8 @@ def _linger(t0: float, url: str, seconds: float) -> None:
     at the status page, until the time is over or Ctrl-C, which here ends the demo as usual."""
     how_long = "until Ctrl-C" if math.isinf(seconds) else f"for {seconds:g}s (Ctrl-C ends it sooner)"
     _say(t0, f"lingering {how_long}: the status page {url}/ stays up")
+    _say(t0, "ask the demo's monitor yourself, from another terminal, while it lingers:")
+    print(_indent("\n".join(next_commands(url))), flush=True)
     end = time.monotonic() + seconds
     try:
         while time.monotonic() < end:
@@ -232,23 +302,37 @@ def _access(args) -> Access:
     return Access(token, token_file, verify)
 
 
-class Unreadable(Exception):
+class MonitorFailure(Exception):
+    """A monitor that gave no usable answer; the message is one line naming it."""
+
+    def __init__(self, monitor: str, why: str) -> None:
+        super().__init__(f"monitor {monitor} {why}")
+        self.monitor = monitor
+
+
+class Unreadable(MonitorFailure):
     """A monitor answered, but not what this hangwatch reads (another version, or not a monitor)."""
 
     def __init__(self, monitor: str, why: str) -> None:
-        super().__init__(f"monitor {monitor} answered something this hangwatch cannot read: {why}")
+        super().__init__(monitor, f"answered something this hangwatch cannot read: {why}{_base_url_hint(monitor)}")
 
 
-class Unreachable(Exception):
+class Unreachable(MonitorFailure):
     def __init__(self, monitor: str, error: Exception) -> None:
         hint = ""
         if "CERTIFICATE_VERIFY_FAILED" in str(error):
             hint = " -- its certificate is not trusted: --ca-file names the CA bundle that signed it"
-        super().__init__(f"monitor {monitor} unreachable: {error or type(error).__name__}{hint}")
-        self.monitor = monitor
+        super().__init__(monitor, f"unreachable: {error or type(error).__name__}{hint}")
 
 
-class Refused(Exception):
+class NoAnswer(MonitorFailure):
+    """Connected (or still connecting) but silent past the timeout."""
+
+    def __init__(self, monitor: str, timeout: float, named: str) -> None:
+        super().__init__(monitor, f"unreachable: no answer within {timeout:g}s ({named})")
+
+
+class Refused(MonitorFailure):
     """401/403: the monitor wants a read token, or not this one."""
 
     def __init__(self, monitor: str, status: int, access: Access) -> None:
@@ -257,27 +341,82 @@ class Refused(Exception):
         else:
             why = (f"it refused the read token in {access.token_file}: pass --token-file with one of the "
                    "tokens of the monitor's --read-token-file")
-        super().__init__(f"monitor {monitor} answered HTTP {status}: {why}")
+        super().__init__(monitor, f"answered HTTP {status}: {why}")
 
 
-def _answer(monitor: str, job: str | None, access: Access) -> dict:
+class NotFound(MonitorFailure):
+    """404 for /diagnose itself (not the monitor's "no such job"): not a monitor's base URL."""
+
+    def __init__(self, monitor: str) -> None:
+        super().__init__(monitor, f"answered HTTP 404 for {monitor}/diagnose: not a hangwatch monitor's address"
+                                  f"{_base_url_hint(monitor)}")
+
+
+def _base_url_hint(monitor: str) -> str:
+    """For a URL with a path (``http://host:8787/diagnose``): the base URL to give instead.
+    A path can be right (a monitor behind a proxy under a prefix), so it is a hint when the
+    answer was wrong, never a refusal."""
+    u = urlparse(monitor)
+    if u.path in ("", "/"):
+        return ""
+    return f" -- give the monitor's base URL: {u.scheme}://{u.netloc}"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One run's questions: which job (None: all), with what access, how long to wait for each monitor."""
+
+    job: str | None
+    access: Access
+    timeout: float
+    timeout_named: str  # what set the timeout, for the message of a silent monitor
+
+
+def _answer(monitor: str, ask: Ask) -> dict:
     """The monitor's one answer, ``GET /diagnose?format=json``: its jobs (every field the text
-    report needs) and its own status. Raises Refused on 401/403, Unreachable on any other failure."""
+    report needs) and its own status. ``?job=`` of a job it does not hold answers 404 with an
+    answer of no jobs (and ``job`` echoing the id): that is an answer. Raises a MonitorFailure."""
     import httpx
 
-    headers = {"authorization": f"Bearer {access.token}"} if access.token else {}
-    params = {"format": "json", **({"job": job} if job else {})}
+    headers = {"authorization": f"Bearer {ask.access.token}"} if ask.access.token else {}
+    params = {"format": "json", **({"job": ask.job} if ask.job else {})}
     try:
-        r = httpx.get(monitor + "/diagnose", params=params, headers=headers, verify=access.verify, timeout=10.0)
-        if r.status_code in (401, 403):
-            raise Refused(monitor, r.status_code, access)
-        r.raise_for_status()
-        answer = r.json()
-    except (httpx.HTTPError, ValueError) as e:  # ValueError: not JSON, so not a monitor
+        r = httpx.get(monitor + "/diagnose", params=params, headers=headers, verify=ask.access.verify,
+                      timeout=ask.timeout)
+    except httpx.TimeoutException:
+        raise NoAnswer(monitor, ask.timeout, ask.timeout_named) from None
+    except httpx.HTTPError as e:
         raise Unreachable(monitor, e) from None
+    if r.status_code in (401, 403):
+        raise Refused(monitor, r.status_code, ask.access)
+    if r.status_code == 404:
+        answer = _no_such_job(r, ask.job)
+        if answer is None:
+            raise NotFound(monitor)
+        return answer
+    if not r.is_success:
+        raise MonitorFailure(monitor, f"answered HTTP {r.status_code} {r.reason_phrase}{_base_url_hint(monitor)}")
+    try:
+        answer = r.json()
+    except ValueError:  # not JSON, so not a monitor
+        raise Unreadable(monitor, "not JSON") from None
     if not _readable(answer):
         raise Unreadable(monitor, "not a /diagnose answer with jobs that each have a job_id and a verdict")
     return answer
+
+
+def _no_such_job(response, job: str | None) -> dict | None:
+    """A monitor's 404 for ``?job=`` naming a job it does not hold, as its answer (no jobs);
+    None for any other 404 (a wrong path: FastAPI's ``{"detail": "Not Found"}``, a proxy's page)."""
+    if job is None:
+        return None
+    try:
+        answer = response.json()
+    except ValueError:
+        return None
+    if isinstance(answer, dict) and answer.get("job") == job and answer.get("jobs") == []:
+        return answer
+    return None
 
 
 def _readable(answer: object) -> bool:
@@ -287,21 +426,75 @@ def _readable(answer: object) -> bool:
         isinstance(j, dict) and isinstance(j.get("job_id"), str) and isinstance(j.get("verdict"), str) for j in jobs)
 
 
-def _answers(monitors: list[str], job: str | None, access: Access) -> dict[str, dict]:
-    """Each monitor's answer (sharded monitors each hold a share); raises Unreachable or Refused for any."""
-    return {m: _answer(m, job, access) for m in monitors}
+@dataclass
+class Answers:
+    """What each monitor said: ``answered`` in the order the monitors were given, and the ones
+    that did not answer, each with why."""
+
+    monitors: list[str]
+    answered: dict[str, dict]
+    failed: dict[str, MonitorFailure]
 
 
-def _merged(answers: dict[str, dict]) -> list[tuple[dict, str]]:
+# Past the timeout a monitor's own timeout error has this long to land before it is called silent.
+TIMEOUT_GRACE_S = 0.25
+
+
+def _answers(monitors: list[str], ask: Ask) -> Answers:
+    """Every monitor asked at once, each in a thread of its own (sharded monitors each hold a
+    share, and one silent monitor must not hold up the others' answers): the answers within
+    ``ask.timeout``, and why each other monitor gave none. The threads are daemons: one stuck
+    in a silent monitor's read past the deadline does not keep this command from exiting."""
+    got: dict[str, dict | MonitorFailure] = {}
+    lock = threading.Lock()
+
+    def ask_one(monitor: str) -> None:
+        try:
+            result: dict | MonitorFailure = _answer(monitor, ask)
+        except MonitorFailure as e:
+            result = e
+        except Exception as e:  # noqa: BLE001 - any other failure is this monitor's, one line, no traceback
+            result = Unreachable(monitor, e)
+        with lock:
+            got[monitor] = result
+
+    threads = [threading.Thread(target=ask_one, args=(m,), name=f"hangwatch ask {m}", daemon=True) for m in monitors]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + ask.timeout + TIMEOUT_GRACE_S
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    with lock:
+        results = dict(got)
+    answers = Answers(monitors, {}, {})
+    for m in monitors:
+        result = results.get(m) or NoAnswer(m, ask.timeout, ask.timeout_named)
+        if isinstance(result, MonitorFailure):
+            answers.failed[m] = result
+        else:
+            answers.answered[m] = result
+    return answers
+
+
+def _merged(answers: Answers) -> list[tuple[dict, str]]:
     """Every job with the monitor that holds it."""
-    jobs = [(j, m) for m, answer in answers.items() for j in answer.get("jobs", [])]
-    if len(answers) > 1:  # each answer is most recently active first: keep that across monitors
+    jobs = [(j, m) for m, answer in answers.answered.items() for j in answer.get("jobs", [])]
+    if len(answers.answered) > 1:  # each answer is most recently active first: keep that across monitors
         jobs.sort(key=lambda jm: -(jm[0].get("last_report_at") or 0.0))
     return jobs
 
 
-def _exit_code(jobs: list[dict]) -> int:
-    return EXIT_ALARM if any(j.get("verdict") not in OK_VERDICTS for j in jobs) else EXIT_OK
+def _exit_code(jobs: list[dict], answers: Answers, job: str | None) -> int:
+    """One code for both what the answers say and whether every monitor answered: an alarm is
+    never hidden by a monitor that did not answer, nor a monitor that did not answer by healthy
+    answers (EXIT_ALARM_UNREACHABLE says both). An unknown --job is unknown only when every
+    monitor answered: a silent one may hold it."""
+    alarm = any(j.get("verdict") not in OK_VERDICTS for j in jobs)
+    if answers.failed:
+        return EXIT_ALARM_UNREACHABLE if alarm else EXIT_UNREACHABLE
+    if job and not jobs:
+        return EXIT_UNKNOWN_JOB
+    return EXIT_ALARM if alarm else EXIT_OK
 
 
 def _report_text(answer: dict) -> str:
@@ -317,73 +510,105 @@ def _report_text(answer: dict) -> str:
 RENDER_ERRORS = (KeyError, TypeError, ValueError, AttributeError)
 
 
-def _fail(error: Exception) -> int:
-    print(f"hangwatch: {one_line(str(error))}", file=sys.stderr)
+def _say_failures(answers: Answers, job: str | None, jobs: list) -> None:
+    """One line on stderr for each monitor that did not answer, with why; and, for a --job that
+    no answering monitor knows, which ones were asked."""
+    for failure in answers.failed.values():
+        print(f"hangwatch: {one_line(str(failure))}", file=sys.stderr)
+    if job and not jobs and answers.answered:
+        print(f"hangwatch: no job {one_line(job)!r} at {', '.join(answers.answered)}", file=sys.stderr)
+
+
+def _unreadable(answers: Answers, what: str, error: Exception) -> int:
+    # A monitor of another version, or a broken answer: say so, never a traceback (exit 1 would read as an alarm).
+    # Which of the answers it was is not known here: all that answered are named (and no base-URL hint).
+    failure = MonitorFailure(", ".join(answers.answered),
+                             f"answered something this hangwatch cannot read: its jobs cannot be {what} ({error!r})")
+    print(f"hangwatch: {one_line(str(failure))}", file=sys.stderr)
     return EXIT_UNREACHABLE
 
 
-def _unknown_job(args, monitors: list[str]) -> int:
-    print(f"hangwatch: no job {one_line(args.job)!r} at {', '.join(monitors)}", file=sys.stderr)
-    return EXIT_UNKNOWN_JOB
-
-
-def cmd_diagnose(args, access: Access) -> int:
-    monitors = _monitors(args)
-    try:
-        answers = _answers(monitors, args.job, access)
-    except (Unreachable, Unreadable, Refused) as e:
-        return _fail(e)
+def cmd_diagnose(args, ask: Ask) -> int:
+    answers = _answers(_monitors(args), ask)
     jobs = [j for j, _ in _merged(answers)]
-    if args.job and not jobs:
-        return _unknown_job(args, monitors)
     if args.json:
-        print(json.dumps({"jobs": jobs}, indent=2))
-    else:
-        # The monitors that hold jobs (or the only one, which then says it has none).
-        shown = [a for a in answers.values() if a.get("jobs")] or list(answers.values())[:1]
+        unanswered = [{"monitor": m, "error": str(f)} for m, f in answers.failed.items()]
+        print(json.dumps({"jobs": jobs, "unanswered": unanswered}, indent=2))
+    elif answers.answered and (jobs or not ask.job):
+        # The monitors that hold jobs (or the first that answered, which then says it has none).
+        shown = [a for a in answers.answered.values() if a.get("jobs")] or list(answers.answered.values())[:1]
         try:
             text = text_block("\n".join(_report_text(a) for a in shown))
         except RENDER_ERRORS as e:
-            # A monitor of another version, or a broken answer: say so, never a traceback (exit 1 would read as an alarm).
-            return _fail(Unreadable(", ".join(monitors), f"its jobs cannot be written as text ({e!r})"))
+            return _unreadable(answers, "written as text", e)
         sys.stdout.write(paint_verdicts_in(text, wants_colour(sys.stdout, args.color)))
-    return _exit_code(jobs)
+    _say_failures(answers, ask.job, jobs)
+    return _exit_code(jobs, answers, ask.job)
+
+
+def cmd_status(args, ask: Ask) -> int:
+    answers = _answers(_monitors(args), ask)
+    jobs = _merged(answers)
+    if answers.answered and (jobs or not ask.job):
+        from monitor.render_text import render_monitor_status
+
+        colour = wants_colour(sys.stdout, args.color)
+        several = len(answers.monitors) > 1
+        try:
+            out = []
+            for monitor, answer in answers.answered.items():  # a monitor past capacity or not storing says so first
+                for line in text_block(render_monitor_status(answer.get("monitor") or {})).splitlines():
+                    if line:
+                        out.append(f"{line} ({monitor})" if several else line)
+            rows = [(j, m if several else None) for j, m in jobs]
+            if jobs:
+                table = render_table(rows, lambda text, verdict: paint_verdict(text, verdict, colour))
+            elif answers.failed:
+                table = f"no jobs at the {len(answers.answered)} of {len(answers.monitors)} monitors that answered\n"
+            else:
+                table = "no jobs\n"
+        except RENDER_ERRORS as e:
+            return _unreadable(answers, "shown as a table", e)
+        sys.stdout.write("".join(line + "\n" for line in out) + table)
+        sys.stdout.flush()
+    _say_failures(answers, ask.job, jobs)
+    return _exit_code([j for j, _ in jobs], answers, ask.job)
 
 
 def _monitors(args) -> list[str]:
-    return list(dict.fromkeys(args.monitor or [args.default_monitor]))
-
-
-def cmd_status(args, access: Access) -> int:
-    monitors = _monitors(args)
+    """--monitor URLs in the order given (each once), else $HANGWATCH_MONITOR, else the default."""
+    if args.monitor:
+        return list(dict.fromkeys(args.monitor))
+    from_env = os.environ.get("HANGWATCH_MONITOR") or None  # empty: as good as unset
     try:
-        answers = _answers(monitors, args.job, access)
-    except (Unreachable, Unreadable, Refused) as e:
-        return _fail(e)
-    jobs = _merged(answers)
-    if args.job and not jobs:
-        return _unknown_job(args, monitors)
-    from monitor.render_text import render_monitor_status
+        return [_url(from_env or DEFAULT_MONITOR)]
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"HANGWATCH_MONITOR: {e}") from None
 
-    colour = wants_colour(sys.stdout, args.color)
+
+def _timeout(args) -> tuple[float, str]:
+    """Seconds each monitor gets, and what set it (for the message of a silent monitor)."""
+    if args.timeout is not None:
+        return args.timeout, "--timeout"
+    from_env = os.environ.get(TIMEOUT_VARIABLE) or None
+    if from_env is None:
+        return DEFAULT_TIMEOUT_S, "--timeout"
     try:
-        out = []
-        for monitor, answer in answers.items():  # a monitor past capacity or not storing says so first
-            for line in text_block(render_monitor_status(answer.get("monitor") or {})).splitlines():
-                if line:
-                    out.append(f"{line} ({monitor})" if len(monitors) > 1 else line)
-        rows = [(j, m if len(monitors) > 1 else None) for j, m in jobs]
-        table = render_table(rows, lambda text, verdict: paint_verdict(text, verdict, colour)) if jobs else "no jobs\n"
-    except RENDER_ERRORS as e:
-        return _fail(Unreadable(", ".join(monitors), f"its jobs cannot be shown as a table ({e!r})"))
-    sys.stdout.write("".join(line + "\n" for line in out) + table)
-    return _exit_code([j for j, _ in jobs])
+        return _positive(from_env), TIMEOUT_VARIABLE
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"{TIMEOUT_VARIABLE}: {e}") from None
+
+
+def _ask(args) -> Ask:
+    """The validated settings of diagnose/status; raises UsageError naming the bad one."""
+    _monitors(args)
+    timeout, named = _timeout(args)
+    return Ask(args.job, _access(args), timeout, named)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="hangwatch", description="hangwatch: live hang detection for distributed PyTorch training")
     add_version_option(p)
-    p.set_defaults(default_monitor=os.environ.get("HANGWATCH_MONITOR", DEFAULT_MONITOR))
     sub = p.add_subparsers(dest="command", parser_class=OneLineParser)
 
     d = sub.add_parser("demo", help="a real 2-rank gloo job that goes wrong, diagnosed live")
@@ -395,11 +620,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "this many seconds, or until Ctrl-C when no number is given (default: end at once)")
     d.add_argument("--stall-step", type=int, default=40, help="the step at which things go wrong (default 40)")
     d.add_argument("--workdir", default=None, help="keep the job logs and the monitor db here")
+    d.add_argument("--port", type=_port, default=None,
+                   help="the monitor's port on 127.0.0.1 (default: a free one)")
 
-    monitor_help = (f"monitor URL (default $HANGWATCH_MONITOR or {DEFAULT_MONITOR}); repeat for monitors "
-                    "sharded by job id")
+    monitor_help = (f"monitor's base URL (default $HANGWATCH_MONITOR or {DEFAULT_MONITOR}); repeat for monitors "
+                    "sharded by job id: all are asked at once")
 
     def add_access(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("--timeout", type=_positive, default=None, metavar="SECONDS",
+                         help=f"how long each monitor gets to answer (default ${TIMEOUT_VARIABLE} or "
+                              f"{DEFAULT_TIMEOUT_S:g})")
         add_access_options(cmd, "file holding the monitor's read token (mode 600), for a monitor started with "
                                 "--read-token-file; default: $HANGWATCH_READ_TOKEN_FILE")
 
@@ -447,16 +677,20 @@ def _main(argv: list[str] | None) -> int:
         if args.stall_step < 2:
             print("hangwatch: error: --stall-step must be at least 2", file=sys.stderr)
             return 2
+        if args.port is not None and not _port_free(args.port):
+            print(f"hangwatch: error: --port {args.port} is in use: pick another, or leave --port out for a "
+                  "free one", file=sys.stderr)
+            return 2
         return run_demo(args.case, timeout=args.timeout, linger=args.linger,
-                        stall_step=args.stall_step, workdir=args.workdir)
+                        stall_step=args.stall_step, workdir=args.workdir, port=args.port)
     try:
-        access = _access(args)
+        ask = _ask(args)
     except UsageError as e:
         print(f"hangwatch: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     if args.command == "diagnose":
-        return cmd_diagnose(args, access)
-    return cmd_status(args, access)
+        return cmd_diagnose(args, ask)
+    return cmd_status(args, ask)
 
 
 if __name__ == "__main__":

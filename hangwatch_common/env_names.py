@@ -37,7 +37,7 @@ MONITOR = frozenset({
 AGENT = frozenset({"HANGWATCH_TOKEN_FILE", "HANGWATCH_CA_FILE", "HANGWATCH_OUTAGE_JOURNAL",
                    "HANGWATCH_DUMP_OTHER_USERS"})
 # The hangwatch command (hangwatch/cli.py).
-CLI = frozenset({"HANGWATCH_MONITOR", "HANGWATCH_READ_TOKEN_FILE", "HANGWATCH_CA_FILE"})
+CLI = frozenset({"HANGWATCH_MONITOR", "HANGWATCH_READ_TOKEN_FILE", "HANGWATCH_CA_FILE", "HANGWATCH_TIMEOUT_S"})
 # Read by the deployment files rather than a program: the systemd unit's and the DaemonSet's
 # command lines are made of them (deploy/), and the set-up scripts' venv (scripts/).
 DEPLOYMENT = frozenset({"HANGWATCH_MONITOR", "HANGWATCH_AGENT_ARGS", "HANGWATCH_INTERVAL", "HANGWATCH_VENV"})

@@ -1,19 +1,103 @@
 #!/usr/bin/env bash
-# Idempotent set-up for a fresh clone: a virtual environment with torch (CPU build,
-# installed first so nothing pulls a multi-GB CUDA build) and the project.
+# Idempotent set-up for a fresh clone: a virtual environment with torch (its CPU build, installed
+# first so that nothing pulls a multi-GB CUDA build) and the project with what one use needs.
+#
+#   scripts/setup.sh          for the tests (scripts/test.sh): the demo and test extras
+#   scripts/setup.sh demo     for the demo (scripts/demo.sh): the demo extra only (torch, numpy)
+#
+# HANGWATCH_VENV names the virtual environment (default .venv), PYTHON the interpreter that makes
+# it (default python3). Each step says what it does on stderr; pip's own output goes to
+# $VENV/setup.log and is shown only when a step fails. A venv already set up for this
+# pyproject.toml (or for more: the test set-up covers the demo's) is left as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${HANGWATCH_VENV:-.venv}
+TORCH_VERSION=2.13.0
+
+case "${1:-test}" in
+    demo) extras=demo; enough=(demo demo,test) ;;
+    test) extras=demo,test; enough=(demo,test) ;;
+    *) echo "setup: no set-up named '$1': demo or test (the default)" >&2; exit 2 ;;
+esac
+
+say() { echo "setup: $*" >&2; }
+started=$SECONDS
+step_started=$SECONDS
+step() { step_started=$SECONDS; printf 'setup: %s... ' "$*" >&2; }
+done_step() { echo "done ($((SECONDS - step_started)) s)" >&2; }
+
+# What a finished set-up was made from: the project's requirements and the set-up itself.
+stamp_of() { echo "$VENV/.hangwatch-setup-$1"; }
+recipe=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+ready() {
+    local extra
+    for extra in "${enough[@]}"; do
+        if [ "$(cat "$(stamp_of "$extra")" 2>/dev/null)" = "$recipe" ] &&
+            "$VENV/bin/python" - "$PWD" <<'EOF' 2>/dev/null
+import sys
+import hangwatch, numpy, torch  # noqa: F401 - importable, and the project is this clone's
+sys.exit(not hangwatch.__file__.startswith(sys.argv[1] + "/"))
+EOF
+        then
+            return 0
+        fi
+    done
+    return 1
+}
+if ready; then
+    exit 0
+fi
+
+mkdir -p "$VENV"
+LOG="$VENV/setup.log"
+: >"$LOG"
+pip() {
+    if ! "$VENV/bin/python" -m pip --disable-pip-version-check "$@" >>"$LOG" 2>&1; then
+        echo "failed" >&2
+        say "pip $1 failed; the end of $LOG:"
+        tail -n 25 "$LOG" >&2
+        exit 1
+    fi
+}
 
 if [ ! -x "$VENV/bin/python" ]; then
-    "$PYTHON" -m venv "$VENV"
+    step "creating a virtual environment in $VENV ($("$PYTHON" --version 2>&1))"
+    "$PYTHON" -m venv "$VENV" >>"$LOG" 2>&1
+    done_step
 fi
-pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-    pip install "torch==2.13.0"
+    # PyPI's torch for Linux is the CUDA build, with GBs of nvidia-* wheels: unless pip finds a
+    # CPU build where it looks as set up here (a local wheel, a mirror), take PyTorch's CPU index.
+    source=()
+    if [ "$(uname -s)" = Linux ]; then
+        chosen=$("$VENV/bin/python" -m pip --disable-pip-version-check install --dry-run --quiet --no-deps \
+            --report - "torch==$TORCH_VERSION" 2>>"$LOG" | "$VENV/bin/python" -c '
+import json, sys
+try:
+    print(json.load(sys.stdin)["install"][0]["metadata"]["version"])
+except (ValueError, LookupError, TypeError):  # no report: pip found nothing, or is too old for --report
+    pass' || true)
+        case "$chosen" in
+            "" | *+cpu) ;;  # nothing known (an older pip without --report), or a CPU build: as it is
+            *) source=(--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple) ;;
+        esac
+    fi
+    step "installing torch $TORCH_VERSION (CPU build: a 190 MB download, 750 MB installed)"
+    pip install "${source[@]}" "torch==$TORCH_VERSION"
+    done_step
 fi
-# The torch installed stays: nothing in the test extra (lightning, torchmetrics) may swap it
-# for another build.
-pip install -e ".[test]" "torch==$("$VENV/bin/python" -c "import torch; print(torch.__version__)")"
+torch_installed=$("$VENV/bin/python" -c "import torch; print(torch.__version__)" 2>/dev/null)
+
+case "$extras" in
+    demo) step "installing hangwatch with its demo extra (numpy beside torch)" ;;
+    *) step "installing hangwatch with its demo and test extras (pytest, playwright, lightning, schemathesis...)" ;;
+esac
+# The torch installed stays: nothing in the extras (lightning, torchmetrics) may swap it for
+# another build.
+pip install -e ".[$extras]" "torch==$torch_installed"
+done_step
+
+echo "$recipe" >"$(stamp_of "$extras")"
+say "ready: $VENV ($(du -sh "$VENV" 2>/dev/null | cut -f1), torch $torch_installed) in $((SECONDS - started)) s"

@@ -62,7 +62,14 @@ def monitor_status(request: Request, monitor: Monitor) -> dict[str, Any]:
     }
 
 
-@router.get("/diagnose")
+# The answer to ``?job=ID`` for an ID the monitor does not know: still a /diagnose answer (no
+# jobs, the monitor's state), with ``detail`` saying why and ``job`` echoing what was asked, so a
+# client tells it from a 404 of a wrong path (FastAPI's ``{"detail": "Not Found"}``).
+UNKNOWN_JOB_RESPONSE = {404: {"description": "no job of that id (nor alias): `detail` says so, `jobs` is empty; "
+                                             "the text form is one line"}}
+
+
+@router.get("/diagnose", responses=UNKNOWN_JOB_RESPONSE)
 async def get_diagnose(
     request: Request,
     monitor: MonitorDep,
@@ -75,11 +82,13 @@ async def get_diagnose(
 ) -> Response:
     now = monitor.clock()
     results = monitor.results(now, job_id=job)
-    chosen, total = select(results, problems, offset, limit)
     status = monitor_status(request, monitor)
+    headers = {"Cache-Control": "no-store"}
+    if job is not None and not results:
+        return _unknown_job(job, format, status, headers)
+    chosen, total = select(results, problems, offset, limit)
     cache = request.app.state.answers
     cache.forget_missing(monitor.state.jobs)
-    headers = {"Cache-Control": "no-store"}
     if format == "json":
         pieces = []
         step_started = time.perf_counter()
@@ -94,16 +103,23 @@ async def get_diagnose(
         summaries = [summary_dict(r, monitor.state.jobs.get(r.view.job_id)) for r in chosen]
         return _text_answer(render_monitor_status(status) + render_summary_text(summaries), headers)
     jobs = [job_dict(r, monitor.state.jobs.get(r.view.job_id)) for r in chosen]
-    text = render_monitor_status(status) + render_text(jobs, now)
-    if job is not None and not jobs:
-        text = f"hangwatch: no job {job!r}\n"
-    return _text_answer(text, headers)
+    return _text_answer(render_monitor_status(status) + render_text(jobs, now), headers)
 
 
-def _text_answer(text: str, headers: dict[str, str]) -> PlainTextResponse:
+def _unknown_job(job: str, format: str, status: dict[str, Any], headers: dict[str, str]) -> Response:
+    """404 for ``?job=`` naming no job this monitor holds (a job filtered out by ``problems`` or
+    paged past is known: 200 with no jobs)."""
+    detail = f"no job {job!r}"
+    if format == "json":
+        body = {"detail": detail, "job": job, "jobs": [], "total_jobs": 0, "monitor": status}
+        return Response(dumps(body), status_code=404, media_type="application/json", headers=headers)
+    return _text_answer(f"hangwatch: {detail}\n", headers, status_code=404)
+
+
+def _text_answer(text: str, headers: dict[str, str], status_code: int = 200) -> PlainTextResponse:
     # The renderers escape each string from the monitored processes; this last pass makes sure
     # no control character at all reaches the reader's terminal, whatever a renderer forgot.
-    return PlainTextResponse(text_block(text), headers=headers)
+    return PlainTextResponse(text_block(text), status_code=status_code, headers=headers)
 
 
 def render_summary_text(jobs: list[dict[str, Any]]) -> str:

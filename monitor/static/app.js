@@ -471,8 +471,10 @@ function monitorNote(status) {
     `verdicts ${status.verdicts_age_s === null ? "?" : status.verdicts_age_s.toFixed(1)}s old`;
 }
 
-async function fetchJson(url) {
+async function fetchJson(url, { missingIsEmpty = false } = {}) {
   const response = await fetch(url, { cache: "no-store" });
+  // ?job=ID of a job the monitor does not hold (forgotten since, or a stale link) answers 404.
+  if (missingIsEmpty && response.status === 404) return { jobs: [] };
   if (!response.ok) throw new Error(`HTTP ${response.status}`);
   return response.json();
 }
@@ -489,7 +491,8 @@ async function fetchJobs() {
   const detailed = (await fetchJson(`/diagnose?format=json&problems=1&limit=${FULL_CARDS_MAX}`)).jobs;
   const picked = pickedJob();
   if (picked && !detailed.some((job) => job.job_id === picked)) {
-    detailed.push(...(await fetchJson(`/diagnose?format=json&job=${encodeURIComponent(picked)}`)).jobs);
+    const url = `/diagnose?format=json&job=${encodeURIComponent(picked)}`;
+    detailed.push(...(await fetchJson(url, { missingIsEmpty: true })).jobs);
   }
   return [summary, detailed];
 }

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -29,7 +32,6 @@ def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 def run_on_tty(*args: str, timeout: float = 60) -> tuple[int, str]:
     """Run with stdout on a real pseudo-terminal, as a person at a terminal would."""
-    import os
     import pty
 
     leader, follower = pty.openpty()
@@ -64,6 +66,9 @@ def test_console_script_is_installed():
     ["diagnose", "--monitor", "not-a-url"],
     ["diagnose", "--bogus"],
     ["status", "--monitor"],
+    ["status", "--timeout", "0"],
+    ["demo", "deadlock", "--port", "0"],
+    ["demo", "deadlock", "--port", "http"],
 ])
 def test_bad_options_one_line_exit_2(argv):
     res = run(*argv)
@@ -148,6 +153,17 @@ def test_diagnose_and_status_exit_codes(torchrun_job, wait_for_verdict, monitor)
     assert res.returncode == 3 and "no job" in res.stderr
 
 
+def test_demo_refuses_a_port_in_use_in_one_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        res = run("demo", "deadlock", "--port", str(port))
+    assert res.returncode == 2 and res.stdout == "", res
+    assert res.stderr.strip() == (f"hangwatch: error: --port {port} is in use: pick another, or leave --port out "
+                                  "for a free one"), res.stderr
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(150)
 def test_demo_killed_shows_verdict_and_cleans_up():
@@ -163,6 +179,15 @@ def test_demo_killed_shows_verdict_and_cleans_up():
     assert not psutil.pid_exists(rank_pid) or psutil.Process(rank_pid).status() == psutil.STATUS_ZOMBIE
     listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
     assert port not in listening
+    # The monitor is gone, so what comes next is the same demo kept up on the same port, then the
+    # commands that ask it: the console script by its absolute path, the monitor by its URL.
+    after = out[out.index("cleaned up:"):].splitlines()
+    assert "next: run the demo again with its monitor kept up" in after[1], after
+    commands = [line.strip() for line in after[2:]]
+    hangwatch = tool("hangwatch")
+    at = f"HANGWATCH_MONITOR=http://127.0.0.1:{port}"
+    assert commands == [f"{hangwatch} demo killed --linger --port {port}", f"{at} {hangwatch} diagnose",
+                        f"{at} {hangwatch} status", f"curl -s http://127.0.0.1:{port}/diagnose"], after
 
 
 @pytest.mark.e2e
@@ -170,7 +195,7 @@ def test_demo_killed_shows_verdict_and_cleans_up():
 def test_sharded_monitors_one_job_each_place_and_one_view(reaper, tmp_path):
     """An agent given two monitors sends a real job to its owner only; the CLI shows both monitors' jobs."""
     from agent.shards import owner
-    from hangwatch.demo.harness import MonitorClient, launch_torchrun, start_agent, start_monitor
+    from hangwatch.demo.harness import launch_torchrun, start_agent, start_monitor
 
     monitors = []
     for name in ("a", "b"):
@@ -181,21 +206,18 @@ def test_sharded_monitors_one_job_each_place_and_one_view(reaper, tmp_path):
     job_id = f"127.0.0.1:{port}"
     start_agent(reaper, tmp_path, urls[0], extra=["--monitor", urls[1], "--job", job_id])
     launch_torchrun(reaper, tmp_path, ["--steps", "100000"], port=port)
-    home = MonitorClient(owner(job_id, urls))
-    other = MonitorClient(next(u for u in urls if u != owner(job_id, urls)))
-    try:
-        deadline = time.monotonic() + 90
-        found = None
-        while time.monotonic() < deadline:
-            found = home.job(job_id)
-            if found and found["verdict"] == "healthy" and len(found["ranks"]) == 2:
-                break
-            time.sleep(0.5)
-        assert found and found["verdict"] == "healthy" and len(found["ranks"]) == 2, found
-        assert other.job(job_id) is None  # the other monitor never got the job's ranks
-    finally:
-        home.close()
-        other.close()
+    home = owner(job_id, urls)
+    other = next(u for u in urls if u != home)
+    deadline = time.monotonic() + 90
+    found = None
+    while time.monotonic() < deadline:
+        status, jobs = _jobs_at(home, job_id)  # 404 until the agent's first report of the job
+        found = jobs[0] if status == 200 and jobs else None
+        if found and found["verdict"] == "healthy" and len(found["ranks"]) == 2:
+            break
+        time.sleep(0.5)
+    assert found and found["verdict"] == "healthy" and len(found["ranks"]) == 2, found
+    assert _jobs_at(other, job_id) == (404, [])  # the other monitor never got the job's ranks
 
     res = run("status", "--monitor", urls[0], "--monitor", urls[1], "--job", job_id)
     assert res.returncode == 0, res
@@ -204,6 +226,11 @@ def test_sharded_monitors_one_job_each_place_and_one_view(reaper, tmp_path):
     assert [j["job_id"] for j in json.loads(res.stdout)["jobs"]] == [job_id]
     res = run("diagnose", "--monitor", urls[0], "--monitor", f"http://127.0.0.1:{free_port()}")
     assert res.returncode == 2 and "unreachable" in res.stderr
+
+
+def _jobs_at(url: str, job_id: str) -> tuple[int, list[dict]]:
+    answer = httpx.get(url + "/diagnose", params={"format": "json", "job": job_id}, timeout=10)
+    return answer.status_code, answer.json()["jobs"]
 
 
 def _lines_of(proc: subprocess.Popen) -> tuple[queue.Queue, threading.Thread]:
@@ -236,15 +263,25 @@ def _wait_for_line(lines: queue.Queue, pattern: str, timeout: float, seen: list[
     raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(seen)}")
 
 
+def _as_a_person_would(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``command`` run by a shell, as pasted into a terminal elsewhere: another directory, no
+    HANGWATCH_MONITOR of its own, and no venv on PATH (only what the line itself says)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_") and k != "VIRTUAL_ENV"}
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, cwd=cwd, env=env)
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(180)
-def test_demo_serves_its_status_page_and_lingers_until_ctrl_c():
-    demo = subprocess.Popen([*HANGWATCH, "demo", "killed", "--timeout", "60", "--linger"],
+def test_demo_serves_its_status_page_and_lingers_until_ctrl_c(tmp_path):
+    port = free_port()
+    demo = subprocess.Popen([*HANGWATCH, "demo", "killed", "--timeout", "60", "--linger", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: list[str] = []
     lines, reader = _lines_of(demo)
     try:
         page = _wait_for_line(lines, r"status page: (http://127\.0\.0\.1:\d+/) ", 60, seen).group(1)
+        assert page == f"http://127.0.0.1:{port}/"
         # Printed before the job starts: the page is there to open while the job goes wrong.
         job_id = _wait_for_line(lines, r"job (127\.0\.0\.1:\d+)$", 60, seen).group(1)
         answer = httpx.get(page, timeout=10)
@@ -254,6 +291,19 @@ def test_demo_serves_its_status_page_and_lingers_until_ctrl_c():
         assert httpx.get(page, timeout=10).status_code == 200
         jobs = httpx.get(page + "diagnose", params={"format": "json", "job": job_id}, timeout=10).json()["jobs"]
         assert [j["verdict"] for j in jobs] == ["rank_exited"], jobs
+
+        # The next commands, printed while the monitor is up, answer from it when run as printed.
+        _wait_for_line(lines, r"ask the demo's monitor yourself, from another terminal, while it lingers:$", 10, seen)
+        commands = [_wait_for_line(lines, r"^    (\S.*)$", 10, seen).group(1) for _ in range(3)]
+        url = page.rstrip("/")
+        hangwatch = tool("hangwatch")
+        assert Path(hangwatch).is_absolute()
+        assert commands == [f"HANGWATCH_MONITOR={url} {hangwatch} diagnose", f"HANGWATCH_MONITOR={url} {hangwatch} status",
+                            f"curl -s {url}/diagnose"], commands
+        diagnose, status, curl = (_as_a_person_would(c, tmp_path) for c in commands)
+        assert diagnose.returncode == 1 and f"JOB {job_id}  RANK_EXITED" in diagnose.stdout, diagnose  # 1: an alarm
+        assert status.returncode == 1 and status.stdout.splitlines()[1].split()[:2] == [job_id, "RANK_EXITED"], status
+        assert curl.returncode == 0 and f"JOB {job_id}  RANK_EXITED" in curl.stdout, curl
 
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=60) == 0, "".join(seen)

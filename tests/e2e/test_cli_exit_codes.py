@@ -1,24 +1,29 @@
-"""``hangwatch diagnose`` and ``status`` exit codes against a real monitor, one request per monitor.
+"""``hangwatch diagnose`` and ``status`` exit codes against real monitors, one request per monitor,
+all monitors asked at once: one up, one on a port where nothing listens, one that never answers.
 
 The jobs are reports posted to the monitor (no training needed): a healthy one and one whose
 rank 1 exited. Alarms are published at once (HANGWATCH_CONFIRM_ALARMS=0) so the verdict is there
-at the first read.
+at the first read. The silent monitor is a real listening socket that accepts connections and
+never says a word, as a hung monitor or a black-holing proxy would.
 """
 
 from __future__ import annotations
 
 import http.server
+import json
+import os
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from hangwatch.cli import EXIT_ALARM, EXIT_OK, EXIT_UNKNOWN_JOB, EXIT_UNREACHABLE
+from hangwatch.cli import EXIT_ALARM, EXIT_ALARM_UNREACHABLE, EXIT_OK, EXIT_UNKNOWN_JOB, EXIT_UNREACHABLE
 from hangwatch.demo.harness import free_port
 from tests.monitor.monitor_reports import rank, report
 from tests.monitor.real_monitor import RunningMonitor, running_monitor
@@ -29,8 +34,9 @@ HANGWATCH = [sys.executable, "-m", "hangwatch.cli"]
 REPORTS = "/api/v1/reports"
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*HANGWATCH, *args], capture_output=True, text=True, timeout=60)
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*HANGWATCH, *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
 
 
 def post_jobs(monitor: RunningMonitor, *, exited: bool) -> None:
@@ -87,7 +93,157 @@ def test_each_exit_code(cmd: str, monitor: RunningMonitor) -> None:
     # An unreachable monitor among several: still unreachable, not "unknown job".
     gone = run(cmd, *at, "--monitor", f"http://127.0.0.1:{free_port()}", "--job", "no-such-job")
     assert gone.returncode == EXIT_UNREACHABLE, gone
-    assert len({EXIT_OK, EXIT_ALARM, EXIT_UNREACHABLE, EXIT_UNKNOWN_JOB}) == 4
+    assert len({EXIT_OK, EXIT_ALARM, EXIT_UNREACHABLE, EXIT_UNKNOWN_JOB, EXIT_ALARM_UNREACHABLE}) == 5
+
+
+class SilentMonitor:
+    """A port that takes connections and never answers; records when each connection came."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", free_port()))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.connected_at: list[float] = []
+        self.held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed: the test is over
+                return
+            self.connected_at.append(time.monotonic())
+            self.held.append(conn)  # kept open, never read, never answered
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self._thread.join(timeout=10)
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.fixture
+def silent() -> Iterator[Callable[[], SilentMonitor]]:
+    made: list[SilentMonitor] = []
+
+    def make() -> SilentMonitor:
+        made.append(SilentMonitor())
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.close()
+
+
+def _stderr_lines(res: subprocess.CompletedProcess[str]) -> list[str]:
+    assert "Traceback" not in res.stderr, res.stderr
+    return res.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize("cmd", ["diagnose", "status"])
+def test_an_alarm_on_one_monitor_is_shown_while_others_are_down_or_silent(
+        cmd: str, monitor: RunningMonitor, silent: Callable[[], SilentMonitor]) -> None:
+    post_jobs(monitor, exited=True)
+    wait_for(monitor, "job-bad", "rank_exited")
+    down = f"http://127.0.0.1:{free_port()}"
+    quiet = [silent(), silent()]
+    started = time.monotonic()
+    res = run(cmd, "--monitor", monitor.base, "--monitor", down, "--monitor", quiet[0].url,
+              "--monitor", quiet[1].url, "--timeout", "3")
+    took = time.monotonic() - started
+    # What answered is shown, alarm and all...
+    assert "job-bad" in res.stdout and "RANK_EXITED" in res.stdout.upper() and "job-ok" in res.stdout, res
+    # ...each monitor that did not is named, one line each, with why...
+    lines = _stderr_lines(res)
+    assert len(lines) == 3, lines
+    assert lines[0].startswith(f"hangwatch: monitor {down} unreachable:") and "refused" in lines[0], lines
+    for line, one in zip(lines[1:], quiet, strict=True):
+        assert line == f"hangwatch: monitor {one.url} unreachable: no answer within 3s (--timeout)", lines
+    # ...and the exit code says both.
+    assert res.returncode == EXIT_ALARM_UNREACHABLE, res
+    # Asked at once: both silent monitors were called within a moment of each other (one after
+    # the other, the second would have waited out the first's 3 s), and the whole run waited
+    # about one timeout, not two.
+    assert [len(q.connected_at) for q in quiet] == [1, 1]
+    assert abs(quiet[0].connected_at[0] - quiet[1].connected_at[0]) < 1.5, [q.connected_at for q in quiet]
+    assert took < 3 * 2, took
+
+
+@pytest.mark.parametrize("cmd", ["diagnose", "status"])
+def test_a_monitor_down_is_not_hidden_by_healthy_answers(cmd: str, monitor: RunningMonitor) -> None:
+    post_jobs(monitor, exited=False)
+    wait_for(monitor, "job-ok", "healthy")
+    down = f"http://127.0.0.1:{free_port()}"
+    res = run(cmd, "--monitor", down, "--monitor", monitor.base)
+    assert res.returncode == EXIT_UNREACHABLE, res
+    assert "job-ok" in res.stdout and "HEALTHY" in res.stdout.upper(), res
+    assert _stderr_lines(res) == [f"hangwatch: monitor {down} unreachable: [Errno 111] Connection refused"]
+    if cmd == "status":  # which monitor holds the job
+        assert "MONITOR" in res.stdout.splitlines()[0] and monitor.base in res.stdout, res.stdout
+    # Every monitor down: nothing to show, each named.
+    other = f"http://127.0.0.1:{free_port()}"
+    res = run(cmd, "--monitor", down, "--monitor", other)
+    assert res.returncode == EXIT_UNREACHABLE and res.stdout == "", res
+    assert [line.split()[2] for line in _stderr_lines(res)] == [down, other], res.stderr
+
+
+def test_diagnose_json_lists_the_monitors_that_did_not_answer(monitor: RunningMonitor,
+                                                              silent: Callable[[], SilentMonitor]) -> None:
+    post_jobs(monitor, exited=True)
+    wait_for(monitor, "job-bad", "rank_exited")
+    quiet = silent()
+    # The timeout from the environment, named as such in the message.
+    res = run("diagnose", "--json", "--monitor", monitor.base, "--monitor", quiet.url,
+              env={"HANGWATCH_TIMEOUT_S": "1.5"})
+    assert res.returncode == EXIT_ALARM_UNREACHABLE, res
+    answer = json.loads(res.stdout)
+    assert sorted(j["job_id"] for j in answer["jobs"]) == ["job-bad", "job-ok"]
+    assert answer["unanswered"] == [{"monitor": quiet.url, "error": f"monitor {quiet.url} unreachable: no answer "
+                                                                    "within 1.5s (HANGWATCH_TIMEOUT_S)"}]
+    res = run("diagnose", "--json", "--monitor", monitor.base)
+    assert res.returncode == EXIT_ALARM and json.loads(res.stdout)["unanswered"] == [], res
+
+
+@pytest.mark.parametrize("cmd", ["diagnose", "status"])
+def test_an_unknown_job_with_a_monitor_down_is_unreachable_not_unknown(cmd: str, monitor: RunningMonitor) -> None:
+    post_jobs(monitor, exited=False)
+    down = f"http://127.0.0.1:{free_port()}"
+    res = run(cmd, "--monitor", monitor.base, "--monitor", down, "--job", "no-such-job")
+    # The monitor that is down may hold it: not "unknown" (3), but "could not ask every monitor" (2).
+    assert res.returncode == EXIT_UNREACHABLE and res.stdout == "", res
+    lines = _stderr_lines(res)
+    assert lines == [f"hangwatch: monitor {down} unreachable: [Errno 111] Connection refused",
+                     f"hangwatch: no job 'no-such-job' at {monitor.base}"], lines
+
+
+@pytest.mark.parametrize("cmd", ["diagnose", "status"])
+@pytest.mark.parametrize("path", ["/diagnose", "/diagnose?format=json", "/metrics"])
+def test_a_monitor_url_with_a_path_gets_a_one_line_hint(cmd: str, path: str, monitor: RunningMonitor) -> None:
+    res = run(cmd, "--monitor", monitor.base + path)
+    assert res.returncode == EXIT_UNREACHABLE, res
+    [line] = _stderr_lines(res)
+    assert line.startswith("hangwatch") and line.endswith(f"give the monitor's base URL: {monitor.base}"), line
+    assert res.stdout == ""
+
+
+def test_bad_monitor_and_timeout_settings_name_what_set_them(monitor: RunningMonitor) -> None:
+    for env, named in [({"HANGWATCH_MONITOR": "localhost:8787"}, "HANGWATCH_MONITOR: not an http(s) URL"),
+                       ({"HANGWATCH_TIMEOUT_S": "soon"}, "HANGWATCH_TIMEOUT_S: not a number"),
+                       ({"HANGWATCH_TIMEOUT_S": "0"}, "HANGWATCH_TIMEOUT_S: must be > 0")]:
+        res = run("status", env=env)
+        assert res.returncode == 2, res
+        [line] = _stderr_lines(res)
+        assert line.startswith(f"hangwatch: error: {named}"), line
+    res = run("status", "--timeout", "-1", "--monitor", monitor.base)
+    assert res.returncode == 2 and "--timeout" in res.stderr, res
+    # The variable names the monitor when --monitor is not given.
+    post_jobs(monitor, exited=False)
+    res = run("status", env={"HANGWATCH_MONITOR": monitor.base})
+    assert res.returncode == EXIT_OK and "job-ok" in res.stdout, res
 
 
 def _diagnose_requests(monitor: RunningMonitor) -> int:
@@ -164,3 +320,18 @@ def test_an_answer_it_cannot_read_is_one_line_and_exit_2(cmd: str, body: bytes) 
     assert res.returncode == EXIT_UNREACHABLE, res
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "cannot read" in res.stderr, res.stderr
+
+
+def test_a_monitor_that_answers_an_unknown_job_with_no_jobs_is_still_unknown() -> None:
+    """Monitors before the 404 answered ``?job=`` of an unknown job with 200 and no jobs."""
+    handler = type("Handler", (_OddAnswers,), {"body": b'{"jobs": [], "total_jobs": 0}'})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        res = run("status", "--monitor", f"http://127.0.0.1:{server.server_address[1]}", "--job", "no-such-job")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    assert res.returncode == EXIT_UNKNOWN_JOB and "no job 'no-such-job'" in res.stderr, res

@@ -136,7 +136,33 @@ def test_most_recently_active_job_comes_first_and_job_filters(client: TestClient
     post(client, report(node="node-old", ranks=[rank(job_id="old")], sent_at=clock.now))
     assert [j["job_id"] for j in diagnose_json(client)["jobs"]] == ["old", "new"]
     assert [j["job_id"] for j in diagnose_json(client, job="new")["jobs"]] == ["new"]
-    assert diagnose_json(client, job="nope")["jobs"] == []
+
+
+def test_an_unknown_job_is_a_404_that_says_so(client: TestClient, clock: FakeClock) -> None:
+    post(client, report(ranks=[rank(job_id="known")], sent_at=clock.now))
+    answer = client.get("/diagnose", params={"format": "json", "job": "nope"})
+    assert answer.status_code == 404 and answer.headers["content-type"] == "application/json"
+    body = answer.json()
+    # Still a /diagnose answer (no jobs, the monitor's state), and not FastAPI's "Not Found" of a wrong path.
+    assert body["detail"] == "no job 'nope'" and body["job"] == "nope", body
+    assert body["jobs"] == [] and body["total_jobs"] == 0 and body["monitor"]["jobs"] == 1, body
+    for params in ({"job": "nope"}, {"job": "nope", "view": "summary"}):
+        text = client.get("/diagnose", params=params)
+        assert text.status_code == 404 and text.headers["content-type"].startswith("text/plain")
+        assert text.text == "hangwatch: no job 'nope'\n"
+    summary = client.get("/diagnose", params={"format": "json", "view": "summary", "job": "nope"})
+    assert summary.status_code == 404 and summary.json()["jobs"] == []
+
+
+def test_a_known_job_filtered_or_paged_out_is_no_404(client: TestClient, clock: FakeClock,
+                                                     stub: StubDiagnosis) -> None:
+    stub.verdict, stub.culprits = "healthy", ()
+    post(client, report(ranks=[rank(job_id="known")], sent_at=clock.now))
+    assert [j["verdict"] for j in diagnose_json(client, job="known")["jobs"]] == ["healthy"]
+    problems = client.get("/diagnose", params={"format": "json", "job": "known", "problems": "1"})
+    assert problems.status_code == 200 and problems.json()["jobs"] == [], problems.text
+    paged = client.get("/diagnose", params={"format": "json", "job": "known", "offset": "1"})
+    assert paged.status_code == 200 and paged.json()["jobs"] == [] and paged.json()["total_jobs"] == 1
 
 
 def test_text_report_reads_well(client: TestClient, clock: FakeClock, stub: StubDiagnosis) -> None:
@@ -157,8 +183,8 @@ def test_text_report_reads_well(client: TestClient, clock: FakeClock, stub: Stub
 
 
 def test_text_report_without_jobs(client: TestClient) -> None:
-    assert "no jobs" in client.get("/diagnose").text
-    assert "no job 'x'" in client.get("/diagnose", params={"job": "x"}).text
+    answer = client.get("/diagnose")
+    assert answer.status_code == 200 and "no jobs" in answer.text
 
 
 def test_bad_format_is_a_422(client: TestClient) -> None:
