@@ -455,6 +455,8 @@ class MonitorClient:
 
     def job(self, job_id: str) -> dict | None:
         r = self._http.get(self.url + "/diagnose", params={"format": "json", "job": job_id})
+        if r.status_code == 404:  # the monitor holds no such job (yet): /diagnose?job= of an unknown id
+            return None
         r.raise_for_status()
         for job in r.json().get("jobs", []):
             if job_id == job.get("job_id") or job_id in job.get("aliases", ()):

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 # A stand-in for a training rank: prints "step N" lines; busy or sleeping; may fork a
-# helper that inherits the environment (like a DataLoader worker); may exit with a code.
+# helper that inherits the environment (like a DataLoader worker); may exit with a code, after
+# EXIT_AFTER seconds or once the file EXIT_WHEN exists (a test's cue, where timing must not decide).
 RANK_SCRIPT = textwrap.dedent(
     """
     import os, subprocess, sys, time
@@ -27,7 +28,8 @@ RANK_SCRIPT = textwrap.dedent(
         print(f"child {child.pid}", flush=True)
     step = 0
     deadline = time.time() + float(os.environ.get("EXIT_AFTER", "600"))
-    while time.time() < deadline:
+    exit_when = os.environ.get("EXIT_WHEN")
+    while time.time() < deadline and not (exit_when and os.path.exists(exit_when)):
         step += 1
         print(f"step {step}", flush=True)
         if mode == "busy":

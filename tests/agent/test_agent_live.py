@@ -87,15 +87,19 @@ def test_missing_py_spy_is_reported_not_fatal(ranks):
     assert health["stacks"]["ok"] is False and health["procstat"]["ok"] is True
 
 
-def test_loop_reports_exits_with_code_signal_and_order(ranks, receiver, agent_process):
+def test_loop_reports_exits_with_code_signal_and_order(ranks, receiver, agent_process, tmp_path):
     agent = agent_process(
         "--monitor", receiver.url, "--interval", "0.2", "--job", ranks.job, "--no-stacks", "--node", "n1"
     )
+    cue = tmp_path / "rank1-exits"
     ranks.start(0, "sleep", world_size=3)
-    ranks.start(1, "sleep", world_size=3, EXIT_AFTER=1.5, EXIT_CODE=3)
+    ranks.start(1, "sleep", world_size=3, EXIT_WHEN=cue, EXIT_CODE=3)
     killed = ranks.start(2, "sleep", world_size=3)
-    receiver.wait_for(lambda r: len(_by_rank(r, ranks.job)) == 3)
+    # All three seen alive, rank 1 past step 5 (on a loaded machine that takes longer than any fixed time).
+    receiver.wait_for(lambda r: len(found := _by_rank(r, ranks.job)) == 3 and all(x["alive"] for x in found.values())
+                      and (found[1].get("progress") or {}).get("step", 0) >= 5)
     os.kill(killed.pid, signal.SIGKILL)  # killed first: it must be the earliest exit
+    cue.touch()
     # Do not reap yet: the agent reads the zombie's status. (Popen only reaps on poll/wait.)
     report = receiver.wait_for(
         lambda r: all(not x["alive"] for k, x in _by_rank(r, ranks.job).items() if k != 0)
