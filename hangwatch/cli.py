@@ -147,6 +147,9 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
     from hangwatch.demo.cases import launch_case  # imported here: `hangwatch diagnose` needs none of this
     from hangwatch.demo.harness import MonitorClient, Reaper, kill_pid, start_agent, start_monitor, stop_gently
 
+    # Ctrl-C ends the demo (and cleans up) even when it was started with SIGINT ignored, as a shell
+    # starts background commands and some test runners their workers: Python then installs no handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     case = demo_cases(stall_step)[case_name]
     tmp = tempfile.TemporaryDirectory(prefix="hangwatch-demo-") if workdir is None else None
     wd = Path(tmp.name if tmp else workdir)

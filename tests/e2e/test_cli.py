@@ -275,8 +275,11 @@ def _as_a_person_would(command: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(180)
 def test_demo_serves_its_status_page_and_lingers_until_ctrl_c(tmp_path):
     port = free_port()
+    # Started with SIGINT ignored, as a shell starts a background command (and as this test's worker
+    # may be started): Ctrl-C must still end the demo.
     demo = subprocess.Popen([*HANGWATCH, "demo", "killed", "--timeout", "60", "--linger", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     seen: list[str] = []
     lines, reader = _lines_of(demo)
     try:
