@@ -136,7 +136,8 @@ def take_stack(py_spy: str, proc_root: str, pid: int, native: bool, clock=time.t
 
 
 def resume_if_left_stopped(proc_root: str, pid: int, watch_s: float = 0.0) -> bool:
-    """SIGCONT the target if it is in a group stop ("T") now or within ``watch_s``; True if sent.
+    """SIGCONT the target if it is in a group stop ("T"), or has a SIGSTOP pending, now or within
+    ``watch_s``; True if sent.
 
     Called only after dumping a rank that was running (take_stack refuses a stopped one, which
     may be someone's deliberate SIGSTOP), so a stop seen now came from the dump. A ptrace stop
@@ -146,8 +147,8 @@ def resume_if_left_stopped(proc_root: str, pid: int, watch_s: float = 0.0) -> bo
     deadline = time.monotonic() + watch_s
     while True:
         try:
-            if read_stat(proc_root, pid).state == "T":
-                os.kill(pid, signal.SIGCONT)
+            if read_stat(proc_root, pid).state == "T" or stop_pending(read_status(proc_root, pid)):
+                os.kill(pid, signal.SIGCONT)  # also discards a SIGSTOP still pending
                 log.warning("pid %d was left stopped after a py-spy dump: sent SIGCONT", pid)
                 return True
         except (OSError, ValueError):
@@ -155,6 +156,27 @@ def resume_if_left_stopped(proc_root: str, pid: int, watch_s: float = 0.0) -> bo
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.01)
+
+
+def read_status(proc_root: str, pid: int) -> str:
+    with open(os.path.join(proc_root, str(pid), "status")) as f:
+        return f.read()
+
+
+def stop_pending(status: str) -> bool:
+    """A SIGSTOP sent but not yet taken (``/proc/PID/status``'s ShdPnd or SigPnd): on a loaded
+    machine a stop left by a dump can still be pending when py-spy has ended, and the rank would
+    stop a moment after it was checked."""
+    bit = 1 << (signal.SIGSTOP - 1)
+    for line in status.splitlines():
+        name, _, value = line.partition(":")
+        if name in ("ShdPnd", "SigPnd"):
+            try:
+                if int(value.strip(), 16) & bit:
+                    return True
+            except ValueError:
+                continue
+    return False
 
 
 def _signal_name(number: int) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.stacks import (
+    stop_pending,
     DumpPlan,
     StackError,
     looks_stuck,
@@ -95,3 +96,18 @@ def test_dump_schedule_background_then_stuck_episode():
     # episode ends, and a new one gets its own native dump at once
     assert next_dump(54.0, plan, stuck=False) is None
     assert next_dump(55.0, plan, stuck=True) == "native"
+
+
+STATUS = "Name:\tpython\nState:\tR (running)\nSigQ:\t0/95\nSigPnd:\t{own}\nShdPnd:\t{shared}\nSigBlk:\t0000000000000000\n"
+
+
+@pytest.mark.parametrize("own, shared, pending", [
+    ("0000000000000000", "0000000000000000", False),
+    ("0000000000000000", "0000000000040000", True),    # SIGSTOP (19) sent to the process, not yet taken
+    ("0000000000040000", "0000000000000000", True),    # ... to its main thread
+    ("0000000000000000", "0000000000010000", False),   # SIGCHLD (17) alone
+    ("0000000000000000", "0000000000000100", False),   # SIGKILL (9): not a stop
+    ("0000000000000000", "not-hex", False),
+])
+def test_a_pending_stop_is_read_from_proc_status(own, shared, pending):
+    assert stop_pending(STATUS.format(own=own, shared=shared)) is pending
