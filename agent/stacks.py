@@ -147,7 +147,8 @@ def resume_if_left_stopped(proc_root: str, pid: int, watch_s: float = 0.0) -> bo
     deadline = time.monotonic() + watch_s
     while True:
         try:
-            if read_stat(proc_root, pid).state == "T" or stop_pending(read_status(proc_root, pid)):
+            status = read_status(proc_root, pid)  # its State line and pending signals in one read
+            if status_state(status) == "T" or stop_pending(status):
                 os.kill(pid, signal.SIGCONT)  # also discards a SIGSTOP still pending
                 log.warning("pid %d was left stopped after a py-spy dump: sent SIGCONT", pid)
                 return True
@@ -161,6 +162,14 @@ def resume_if_left_stopped(proc_root: str, pid: int, watch_s: float = 0.0) -> bo
 def read_status(proc_root: str, pid: int) -> str:
     with open(os.path.join(proc_root, str(pid), "status")) as f:
         return f.read()
+
+
+def status_state(status: str) -> str | None:
+    """The state letter of ``/proc/PID/status`` ("State:\tT (stopped)" -> "T"); the same as stat's."""
+    for line in status.splitlines():
+        if line.startswith("State:"):
+            return line[len("State:"):].strip()[:1] or None
+    return None
 
 
 def stop_pending(status: str) -> bool:

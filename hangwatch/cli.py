@@ -367,8 +367,10 @@ def _base_url_hint(monitor: str) -> str:
 
 @dataclass(frozen=True)
 class Ask:
-    """One run's questions: which job (None: all), with what access, how long to wait for each monitor."""
+    """One run's questions: of which monitors, which job (None: all), with what access, how long to
+    wait for each monitor."""
 
+    monitors: list[str]
     job: str | None
     access: Access
     timeout: float
@@ -443,7 +445,7 @@ class Answers:
 TIMEOUT_GRACE_S = 0.25
 
 
-def _answers(monitors: list[str], ask: Ask) -> Answers:
+def _answers(ask: Ask) -> Answers:
     """Every monitor asked at once, each in a thread of its own (sharded monitors each hold a
     share, and one silent monitor must not hold up the others' answers): the answers within
     ``ask.timeout``, and why each other monitor gave none. The threads are daemons: one stuck
@@ -461,7 +463,7 @@ def _answers(monitors: list[str], ask: Ask) -> Answers:
         with lock:
             got[monitor] = result
 
-    threads = [threading.Thread(target=ask_one, args=(m,), name=f"hangwatch ask {m}", daemon=True) for m in monitors]
+    threads = [threading.Thread(target=ask_one, args=(m,), name=f"hangwatch ask {m}", daemon=True) for m in ask.monitors]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + ask.timeout + TIMEOUT_GRACE_S
@@ -469,8 +471,8 @@ def _answers(monitors: list[str], ask: Ask) -> Answers:
         thread.join(max(0.0, deadline - time.monotonic()))
     with lock:
         results = dict(got)
-    answers = Answers(monitors, {}, {})
-    for m in monitors:
+    answers = Answers(ask.monitors, {}, {})
+    for m in ask.monitors:
         result = results.get(m) or NoAnswer(m, ask.timeout, ask.timeout_named)
         if isinstance(result, MonitorFailure):
             answers.failed[m] = result
@@ -532,7 +534,7 @@ def _unreadable(answers: Answers, what: str, error: Exception) -> int:
 
 
 def cmd_diagnose(args, ask: Ask) -> int:
-    answers = _answers(_monitors(args), ask)
+    answers = _answers(ask)
     jobs = [j for j, _ in _merged(answers)]
     if args.json:
         unanswered = [{"monitor": m, "error": str(f)} for m, f in answers.failed.items()]
@@ -550,7 +552,7 @@ def cmd_diagnose(args, ask: Ask) -> int:
 
 
 def cmd_status(args, ask: Ask) -> int:
-    answers = _answers(_monitors(args), ask)
+    answers = _answers(ask)
     jobs = _merged(answers)
     if answers.answered and (jobs or not ask.job):
         from monitor.render_text import render_monitor_status
@@ -604,9 +606,9 @@ def _timeout(args) -> tuple[float, str]:
 
 def _ask(args) -> Ask:
     """The validated settings of diagnose/status; raises UsageError naming the bad one."""
-    _monitors(args)
+    monitors = _monitors(args)
     timeout, named = _timeout(args)
-    return Ask(args.job, _access(args), timeout, named)
+    return Ask(monitors, args.job, _access(args), timeout, named)
 
 
 def build_parser() -> argparse.ArgumentParser:

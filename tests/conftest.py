@@ -85,8 +85,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=_tier_rank)  # stable: the order within a tier is the collection order
     which = config.getoption("cpu_bound")
     if which != "with":
-        keep = [i for i in items if bool(i.get_closest_marker("cpu_bound")) == (which == "only")]
-        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        keep, drop = [], []
+        for item in items:
+            (keep if bool(item.get_closest_marker("cpu_bound")) == (which == "only") else drop).append(item)
+        config.hook.pytest_deselected(items=drop)
         items[:] = keep
 
 

@@ -21,6 +21,7 @@ import shutil
 import signal
 import sys
 
+# Also read by hangwatch/demo/netns.py (NODE_NAMESPACE_MARK): a worker never sweeps another's fabrics.
 INSIDE = "HANGWATCH_TEST_NODE_NAMESPACE"
 
 
