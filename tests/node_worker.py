@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 
 # Also read by hangwatch/demo/netns.py (NODE_NAMESPACE_MARK): a worker never sweeps another's fabrics.
 INSIDE = "HANGWATCH_TEST_NODE_NAMESPACE"
@@ -29,12 +30,30 @@ def _can_unshare() -> bool:
     return os.geteuid() == 0 and shutil.which("unshare") is not None
 
 
+def _forward(worker: int, sig: int) -> None:
+    try:
+        os.kill(worker, sig)
+    except ProcessLookupError:  # the worker ended between its exit and our waitpid
+        pass
+
+
 def _as_init(argv: list[str]) -> int:
+    # A /tmp of the node's own, removed when the worker ends: torchrun leaves a torchelastic_*
+    # log directory behind for every job (and killed jobs leave more), hundreds per suite run.
+    node_tmp = tempfile.mkdtemp(prefix="hw-node-")
+    os.environ["TMPDIR"] = node_tmp
+    try:
+        return _run_worker(argv)
+    finally:
+        shutil.rmtree(node_tmp, ignore_errors=True)
+
+
+def _run_worker(argv: list[str]) -> int:
     worker = os.fork()
     if worker == 0:
         os.execv(sys.executable, [sys.executable, *argv])
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda s, _f: os.kill(worker, s))
+        signal.signal(sig, lambda s, _f: _forward(worker, s))
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
