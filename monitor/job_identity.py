@@ -93,7 +93,7 @@ def job_for(jobs: dict[str, JobTrack], forgotten_pids: Mapping[str, frozenset[tu
     job = jobs.get(job_id)
     if job is None:
         job = jobs[job_id] = JobTrack(job_id, previous_run_pids=forgotten_pids.get(job_id, frozenset()))
-    elif alive and job.ended_at is not None:
+    elif alive and not job.any_alive() and (job.ranks or job.launchers):
         old = {(t.node, t.pid) for t in (*job.ranks.values(), *job.launchers.values())}
         if (node, pid) not in old:
             job = jobs[job_id] = JobTrack(job_id, previous_run_pids=frozenset(old), aliases=job.aliases)

@@ -45,6 +45,13 @@ class JobTrack:
     # vanishing or changing process state, the world size, a launcher's errors. The monitor
     # re-diagnoses a healthy, advancing job right away only when this moved (service.py).
     lifecycle_revision: int = 0
+    # Kept as reports come, so that no report walks the job's ranks (a job may have 10,000):
+    # the newest progress any rank's own log showed (ranks are never dropped from a job, and a
+    # rank's progress only grows, so the running maximum is exact), and the ranks whose latest
+    # stack waits at a site not yet known to be a regular sync point (rank_ingest.learn_wait_sites).
+    rank_progress_at: float | None = None
+    pending_wait_ranks: set[int] = field(default_factory=set)
+    wait_sites_learned_at: float | None = None
 
     def mark_phase(self, at: float, phase: str) -> None:
         """Note the job in ``phase`` at ``at``; repeats within one silent stretch add nothing."""
@@ -75,19 +82,27 @@ class JobTrack:
         """The nodes the job runs on: its ranks' and its launchers' nodes."""
         return {t.node for t in self.ranks.values()} | {t.node for t in self.launchers.values()}
 
+    def note_rank_progress(self, at: float) -> None:
+        if self.rank_progress_at is None or at > self.rank_progress_at:
+            self.rank_progress_at = at
+
     @property
     def last_progress_at(self) -> float | None:
-        times = [r.last_progress_at for r in self.ranks.values() if r.last_progress_at is not None]
-        if self.progress_times:
-            times.append(self.progress_times[-1])
-        return max(times, default=None)
+        job_at = self.progress_times[-1] if self.progress_times else None
+        if job_at is None or (self.rank_progress_at is not None and self.rank_progress_at > job_at):
+            return self.rank_progress_at
+        return job_at
+
+    def any_alive(self) -> bool:
+        """Whether a rank or launcher is alive: stops at the first one (per report, in a live job)."""
+        return any(t.alive for t in self.ranks.values()) or any(t.alive for t in self.launchers.values())
 
     @property
     def ended_at(self) -> float | None:
         """When the last rank (or launcher) ended, if every one has; None while one is alive."""
-        tracks: list[RankTrack | LauncherTrack] = [*self.ranks.values(), *self.launchers.values()]
-        if not tracks or any(t.alive for t in tracks):
+        if self.any_alive() or not (self.ranks or self.launchers):
             return None
+        tracks: list[RankTrack | LauncherTrack] = [*self.ranks.values(), *self.launchers.values()]
         return max((t.exit.at if t.exit else t.observed_at) for t in tracks)
 
 

@@ -104,6 +104,10 @@ def apply_rank(
             job.mark_phase(track.stack.taken_at, phase)
         site = wait_site(track.stack, rr.cpu_percent)
         track.pending_wait_site = site
+        if site:
+            job.pending_wait_ranks.add(track.rank)
+        else:
+            job.pending_wait_ranks.discard(track.rank)
         samples = track.wait_samples
         samples.append((track.stack.taken_at, site is not None))
         while samples and samples[0][0] < track.stack.taken_at - WAIT_SHARE_WINDOW_S:
@@ -168,14 +172,22 @@ def mark_vanished(track: RankTrack | LauncherTrack) -> None:
 def learn_wait_sites(job: JobTrack) -> None:
     """A wait site counts as a regular sync point once the job progressed after a stack showed it."""
     progressed_at = job.last_progress_at
-    if progressed_at is None:
+    if progressed_at is None or not job.pending_wait_ranks or progressed_at == job.wait_sites_learned_at:
         return
-    for track in job.ranks.values():
-        site = track.pending_wait_site
-        if site and track.stack is not None and track.stack.taken_at < progressed_at:
+    # This runs for every report: it looks only at the ranks with a pending site, and only when
+    # the job progressed since it last looked (a stalled job's 10,000 waiting ranks are not walked
+    # again and again; one whose stack arrives late is learned at the next step).
+    job.wait_sites_learned_at = progressed_at
+    for rank in list(job.pending_wait_ranks):
+        track = job.ranks.get(rank)
+        site = track.pending_wait_site if track is not None else None
+        if not site:
+            job.pending_wait_ranks.discard(rank)
+        elif track is not None and track.stack is not None and track.stack.taken_at < progressed_at:
             if len(job.known_wait_sites) < KNOWN_SITES_KEPT:
                 job.known_wait_sites.add(site)
             track.pending_wait_site = None
+            job.pending_wait_ranks.discard(rank)
 
 
 def to_stack(report: StackReport, offset: float) -> Stack:
