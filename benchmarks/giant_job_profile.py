@@ -39,6 +39,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--profile", type=Path)
+    parser.add_argument("--profile-what", choices=("all", "passes"), default="all",
+                        help="profile the whole run, or only the diagnosis passes and reads")
     args = parser.parse_args()
 
     nodes = cluster(args.ranks // 8, args.ranks)
@@ -55,7 +57,7 @@ def main() -> None:
         read_ms: list[float] = []
         found_at = None
         profiler = cProfile.Profile() if args.profile else None
-        if profiler:
+        if profiler and args.profile_what == "all":
             profiler.enable()
         for second in range(args.seconds):
             now = start + second
@@ -73,6 +75,8 @@ def main() -> None:
                 ingest_ms.append((time.process_time() - t0) * 1000)
                 deltas[node.name].delivered(baseline, {"send_full": answer.send_full, "delta": True})
             clock[0] = now + 1
+            if profiler and args.profile_what == "passes":
+                profiler.enable()
             t0 = time.process_time()
             monitor.tick(now + 1)
             pass_ms.append((time.process_time() - t0) * 1000)
@@ -80,6 +84,8 @@ def main() -> None:
             result = monitor.results(job_id=nodes[0].job_id)[0]
             job_dict(result, monitor.state.jobs.get(result.view.job_id))
             read_ms.append((time.process_time() - t0) * 1000)
+            if profiler and args.profile_what == "passes":
+                profiler.disable()
             d = result.diagnosis
             if found_at is None and now + 1 > inject_at and d.verdict == "deadlock" and culprit in d.culprit_ranks:
                 found_at = now + 1 - inject_at

@@ -49,6 +49,7 @@ def apply_progress(
         _add_times(track.progress_times, shifted)
         _add_points(track.progress_points, shifted_points)
         track.last_progress_at = track.progress_times[-1]
+        track.progress_revision += 1
         job.note_rank_progress(track.last_progress_at)
 
 

@@ -69,10 +69,15 @@ def apply_rank(
     track.latest = rr
     track.observed_at = received_at
     track.vanished = False
+    track.revision += 1
 
     if rr.state != track.proc_state:
+        # Entering or leaving a stop (or death) can turn the verdict at once; running and
+        # sleeping (R, S, D) alternate all the time in a healthy job and must not force a pass
+        # over it (10,000 ranks flip every second).
+        if _turns_verdict(track.proc_state) or _turns_verdict(rr.state):
+            job.lifecycle_revision += 1
         track.proc_state = rr.state
-        job.lifecycle_revision += 1
         track.state_since = received_at
     moving = (rr.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S
     if moving:
@@ -161,8 +166,15 @@ def apply_launcher(job: JobTrack, node: str, lr: LauncherReport, received_at: fl
     track.sockets_since = _sockets_since(track.sockets_since, lr.sockets, received_at)
 
 
+def _turns_verdict(state: str | None) -> bool:
+    """Stopped (T), traced (t), zombie or dead: process states that are verdicts of their own."""
+    return state in ("T", "t", "Z", "X")
+
+
 def mark_vanished(track: RankTrack | LauncherTrack) -> None:
     """The agent stopped listing this process without saying it ended: it ended when last seen."""
+    if isinstance(track, RankTrack):
+        track.revision += 1
     track.alive = False
     track.vanished = True
     error = track.log_errors[-1] if track.log_errors else None

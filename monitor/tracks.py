@@ -91,6 +91,13 @@ class RankTrack:
     # The latest Flight Recorder dump the agent read, and the report it came in.
     flight_recorder: FlightRecord | None = None
     flight_recorder_report: FlightRecorderReport | None = None
+    # Counts every change ingest makes to this track, and the progress history's own changes:
+    # monitor/views.py keeps the rank's view (and its slow parts) until they move, so a pass over
+    # a 10,000-rank job rebuilds only the ranks that reported since the last one.
+    revision: int = 0
+    progress_revision: int = 0
+    view_cache: object = None
+    view_parts: dict[str, tuple[object, object]] = field(default_factory=dict)
 
     def wait_share(self, now: float) -> float | None:
         """Share of the recent stack samples that waited in a collective; None below the minimum count."""

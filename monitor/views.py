@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from monitor.diagnosis import HostFacts, Interface, JobView, LauncherView, OrphanView, RankView, Socket
 from monitor.job_track import JobTrack
@@ -10,14 +11,40 @@ from monitor.nccl_views import job_nccl
 from monitor.tracks import LauncherTrack, NodeTrack, RankTrack, SocketKey
 from monitor.wire import HostReport
 
+T = TypeVar("T")
+
 # A node counts as reporting while its agent's last report is at most this old
 # (or three of its intervals, for an agent that reports less often).
 NODE_FRESH_S = 10.0
 
 
-def rank_view(track: RankTrack, now: float | None = None) -> RankView:
+def rank_view(track: RankTrack) -> RankView:
+    """The rank's view, kept on the track until ingest changes it (``RankTrack.revision``): a pass
+    over a giant job rebuilds only the ranks that reported since the last one."""
+    cached = track.view_cache
+    if isinstance(cached, tuple) and cached[0] == track.revision:
+        return cached[1]
+    view = _build_rank_view(track)
+    track.view_cache = (track.revision, view)
+    return view
+
+
+def _part(track: RankTrack, name: str, key: object, build: Callable[[], T]) -> T:
+    """A slow part of the view, rebuilt only when ``key`` (its source, or the source's revision)
+    changes. The source itself is kept as the key, never its id(), which a new object may reuse."""
+    hit = track.view_parts.get(name)
+    if hit is not None and (hit[0] is key or hit[0] == key):
+        return hit[1]  # type: ignore[return-value]
+    value = build()
+    track.view_parts[name] = (key, value)
+    return value
+
+
+def _build_rank_view(track: RankTrack) -> RankView:
     rr = track.latest
     gpu = [g.utilization_percent for g in rr.gpus if g.utilization_percent is not None]
+    # Ingest replaces these containers when they change (never edits them in place).
+    sockets_since, env, log_errors = track.sockets_since, track.env, track.log_errors
     return RankView(
         rank=track.rank,
         node=track.node,
@@ -33,18 +60,19 @@ def rank_view(track: RankTrack, now: float | None = None) -> RankView:
         write_bytes_per_s=rr.write_bytes_per_s,
         moved_at=track.moved_at,
         step=rr.progress.step if rr.progress else None,
-        progress_times=tuple(track.progress_times),
+        progress_times=_part(track, "progress", track.progress_revision, lambda: tuple(track.progress_times)),
         stack=track.stack,
         stack_error=rr.stack_error,
         log_phase=track.log_phase,
-        log_errors=tuple(track.log_errors),
-        env=tuple(sorted(track.env.items())),
-        sockets=sockets_view(track.sockets_since),
+        log_errors=_part(track, "log_errors", log_errors, lambda: tuple(log_errors)),
+        env=_part(track, "env", env, lambda: tuple(sorted(env.items()))),
+        sockets=_part(track, "sockets", sockets_since, lambda: sockets_view(sockets_since)),
         error_file_message=track.error_file_message,
         compute_dtype=track.compute_dtype,
         compute_dtype_line=track.compute_dtype_line,
         gpu_utilization_percent=sum(gpu) / len(gpu) if gpu else None,
-        collective_wait_share=track.wait_share(track.observed_at if now is None else now),
+        # As of the rank's latest report (not the pass's time), so the view stays valid until it reports.
+        collective_wait_share=track.wait_share(track.observed_at),
         flight_recorder=track.flight_recorder,
     )
 
@@ -103,7 +131,7 @@ def silent_nodes(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float) -> t
 
 def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float,
              monitor_started_at: float | None = None) -> JobView:
-    ranks = tuple(rank_view(job.ranks[r], now) for r in sorted(job.ranks))
+    ranks = tuple(rank_view(job.ranks[r]) for r in sorted(job.ranks))
     launchers = tuple(launcher_view(job.launchers[k]) for k in sorted(job.launchers))
     job_nodes = [nodes[n] for n in sorted(job.nodes) if n in nodes]
     return JobView(

@@ -11,6 +11,7 @@ and leave the step threshold tight.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from statistics import median
 
 from monitor.diagnosis.model import JobView
@@ -99,6 +100,59 @@ def _phases_in(gap: tuple[float, float], marks: tuple[tuple[float, str], ...]) -
     return {phase for at, phase in marks if a <= at < b}
 
 
+@dataclass(frozen=True)
+class _Marks:
+    """A job's phase marks with their hash worked out once per diagnosis, not once per source."""
+
+    marks: tuple[tuple[float, str], ...]
+    digest: int
+
+    def __hash__(self) -> int:
+        return self.digest
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Marks) and (self.marks is other.marks or self.marks == other.marks)
+
+
+@dataclass(frozen=True)
+class _SourcePace:
+    """One progress source's pace (see ``job_cadence``); None fields when it has too few gaps."""
+
+    median_s: float | None
+    pace_s: float | None
+    longest_s: float | None
+    gaps: int
+    phase_longest: tuple[tuple[str, float], ...]
+
+
+@lru_cache(maxsize=1 << 16)
+def _source_pace(times: tuple[float, ...], marks: _Marks) -> _SourcePace:
+    """Memoised: a pass over a 10,000-rank job meets mostly the same sources as the last pass
+    (a stalled job's logs do not move), and each costs tens of microseconds to time."""
+    gaps = _gaps(times)
+    events = _events_at(times)
+    step_gaps = []
+    phase_longest: dict[str, float] = {}
+    for gap in gaps:
+        phases = _phases_in(gap, marks.marks)
+        for phase in phases:
+            phase_longest[phase] = max(phase_longest.get(phase, 0.0), gap[1] - gap[0])
+        if not phases:
+            step_gaps.append(gap)
+    # Too few plain steps to learn from: every gap counts (the old, cautious pace).
+    counted = step_gaps if len(step_gaps) >= WARMUP_INTERVALS else gaps
+    phases = tuple(phase_longest.items())
+    if not counted:
+        return _SourcePace(None, None, None, len(gaps), phases)
+    return _SourcePace(
+        median(b - a for a, b in counted),
+        median((b - a) / events[b] for a, b in counted),
+        max(b - a for a, b in counted),
+        len(gaps),
+        phases,
+    )
+
+
 def job_cadence(job: JobView) -> Cadence:
     """Each progress source (the job log, each rank's log) is timed on its own —
     merging them would halve the intervals — and the slowest source sets the pace."""
@@ -108,29 +162,22 @@ def job_cadence(job: JobView) -> Cadence:
     highest = max(steps, default=None)
     if not sources:
         return Cadence(None, None, None, 0, highest)
-    last = max(max(s) for s in sources)
+    last = max(s[-1] for s in sources)  # each source is in time order (JobView)
+    marks = _Marks(job.phase_marks, hash(job.phase_marks))
     medians: list[float] = []
     paces: list[float] = []
     longest: list[float] = []
     phase_longest: dict[str, float] = {}
     seen = 0
     for times in sources:
-        gaps = _gaps(times)
-        events = _events_at(times)
-        step_gaps = []
-        for gap in gaps:
-            phases = _phases_in(gap, job.phase_marks)
-            for phase in phases:
-                phase_longest[phase] = max(phase_longest.get(phase, 0.0), gap[1] - gap[0])
-            if not phases:
-                step_gaps.append(gap)
-        # Too few plain steps to learn from: every gap counts (the old, cautious pace).
-        counted = step_gaps if len(step_gaps) >= WARMUP_INTERVALS else gaps
-        if counted:
-            medians.append(median(b - a for a, b in counted))
-            paces.append(median((b - a) / events[b] for a, b in counted))
-            longest.append(max(b - a for a, b in counted))
-            seen = max(seen, len(gaps))
+        source = _source_pace(times, marks)
+        for phase, gap in source.phase_longest:
+            phase_longest[phase] = max(phase_longest.get(phase, 0.0), gap)
+        if source.median_s is not None:
+            medians.append(source.median_s)
+            paces.append(source.pace_s)  # type: ignore[arg-type]
+            longest.append(source.longest_s)  # type: ignore[arg-type]
+            seen = max(seen, source.gaps)
     phases = tuple(sorted(phase_longest.items()))
     if not medians:
         return Cadence(last, None, None, 0, highest, phases)

@@ -179,7 +179,7 @@ class RankView:
     moved_at: float | None = None
     step: int | None = None
     # Progress seen in this rank's own log lines, oldest first (monitor clock).
-    progress_times: tuple[float, ...] = ()
+    progress_times: tuple[float, ...] = ()  # in time order
     stack: Stack | None = None
     stack_error: str | None = None
     log_phase: LogPhase | None = None

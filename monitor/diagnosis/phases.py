@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from monitor.diagnosis.model import LogPhase, Stack
+from monitor.diagnosis.stacks import memo
 
 # Library frames that mean a phase wherever they show (file paths from the package root).
 _LIBRARY_PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -67,6 +68,10 @@ def phase_of(stack: Stack | None) -> str | None:
     """The phase the main thread's Python frames show, if any."""
     if stack is None:
         return None
+    return memo(stack, "phase", lambda: _phase_of(stack))
+
+
+def _phase_of(stack: Stack) -> str | None:
     found = set()
     for f in stack.frames:
         if f.native:

@@ -6,9 +6,13 @@ with them. Only the main thread is looked at: that is where training code runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from monitor.diagnosis.model import Frame, Stack
+
+T = TypeVar("T")
 
 # torch.distributed Python entry points that block until peers take part.
 COLLECTIVE_FUNCTIONS = frozenset(
@@ -118,11 +122,19 @@ def python_frames(stack: Stack) -> list[Frame]:
     return [f for f in stack.frames if not f.native]
 
 
+def memo(stack: Stack, key: object, compute: Callable[[], T]) -> T:
+    """What ``compute`` says of ``stack``, worked out once per stack: a dump is read by every pass
+    until the next one (a pass over a 10,000-rank job reads 10,000 of them)."""
+    cache = stack.__dict__.setdefault("_memo", {})
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]  # type: ignore[no-any-return]
+
+
 def top_python_frame(stack: Stack | None) -> Frame | None:
     if stack is None:
         return None
-    frames = python_frames(stack)
-    return frames[0] if frames else None
+    return memo(stack, "top", lambda: next(iter(python_frames(stack)), None))
 
 
 def _caller(frames: list[Frame], start: int) -> Frame | None:
@@ -155,6 +167,12 @@ def wait_point(stack: Stack | None, cpu_percent: float | None = None) -> WaitPoi
     """
     if stack is None:
         return None
+    # CPU decides only whether an ambiguous frame waits: below 20% or not.
+    low_cpu = cpu_percent is not None and cpu_percent < 20
+    return memo(stack, ("wait", low_cpu), lambda: _wait_point(stack, low_cpu))
+
+
+def _wait_point(stack: Stack, low_cpu: bool) -> WaitPoint | None:
     frames = python_frames(stack)
     for i, frame in enumerate(frames):
         if _is_torch(frame) and frame.name in RENDEZVOUS_FUNCTIONS:
@@ -165,7 +183,7 @@ def wait_point(stack: Stack | None, cpu_percent: float | None = None) -> WaitPoi
     native_wait = _has_native_wait(stack)
     for i, frame in enumerate(frames):
         if frame.name == "_engine_run_backward" or frame.name == "run_backward":
-            idle = stack.active is False or (cpu_percent is not None and cpu_percent < 20)
+            idle = stack.active is False or low_cpu
             if native_wait or idle:
                 return _point("ddp_backward", frames, i)
             return None
