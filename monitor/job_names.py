@@ -8,6 +8,7 @@ launcher); these names are how the person on call finds the job in ``squeue`` or
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from typing import Any
 
 # Pods named in a job's names; a 1,000-pod job lists the first ones and counts the rest.
@@ -39,14 +40,22 @@ def rank_names(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def job_names(job_id: str, rank_envs: Iterable[Mapping[str, str]]) -> dict[str, Any]:
+@lru_cache(maxsize=1 << 14)
+def env_names(env: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """``rank_names`` of an environment given as the rank view's sorted pairs, memoised: the ranks
+    of a job mostly share one environment (all of it, or all but the pod), and a 10,000-rank job's
+    answer asks for every rank's. The dict returned is shared: read it, never change it."""
+    return rank_names(dict(env))
+
+
+def job_names(job_id: str, rank_envs: Iterable[Mapping[str, str] | tuple[tuple[str, str], ...]]) -> dict[str, Any]:
     """The job's names over its ranks, and ``display``: the one a person would say first."""
     slurm: dict[str, str] = {}
     namespaces: set[str] = set()
     pods: set[str] = set()
     run_ids: set[str] = set()
     for env in rank_envs:
-        names = rank_names(env)
+        names = env_names(env) if isinstance(env, tuple) else rank_names(env)
         if "slurm_job" in names and "slurm_job" not in slurm:
             slurm = {k: v for k, v in names.items() if k.startswith("slurm_")}
         if "k8s_namespace" in names:

@@ -10,7 +10,7 @@ from typing import Any
 
 from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
 from monitor.diagnosis.model import FlightRecord
-from monitor.job_names import rank_names
+from monitor.job_names import env_names
 from monitor.job_track import JobTrack
 from monitor.rank_ranges import ranks_text as ranks_text  # re-exported: render_text and tests import it from here
 from monitor.service import JobResult
@@ -179,7 +179,7 @@ def rank_dict(
         "progress": progress or [],
         "flight_recorder": flight_recorder_dict(r.flight_recorder),
         # The rank's own pod, when it runs in one (each rank of a job may have its own).
-        "k8s_pod": rank_names(dict(r.env)).get("k8s_pod"),
+        "k8s_pod": env_names(r.env).get("k8s_pod"),
     }
 
 

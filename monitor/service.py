@@ -56,7 +56,7 @@ class JobResult:
     def names(self) -> dict[str, Any]:
         """What people call the job (monitor/job_names.py): made once per diagnosis, for every
         answer and scrape that shows it (it reads every rank's environment)."""
-        return job_names(self.view.job_id, (dict(r.env) for r in self.view.ranks))
+        return job_names(self.view.job_id, (r.env for r in self.view.ranks))
 
 
 @dataclass(frozen=True)

@@ -150,3 +150,5 @@ class NodeTrack:
     # False while the node's latest report is one its agent kept through an outage: a picture of
     # the past however recent its time, never read as the node's present (monitor/views.is_fresh).
     live: bool = True
+    # (host report, its HostFacts) for monitor/views.host_facts: the facts change only with the host.
+    facts_cache: tuple[object, object] | None = None

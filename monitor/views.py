@@ -108,6 +108,16 @@ def host_facts(host: HostReport) -> HostFacts:
     return HostFacts(frozenset(host.cpu_flags), host.cpu_model, interfaces)
 
 
+def node_facts(node: NodeTrack) -> HostFacts:
+    """``host_facts`` of the node's host report, kept until the report's host part changes."""
+    cached = node.facts_cache
+    if cached is not None and cached[0] is node.host:
+        return cached[1]  # type: ignore[return-value]
+    facts = host_facts(node.host)
+    node.facts_cache = (node.host, facts)
+    return facts
+
+
 def is_fresh(node: NodeTrack, now: float) -> bool:
     """The node's last report says what is true at ``now``. One replayed from the agent's outage
     journal does only at its own time (the monitor judges it then, for the job's history); read
@@ -143,7 +153,7 @@ def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float,
         job_progress_times=tuple(job.progress_times),
         job_step=job.job_step,
         known_wait_sites=frozenset(job.known_wait_sites),
-        hosts={n.node: host_facts(n.host) for n in job_nodes},
+        hosts={n.node: node_facts(n) for n in job_nodes},
         stacks_unavailable_reason=stacks_unavailable_reason(job_nodes),
         launchers=launchers,
         orphans=tuple(
