@@ -10,6 +10,7 @@ from typing import Any
 
 from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
 from monitor.diagnosis.model import FlightRecord
+from monitor.diagnosis.stacks import memo
 from monitor.job_names import env_names
 from monitor.job_track import JobTrack
 from monitor.rank_ranges import ranks_text as ranks_text  # re-exported: render_text and tests import it from here
@@ -74,7 +75,8 @@ def stack_frames(stack: Stack | None, depth: int = STACK_GROUP_DEPTH) -> tuple[s
     """The innermost ``depth`` Python frames of a main-thread stack, as ``name (file:line)``."""
     if stack is None:
         return ()
-    return tuple(f.where() for f in stack.frames if not f.native)[:depth]
+    # Once per dump: every answer groups every rank by it (10,000 in a giant job).
+    return memo(stack, ("frames", depth), lambda: tuple(f.where() for f in stack.frames if not f.native)[:depth])
 
 
 def stack_groups(ranks: Sequence[RankView], depth: int = STACK_GROUP_DEPTH) -> list[dict[str, Any]]:

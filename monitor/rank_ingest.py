@@ -15,7 +15,7 @@ from monitor.diagnosis.phases import phase_of
 from monitor.flight_recorder_views import flight_record
 from monitor.job_track import JobTrack
 from monitor.progress_ingest import apply_progress
-from monitor.tracks import WAIT_SHARE_WINDOW_S, LauncherTrack, RankTrack, SocketKey
+from monitor.tracks import LauncherTrack, RankTrack, SocketKey
 from monitor.wire import ExitReport, LauncherReport, RankReport, SocketReport, StackReport
 
 # Below this CPU percent a rank counts as idle (waiting, not computing).
@@ -113,10 +113,7 @@ def apply_rank(
             job.pending_wait_ranks.add(track.rank)
         else:
             job.pending_wait_ranks.discard(track.rank)
-        samples = track.wait_samples
-        samples.append((track.stack.taken_at, site is not None))
-        while samples and samples[0][0] < track.stack.taken_at - WAIT_SHARE_WINDOW_S:
-            samples.popleft()
+        track.add_wait_sample(track.stack.taken_at, site is not None)
     if rr.sockets is not None:  # None: a delta report, sockets unchanged
         track.sockets_since = _sockets_since(track.sockets_since, rr.sockets, received_at)
     if rr.env:

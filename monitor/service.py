@@ -27,7 +27,7 @@ from monitor.limits import Limits, Refusal, check_report
 from monitor.rank_timeline import RankTimeline
 from monitor.state import MonitorState
 from monitor.store import Store, VerdictChange
-from monitor.views import job_view
+from monitor.views import job_view, rank_view
 
 log = logging.getLogger("hangwatch.monitor")
 
@@ -36,6 +36,9 @@ log = logging.getLogger("hangwatch.monitor")
 # diagnosis is refreshed only every REFRESH_S: at 10,000 ranks that is most of the work saved.
 ADVANCING_S = 2.0
 REFRESH_S = 5.0
+
+# Ranks whose views a pass brings up to date between two chances for requests to run.
+VIEW_CHUNK = 500
 
 # A report kept through an outage longer ago than this is not applied (its verdicts are history
 # nobody will page on, and the state it would set up is long gone).
@@ -288,7 +291,20 @@ class Monitor:
         step_started = time.perf_counter()
         for job_id in ids:
             with self._lock:
-                if job_id in self.state.jobs and self._needs_diagnosis(job_id, now):
+                job = self.state.jobs.get(job_id)
+                due = job is not None and self._needs_diagnosis(job_id, now)
+                tracks = list(job.ranks.values()) if due and job is not None and len(job.ranks) > VIEW_CHUNK else []
+            # A giant job's rank views are brought up to date a chunk at a time, requests served
+            # in between; its diagnosis then reads them as one step (monitor/views.rank_view).
+            for start in range(0, len(tracks), VIEW_CHUNK):
+                with self._lock:
+                    for track in tracks[start:start + VIEW_CHUNK]:
+                        rank_view(track)
+                if time.perf_counter() - step_started >= step_s:
+                    yield
+                    step_started = time.perf_counter()
+            with self._lock:
+                if due and job_id in self.state.jobs:
                     self._diagnose_jobs([job_id], now)
             if time.perf_counter() - step_started >= step_s:
                 yield

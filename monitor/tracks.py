@@ -99,12 +99,31 @@ class RankTrack:
     view_cache: object = None
     view_parts: dict[str, tuple[object, object]] = field(default_factory=dict)
 
+    # How many of ``wait_samples`` waited: kept with them, so the share costs nothing per pass.
+    wait_samples_waiting: int = 0
+
+    def add_wait_sample(self, taken_at: float, waiting: bool) -> None:
+        """One more stack sample; samples older than the window before it are dropped."""
+        samples = self.wait_samples
+        if len(samples) == samples.maxlen:
+            self.wait_samples_waiting -= samples.popleft()[1]
+        samples.append((taken_at, waiting))
+        self.wait_samples_waiting += waiting
+        while samples and samples[0][0] < taken_at - WAIT_SHARE_WINDOW_S:
+            self.wait_samples_waiting -= samples.popleft()[1]
+
     def wait_share(self, now: float) -> float | None:
         """Share of the recent stack samples that waited in a collective; None below the minimum count."""
-        recent = [waiting for at, waiting in self.wait_samples if at >= now - WAIT_SHARE_WINDOW_S]
-        if len(recent) < WAIT_SHARE_MIN_SAMPLES:
+        old = old_waiting = 0
+        for at, waiting in self.wait_samples:  # oldest first: usually none is out of the window
+            if at >= now - WAIT_SHARE_WINDOW_S:
+                break
+            old += 1
+            old_waiting += waiting
+        count = len(self.wait_samples) - old
+        if count < WAIT_SHARE_MIN_SAMPLES:
             return None
-        return sum(recent) / len(recent)
+        return (self.wait_samples_waiting - old_waiting) / count
 
 
 @dataclass
