@@ -5,10 +5,11 @@ The text report and the web page render from this same data.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
+from monitor.diagnosis import Diagnosis, Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
 from monitor.diagnosis.model import FlightRecord
 from monitor.diagnosis.stacks import memo
 from monitor.job_names import env_names
@@ -19,6 +20,9 @@ from monitor.stack_tree import stack_tree
 
 # Innermost main-thread Python frames compared when grouping ranks by stack.
 STACK_GROUP_DEPTH = 8
+# A job's answer lists every rank up to this many; a bigger job's lists the culprits and the
+# lowest ranks, this many in all, and pages through the rest (``listed_ranks``).
+RANKS_LISTED_BY_DEFAULT = 256
 # Jobs with these verdicts get no merged stack tree: nobody reads it for them, and at 10,000
 # ranks it is a noticeable share of each refresh of a healthy job's answer.
 NO_STACK_TREE = frozenset({"healthy", "finished"})
@@ -40,21 +44,42 @@ def job_head(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]
     }
 
 
-def job_dict(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]:
-    """The job as JSON data; with its ``track``, each rank also gets its ``progress`` points."""
+def listed_ranks(result: JobResult, offset: int = 0, limit: int | None = None) -> list[RankView]:
+    """The ranks a job's answer lists: all of them up to RANKS_LISTED_BY_DEFAULT; past that, by
+    default the culprits and then the lowest ranks, that many in all; with ``offset``/``limit``,
+    that page of the ranks in rank order (every rank of a 10,000-rank job stays one request away,
+    and its default answer stays small)."""
+    ranks = result.view.ranks
+    if offset == 0 and limit is None:
+        if len(ranks) <= RANKS_LISTED_BY_DEFAULT:
+            return list(ranks)
+        culprits = set(result.diagnosis.culprit_ranks)
+        first = [r for r in ranks if r.rank in culprits]
+        rest = (r for r in ranks if r.rank not in culprits)
+        return first + list(itertools.islice(rest, max(0, RANKS_LISTED_BY_DEFAULT - len(first))))
+    return list(ranks[offset : offset + (limit if limit is not None else RANKS_LISTED_BY_DEFAULT)])
+
+
+def job_dict(result: JobResult, track: JobTrack | None = None, ranks_offset: int = 0,
+             ranks_limit: int | None = None) -> dict[str, Any]:
+    """The job as JSON data; with its ``track``, each rank also gets its ``progress`` points.
+    ``ranks`` holds the ranks ``listed_ranks`` picks; ``ranks_total`` says how many there are."""
     view, d = result.view, result.diagnosis
-    by_rank = {r.rank: r for r in d.ranks}
+    listed = listed_ranks(result, ranks_offset, ranks_limit)
+    by_rank = {r.rank: r for r in d.ranks} if len(listed) == len(view.ranks) else _diagnoses_of(d, listed)
     job_last = view.job_progress_times[-1] if view.job_progress_times else None
-    progress = progress_series(track) if track is not None else {}
-    found = found_by(track) if track is not None else {}
+    progress = progress_series(track, [r.rank for r in listed]) if track is not None else {}
+    found = found_by(track, [r.rank for r in listed]) if track is not None else {}
     return {
         **job_head(result, track),
         "evidence": list(d.evidence),
         "hints": list(d.hints),
         "ranks": [
             {**rank_dict(r, by_rank.get(r.rank), job_last, view.now, progress.get(r.rank)), **found.get(r.rank, {})}
-            for r in view.ranks
+            for r in listed
         ],
+        "ranks_total": len(view.ranks),
+        "ranks_offset": ranks_offset,
         "world_size": view.world_size,
         "first_seen_at": view.first_seen_at,
         "last_report_at": result.last_report_at,
@@ -133,17 +158,28 @@ def _exit_dict(exit: Any) -> dict[str, Any] | None:
     return {"at": exit.at, "code": exit.code, "signal": exit.signal, "error": exit.error}
 
 
-def found_by(track: JobTrack) -> dict[int, dict[str, str]]:
-    """Per rank, the launcher its agent saw and how it knew the rank ("env:RANK",
-    "lightning:LOCAL_RANK", "mp.spawn:start-order", ...)."""
+def _diagnoses_of(d: Diagnosis, listed: list[RankView]) -> dict[int, RankDiagnosis]:
+    """The listed ranks' diagnoses (d.ranks is in rank order, as the view's ranks are)."""
+    wanted = {r.rank for r in listed}
+    return {rd.rank: rd for rd in d.ranks if rd.rank in wanted}
+
+
+def found_by(track: JobTrack, ranks: Iterable[int] | None = None) -> dict[int, dict[str, str]]:
+    """Per rank (of ``ranks``, else all), the launcher its agent saw and how it knew the rank
+    ("env:RANK", "lightning:LOCAL_RANK", "mp.spawn:start-order", ...)."""
+    tracks = track.ranks
+    chosen = tracks if ranks is None else {r: tracks[r] for r in ranks if r in tracks}
     return {rank: {"launcher": t.latest.launcher, "identified_by": t.latest.identified_by}
-            for rank, t in track.ranks.items()}
+            for rank, t in chosen.items()}
 
 
-def progress_series(track: JobTrack) -> dict[int, list[list[float]]]:
-    """Per rank, its recent ``[time, step]`` points; the job-scope log's points for a rank without its own."""
+def progress_series(track: JobTrack, ranks: Iterable[int] | None = None) -> dict[int, list[list[float]]]:
+    """Per rank (of ``ranks``, else all), its recent ``[time, step]`` points; the job-scope log's
+    points for a rank without its own."""
     job_points = _points(track.progress_points)
-    return {rank: _points(t.progress_points) if t.progress_points else job_points for rank, t in track.ranks.items()}
+    tracks = track.ranks
+    chosen = tracks if ranks is None else {r: tracks[r] for r in ranks if r in tracks}
+    return {rank: _points(t.progress_points) if t.progress_points else job_points for rank, t in chosen.items()}
 
 
 def _points(points: Iterable[tuple[float, int]]) -> list[tuple[float, int]]:

@@ -44,7 +44,8 @@ def render_job(job: dict[str, Any], now: float) -> str:
     if culprits:
         lines.append(f"  culprits: {_ranks_word(culprits)} (marked * below)")
     nodes = one_line(", ".join(job.get("nodes", [])))
-    lines.append(f"  world size {job['world_size']}, {len(job['ranks'])} ranks seen" + (f" on {nodes}" if nodes else ""))
+    total = job.get("ranks_total", len(job["ranks"]))
+    lines.append(f"  world size {job['world_size']}, {total} ranks seen" + (f" on {nodes}" if nodes else ""))
     display = (job.get("names") or {}).get("display")
     if display:
         lines.append(f"  known as {one_line(display)}")
@@ -68,6 +69,9 @@ def render_job(job: dict[str, Any], now: float) -> str:
     lines.append("")
     if job["ranks"]:
         lines.extend("  " + row for row in _rank_table(job["ranks"], set(culprits)))
+        unlisted = job.get("ranks_total", len(job["ranks"])) - len(job["ranks"])
+        if unlisted > 0:
+            lines.append(f"  ... {unlisted} more ranks not listed (ranks_offset= and ranks_limit= page through them)")
     else:
         lines.append("  no rank has started yet")
     lines.append("")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from monitor.diagnosis.activity import Activity
@@ -109,6 +109,40 @@ def describe(a: Activity) -> str:
         # On GPUs CPU says little (NCCL waits spin): the GPU's own load is the better hint.
         text += f", GPU {a.rank.gpu_utilization_percent:.0f}% busy"
     return text
+
+
+# Evidence gives each rank a line up to this many ranks; past that, a line per group of ranks
+# doing the same thing at the same place, the smallest groups (the odd ones out) first.
+RANK_LINES_MAX = 32
+GROUP_LINES_MAX = 12
+
+
+def describe_all(activities: Sequence[Activity], suffix: str = "") -> list[str]:
+    """``describe`` for each rank, or, for many ranks, one line per group (what a person can read
+    at 10,000 ranks: "ranks 0-4, 6-9999 on 1250 nodes: in_collective, all_reduce ...")."""
+    if len(activities) <= RANK_LINES_MAX:
+        return [describe(a) + suffix for a in activities]
+    groups: dict[tuple[str, str], list[Activity]] = {}
+    for a in activities:
+        groups.setdefault((a.kind, where(a)), []).append(a)
+    ordered = sorted(groups.values(), key=lambda g: (len(g), g[0].rank.rank))
+    lines = [_describe_group(g) + suffix for g in ordered[:GROUP_LINES_MAX]]
+    rest = ordered[GROUP_LINES_MAX:]
+    if rest:
+        lines.append(f"... {len(rest)} more groups ({sum(len(g) for g in rest)} ranks)")
+    return lines
+
+
+def _describe_group(group: list[Activity]) -> str:
+    first = group[0]
+    if len(group) == 1:
+        return describe(first)
+    nodes = {a.rank.node for a in group}
+    on = f"on {next(iter(nodes))}" if len(nodes) == 1 else f"on {len(nodes)} nodes"
+    cpu = [a.rank.cpu_percent for a in group if a.rank.cpu_percent is not None]
+    cpu_range = "CPU unknown" if not cpu else (
+        f"{min(cpu):.0f}% CPU" if round(min(cpu)) == round(max(cpu)) else f"{min(cpu):.0f}-{max(cpu):.0f}% CPU")
+    return f"{ranks_text(a.rank.rank for a in group)} {on}: {first.kind}, {where(first)}, {cpu_range}"
 
 
 def progress_evidence(ctx: Context) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from monitor.diagnosis.activity import Activity, classify, is_stopped
-from monitor.diagnosis.context import Context, describe, ranks_text, where
+from monitor.diagnosis.context import RANK_LINES_MAX, Context, describe_all, ranks_text, where
 from monitor.diagnosis.errors import hints_for_errors
 from monitor.diagnosis.exits import describe_exit, error_detail, first_causes
 from monitor.diagnosis.model import Diagnosis
@@ -23,7 +23,7 @@ def ended_ranks(ctx: Context) -> Diagnosis | None:
         last = max((a.rank.exit.at for a in ended if a.rank.exit), default=None)
         return ctx.diagnosis(
             "finished", (), last, f"all {len(ended)} ranks ended normally",
-            evidence=[describe_exit(a.rank) for a in sorted(ended, key=lambda a: a.rank.rank)],
+            evidence=_capped([describe_exit(a.rank) for a in sorted(ended, key=lambda a: a.rank.rank)]),
         )
     if live and not any_failed and not _live_ranks_held_up(ctx, ended, live):
         return None  # the others may still be finishing their last steps
@@ -32,8 +32,8 @@ def ended_ranks(ctx: Context) -> Diagnosis | None:
     first_at = min(timed) if timed else None
     culprits = [r.rank for r in causes]
     in_order = sorted((a.rank for a in ended), key=lambda r: r.exit.at if r.exit else 0.0)
-    evidence = [describe_exit(r) for r in in_order]
-    evidence += [f"{describe(a)} (still alive)" for a in live]
+    evidence = _capped([describe_exit(r) for r in in_order])
+    evidence += describe_all(live, " (still alive)")
     summary = f"{ranks_text(culprits)} ended first"
     if live:
         summary += f"; {ranks_text(a.rank.rank for a in live)} left waiting"
@@ -96,3 +96,10 @@ def stopped_ranks(ctx: Context) -> Diagnosis | None:
         "rank_stopped", culprits, since, f"{ranks_text(culprits)} stopped; the others wait for it",
         evidence, hints,
     )
+
+
+def _capped(lines: list[str]) -> list[str]:
+    """The first RANK_LINES_MAX lines (the earliest exits come first), and how many more there were."""
+    if len(lines) <= RANK_LINES_MAX:
+        return lines
+    return lines[:RANK_LINES_MAX] + [f"... and {len(lines) - RANK_LINES_MAX} more ranks ended"]

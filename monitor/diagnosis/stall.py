@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from monitor.diagnosis.activity import Activity
-from monitor.diagnosis.context import Context, describe, progress_evidence, ranks_text, wait_verb
+from monitor.diagnosis.context import Context, describe_all, progress_evidence, ranks_text, wait_verb
 from monitor.diagnosis.flight_recorder import with_flight_recorder
 from monitor.diagnosis.model import Diagnosis, WaitGroup
 from monitor.diagnosis.nccl import with_nccl
@@ -175,7 +175,7 @@ def _stall(ctx: Context, since: float | None) -> Diagnosis:
     busy = [a for a in live if a.busy]
     idle = [a for a in live if a.kind == "idle"]
     unknown = [a for a in live if a.kind == "unknown"]
-    evidence = progress_evidence(ctx) + [describe(a) for a in live]
+    evidence = progress_evidence(ctx) + describe_all(live)
 
     # Ranks that finished an evaluation or wait for a rank-0 checkpoint are expected to
     # wait; while the others are in such a phase (and CPU-starved ranks may look idle),

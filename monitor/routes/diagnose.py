@@ -15,7 +15,7 @@ from starlette.convertors import Convertor, register_url_convertor
 
 from monitor.answers import answer_bytes, dumps, select, summary_dict
 from monitor.page_links import page_links
-from monitor.present import job_dict
+from monitor.present import RANKS_LISTED_BY_DEFAULT, job_dict
 from monitor.render_text import render_monitor_status, render_text
 from monitor.routes.deps import MonitorDep
 from hangwatch_common.safe_text import one_line, text_block
@@ -38,6 +38,8 @@ register_url_convertor("job_id", _JobIdConvertor())
 router = APIRouter()
 # Rendering yields to the event loop after about this much work, so a big answer does not stall ingest.
 STEP_S = 0.002
+# The most ranks one page of a job's ranks holds.
+RANKS_LIMIT_MAX = 100_000
 # The most ranks one timeline answer holds (the page asks for 64).
 TIMELINE_LIMIT_MAX = 100_000
 
@@ -79,6 +81,11 @@ async def get_diagnose(
     problems: bool = False,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int | None, Query(ge=1)] = None,
+    ranks_offset: Annotated[int, Query(ge=0, description="page through each job's ranks, in rank order")] = 0,
+    ranks_limit: Annotated[int | None, Query(
+        ge=1, le=RANKS_LIMIT_MAX,
+        description=f"ranks listed per job; by default all up to {RANKS_LISTED_BY_DEFAULT}, and past that the "
+                    "culprits first, then the lowest ranks")] = None,
 ) -> Response:
     now = monitor.clock()
     results = monitor.results(now, job_id=job)
@@ -92,8 +99,13 @@ async def get_diagnose(
     if format == "json":
         pieces = []
         step_started = time.perf_counter()
+        paged = ranks_offset != 0 or ranks_limit is not None
         for result in chosen:
-            pieces.append(cache.job_bytes(result, monitor.state.jobs.get(result.view.job_id), view))
+            track = monitor.state.jobs.get(result.view.job_id)
+            if paged and view == "full":  # a page of ranks: made for this request, not cached
+                pieces.append(dumps(job_dict(result, track, ranks_offset, ranks_limit)))
+            else:
+                pieces.append(cache.job_bytes(result, track, view))
             if time.perf_counter() - step_started >= STEP_S:
                 await asyncio.sleep(0)
                 step_started = time.perf_counter()
@@ -102,7 +114,7 @@ async def get_diagnose(
     if view == "summary":
         summaries = [summary_dict(r, monitor.state.jobs.get(r.view.job_id)) for r in chosen]
         return _text_answer(render_monitor_status(status) + render_summary_text(summaries), headers)
-    jobs = [job_dict(r, monitor.state.jobs.get(r.view.job_id)) for r in chosen]
+    jobs = [job_dict(r, monitor.state.jobs.get(r.view.job_id), ranks_offset, ranks_limit) for r in chosen]
     return _text_answer(render_monitor_status(status) + render_text(jobs, now), headers)
 
 

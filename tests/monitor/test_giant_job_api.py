@@ -1,0 +1,132 @@
+"""A job of hundreds of ranks through the real monitor: small default answers, every rank a page away,
+and the bookkeeping that keeps a report's cost independent of its job's size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from monitor_reports import frame, progress, rank, report, stack
+from monitor_testkit import FakeClock, TestClient, monitor_of, post_report
+
+from monitor.present import RANKS_LISTED_BY_DEFAULT
+
+JOB = "10.0.0.1:29500"
+NODES = 75
+RANKS = NODES * 8
+CULPRIT = 301
+LINGER = [frame("main", "/work/train.py", 131), frame("<module>", "/work/train.py", 160)]
+
+
+def _post_all(client: TestClient, clock: FakeClock) -> None:
+    """Every node's report: all ranks idle in all_reduce but the culprit, idle in the user's code."""
+    for node in range(NODES):
+        ranks = [rank(job_id=JOB, rank=r, world_size=RANKS, pid=10_000 + r, cpu_percent=0.5,
+                      stack=stack(clock.now - 0.5, frames=LINGER if r == CULPRIT else None))
+                 for r in range(node * 8, node * 8 + 8)]
+        post_report(client, report(node=f"node-{node:03d}", ranks=ranks, sent_at=clock.now))
+
+
+@pytest.fixture
+def giant(client: TestClient, clock: FakeClock) -> TestClient:
+    _post_all(client, clock)
+    clock.advance(12)  # idle past the 10 s a job without progress lines may sit parked
+    _post_all(client, clock)
+    return client
+
+
+def _job(client: TestClient, **params: Any) -> dict[str, Any]:
+    response = client.get("/diagnose", params={"format": "json", "job": JOB, **params})
+    assert response.status_code == 200, response.text
+    [job] = response.json()["jobs"]
+    return job
+
+
+def test_the_default_answer_lists_the_culprit_first_and_a_bounded_number_of_ranks(giant: TestClient) -> None:
+    job = _job(giant)
+    assert job["verdict"] == "deadlock" and job["culprit_ranks"] == [CULPRIT]
+    assert job["ranks_total"] == RANKS and job["ranks_offset"] == 0
+    listed = [r["rank"] for r in job["ranks"]]
+    assert len(listed) == RANKS_LISTED_BY_DEFAULT
+    assert listed[0] == CULPRIT and listed[1:] == [r for r in range(RANKS) if r != CULPRIT][:len(listed) - 1]
+    assert job["ranks"][0]["state"] == "idle"
+    # Grouped, not a line per rank.
+    assert len(job["evidence"]) < 10
+    assert job["groups"] == [{"site": "all_reduce@train.py:50", "ranks": [r for r in range(RANKS) if r != CULPRIT]}]
+
+
+def test_pages_of_ranks_cover_every_rank_once_in_rank_order(giant: TestClient) -> None:
+    seen: list[int] = []
+    offset = 0
+    while True:
+        page = _job(giant, ranks_offset=offset, ranks_limit=250)
+        assert page["ranks_total"] == RANKS and page["ranks_offset"] == offset
+        if not page["ranks"]:
+            break
+        seen += [r["rank"] for r in page["ranks"]]
+        offset += 250
+    assert seen == list(range(RANKS))
+
+
+def test_the_text_answer_says_how_many_ranks_it_does_not_list(giant: TestClient) -> None:
+    response = giant.get("/diagnose", params={"job": JOB})
+    assert response.status_code == 200
+    text = response.text
+    assert f"world size {RANKS}, {RANKS} ranks seen" in text
+    assert f"... {RANKS - RANKS_LISTED_BY_DEFAULT} more ranks not listed" in text
+    assert len(text.splitlines()) < RANKS_LISTED_BY_DEFAULT + 60
+
+
+def test_a_small_job_still_lists_every_rank(client: TestClient, clock: FakeClock) -> None:
+    post_report(client, report(ranks=[rank(job_id="small", rank=r, world_size=4) for r in range(4)], sent_at=clock.now))
+    response = client.get("/diagnose", params={"format": "json", "job": "small"})
+    [small] = response.json()["jobs"]
+    assert [r["rank"] for r in small["ranks"]] == [0, 1, 2, 3] and small["ranks_total"] == 4
+
+
+@pytest.mark.parametrize(("params", "status"), [
+    ({"ranks_offset": -1}, 422),
+    ({"ranks_limit": 0}, 422),
+    ({"ranks_limit": "many"}, 422),
+])
+def test_bad_rank_pages_are_refused(client: TestClient, params: dict, status: int) -> None:
+    assert client.get("/diagnose", params={"format": "json", **params}).status_code == status
+
+
+# --- what ingest keeps so that no report walks the job's ranks ---
+
+
+def test_running_and_sleeping_do_not_force_a_pass_but_a_stop_does(client: TestClient, clock: FakeClock) -> None:
+    post_report(client, report(ranks=[rank(job_id="j", rank=0, state="R")], sent_at=clock.now))
+    job = monitor_of(client).state.jobs["j"]
+    revision = job.lifecycle_revision
+    for state in ("S", "R", "D", "S"):
+        clock.advance(1)
+        post_report(client, report(ranks=[rank(job_id="j", rank=0, state=state)], sent_at=clock.now))
+    assert job.lifecycle_revision == revision
+    clock.advance(1)
+    post_report(client, report(ranks=[rank(job_id="j", rank=0, state="T")], sent_at=clock.now))
+    assert job.lifecycle_revision == revision + 1
+
+
+def test_the_jobs_newest_progress_is_kept_as_reports_come(client: TestClient, clock: FakeClock) -> None:
+    t = clock.now
+    post_report(client, report(ranks=[
+        rank(job_id="j", rank=0, progress=progress(3, 3, [(t - 3, 1), (t - 2, 2), (t - 1, 3)])),
+        rank(job_id="j", rank=1, progress=progress(2, 2, [(t - 5, 1), (t - 4, 2)])),
+    ], sent_at=t))
+    job = monitor_of(client).state.jobs["j"]
+    assert job.last_progress_at == pytest.approx(t - 1)
+    assert job.last_progress_at == max(r.last_progress_at for r in job.ranks.values())
+
+
+def test_a_wait_site_is_learned_once_the_job_progresses_past_its_stack(client: TestClient, clock: FakeClock) -> None:
+    t = clock.now
+    post_report(client, report(ranks=[rank(job_id="j", rank=0, stack=stack(t - 1),
+                                            progress=progress(1, 1, [(t - 2, 1)]))], sent_at=t))
+    job = monitor_of(client).state.jobs["j"]
+    assert job.known_wait_sites == set() and job.pending_wait_ranks == {0}
+    clock.advance(1)
+    post_report(client, report(ranks=[rank(job_id="j", rank=0, stack=stack(t - 1),
+                                            progress=progress(2, 2, [(t - 2, 1), (t + 0.5, 2)]))], sent_at=clock.now))
+    assert job.known_wait_sites == {"all_reduce@train.py:50"} and job.pending_wait_ranks == set()
