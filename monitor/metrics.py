@@ -12,6 +12,8 @@ as the monitor remembers it, so the alert on it holds.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from monitor.diagnosis import VERDICTS
 from monitor.diagnosis.activity import ACTIVITIES
 from monitor.exposition import Family, labels, render
@@ -27,6 +29,9 @@ RANK_STATES = ("running", *ACTIVITIES)
 # The labels every per-rank family (hangwatch_rank_*) carries, in this order: the node is on each,
 # so any per-rank series can be joined or grouped by where the rank runs (and an alert name it).
 RANK_LABELS = ("job_id", "rank", "node")
+# Jobs of more ranks than this export per-rank series (hangwatch_rank_*) for their culprits only;
+# hangwatch_job_ranks counts every job's ranks by state. 10,000 ranks x 18 series was 17 MB a scrape.
+RANK_SERIES_MAX_RANKS = 1024
 
 
 def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes:
@@ -49,6 +54,7 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
     wait_ratio = Family("hangwatch_rank_collective_wait_ratio",
                         "Share of the rank's recent stack samples waiting in a collective (0-1)")
     rank_state = Family("hangwatch_rank_state", "1 for the rank's current state, 0 for the others")
+    ranks_by_state = Family("hangwatch_job_ranks", "Ranks of the job in each state (the rank states of hangwatch_rank_state)")
     culprit = Family("hangwatch_rank_culprit", "1 if the diagnosis names this rank as a culprit; node: where it runs")
     for result in results:
         view, d = result.view, result.diagnosis
@@ -65,8 +71,15 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
         world.add(job_l, float(view.world_size))
         job_last = view.job_progress_times[-1] if view.job_progress_times else None
         states = {rd.rank: rd.state for rd in d.ranks}
+        by_state = Counter(states.values())
+        for word in RANK_STATES:
+            ranks_by_state.add(labels(("job_id", "state"), (job, word)), float(by_state.get(word, 0)))
         culprit_set = set(d.culprit_ranks)
-        for r in view.ranks:
+        # A giant job's per-rank series would be most of the scrape (18 per rank): past
+        # RANK_SERIES_MAX_RANKS its ranks are counted by state above and only its culprits get them.
+        per_rank = view.ranks if len(view.ranks) <= RANK_SERIES_MAX_RANKS else [
+            r for r in view.ranks if r.rank in culprit_set]
+        for r in per_rank:
             rank_l = labels(RANK_LABELS, (job, str(r.rank), r.node))
             current = states.get(r.rank, "unknown")
             prefix = rank_l[:-1]
@@ -118,7 +131,7 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
     for reason, count in sorted(monitor.rejected.items()):
         rejected.add(labels(("reason",), (reason,)), float(count))
 
-    families = [build_info(), verdict, info, last_progress, culprits, world, cpu_total, cpu_ratio, step, up,
+    families = [build_info(), verdict, info, last_progress, culprits, world, ranks_by_state, cpu_total, cpu_ratio, step, up,
                 rank_progress, wait_ratio, rank_state, culprit, last_report, collector_up, collector_errors,
                 dump_failures, agent_cpu, agent_memory, reports, rejected]
     return render([*families, *own_families(monitor, guard), *http_families(http), *process_families()])

@@ -130,3 +130,21 @@ def test_a_wait_site_is_learned_once_the_job_progresses_past_its_stack(client: T
     post_report(client, report(ranks=[rank(job_id="j", rank=0, stack=stack(t - 1),
                                             progress=progress(2, 2, [(t - 2, 1), (t + 0.5, 2)]))], sent_at=clock.now))
     assert job.known_wait_sites == {"all_reduce@train.py:50"} and job.pending_wait_ranks == set()
+
+
+def test_metrics_count_a_giant_jobs_ranks_by_state_and_keep_per_rank_series_for_its_culprits(
+        giant: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    def series(text: str, name: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith(name + "{") and f'job_id="{JOB}"' in line]
+
+    full = giant.get("/metrics").text
+    assert len(series(full, "hangwatch_rank_alive")) == RANKS  # under the cap: every rank
+    monkeypatch.setattr("monitor.metrics.RANK_SERIES_MAX_RANKS", RANKS - 1)
+    capped = giant.get("/metrics").text
+    assert series(capped, "hangwatch_rank_alive") == [
+        f'hangwatch_rank_alive{{job_id="{JOB}",rank="{CULPRIT}",node="node-{CULPRIT // 8:03d}"}} 1.0']
+    assert f'hangwatch_rank_culprit{{job_id="{JOB}",rank="{CULPRIT}",node="node-{CULPRIT // 8:03d}"}} 1.0' in capped
+    counts = {line.split('state="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+              for line in series(capped, "hangwatch_job_ranks")}
+    assert counts["in_collective"] == RANKS - 1 and counts["idle"] == 1 and sum(counts.values()) == RANKS
+    assert len(capped) < len(full) / 10
