@@ -117,8 +117,11 @@ async def _tick_forever(monitor: Monitor, guard: LoadGuard, interval_s: float) -
     while True:
         started = time.monotonic()
         try:
-            for _ in monitor.tick_steps():
-                await asyncio.sleep(0)
+            for step in monitor.tick_steps():
+                if step is None:
+                    await asyncio.sleep(0)
+                else:
+                    await asyncio.to_thread(step.run)
             guard.forget(set(monitor.state.nodes))
         except Exception:
             log.exception("background diagnosis failed")

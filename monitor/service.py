@@ -25,6 +25,7 @@ from monitor.fastwire import decode_report
 from monitor.job_names import job_names
 from monitor.limits import Limits, Refusal, check_report
 from monitor.rank_timeline import RankTimeline
+from monitor.job_track import JobTrack
 from monitor.state import MonitorState
 from monitor.store import Store, VerdictChange
 from monitor.views import job_view, rank_view
@@ -72,6 +73,14 @@ class NodeSummary:
     # The agent's own use (agent.selfwatch), when it reports it.
     agent_cpu_percent: float | None = None
     agent_rss_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Work a diagnosis pass hands back to its caller to run where it likes (the app: a worker
+    thread); it touches no shared state and takes no lock."""
+
+    run: Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -268,12 +277,14 @@ class Monitor:
 
     def tick(self, now: float | None = None) -> None:
         """One diagnosis pass over every job, so verdict changes are recorded even while nobody asks."""
-        for _ in self.tick_steps(now):
-            pass
+        for step in self.tick_steps(now):
+            if step is not None:
+                step.run()
 
-    def tick_steps(self, now: float | None = None, step_s: float = 0.002) -> Iterator[None]:
+    def tick_steps(self, now: float | None = None, step_s: float = 0.002) -> Iterator[Offload | None]:
         """``tick`` in steps of about ``step_s`` of work (at least one job each): the event
-        loop serves requests between them, each of which waits for at most one step per await."""
+        loop serves requests between them, each of which waits for at most one step per await.
+        A step may be an ``Offload``: pure work the caller runs (on a worker thread) before going on."""
         now = self.clock() if now is None else now
         started = time.perf_counter()
         with self._lock:
@@ -301,13 +312,31 @@ class Monitor:
                     for track in tracks[start:start + VIEW_CHUNK]:
                         rank_view(track)
                 if time.perf_counter() - step_started >= step_s:
-                    yield
+                    yield None
                     step_started = time.perf_counter()
+            if tracks:
+                # A giant job's rules run on a worker thread, outside the lock, over the view
+                # (immutable) taken here: the event loop goes on serving reports meanwhile,
+                # interleaved by the interpreter every few milliseconds, instead of waiting
+                # ~0.1 s for 10,000 ranks. The result is stored under the lock as it comes back.
+                with self._lock:
+                    job = self.state.jobs.get(job_id)
+                    if job is None:
+                        continue
+                    view = job_view(job, self.state.nodes, now, self.started_at)
+                    revision = job.lifecycle_revision
+                found: list[Diagnosis] = []
+                yield Offload(lambda view=view, found=found: found.append(self._run_diagnosis(view)))  # type: ignore[misc]
+                with self._lock:
+                    if found and self.state.jobs.get(job_id) is job:
+                        self._store(job, view, found[0], revision, now)
+                step_started = time.perf_counter()
+                continue
             with self._lock:
                 if due and job_id in self.state.jobs:
                     self._diagnose_jobs([job_id], now)
             if time.perf_counter() - step_started >= step_s:
-                yield
+                yield None
                 step_started = time.perf_counter()
         self.last_pass_at = now
         self.last_pass_s = time.perf_counter() - started
@@ -316,24 +345,28 @@ class Monitor:
         for job_id in ids:
             job = self.state.jobs[job_id]
             view = job_view(job, self.state.nodes, now, self.started_at)
-            found = self._run_diagnosis(view)
-            # Each rank's state as observed, whatever verdict is published while an alarm confirms.
-            self.timeline.record(job_id, now, ((r.rank, r.state) for r in found.ranks),
-                                 healthy=found.verdict == "healthy")
-            if self.confirm_alarms:
-                settled = self._settled[job_id] = settle(self._settled.get(job_id), found, now, job.last_progress_at)
-                found = settled.shown
-            result = JobResult(
-                view=view,
-                diagnosis=found,
-                last_report_at=job.last_report_at,
-                last_progress_at=job.last_progress_at,
-                cpu_seconds={r: t.latest.cpu_seconds for r, t in job.ranks.items()},
-            )
-            self._results[job_id] = result
-            self._revisions[job_id] = job.lifecycle_revision
-            self._dirty.discard(job_id)
-            self._record_change(result, now)
+            self._store(job, view, self._run_diagnosis(view), job.lifecycle_revision, now)
+
+    def _store(self, job: JobTrack, view: JobView, found: Diagnosis, revision: int, now: float) -> None:
+        """Keep a job's new diagnosis: its timeline, the published (settled) verdict, its history."""
+        job_id = job.job_id
+        # Each rank's state as observed, whatever verdict is published while an alarm confirms.
+        self.timeline.record(job_id, now, ((r.rank, r.state) for r in found.ranks),
+                             healthy=found.verdict == "healthy")
+        if self.confirm_alarms:
+            settled = self._settled[job_id] = settle(self._settled.get(job_id), found, now, job.last_progress_at)
+            found = settled.shown
+        result = JobResult(
+            view=view,
+            diagnosis=found,
+            last_report_at=job.last_report_at,
+            last_progress_at=job.last_progress_at,
+            cpu_seconds={r: t.latest.cpu_seconds for r, t in job.ranks.items()},
+        )
+        self._results[job_id] = result
+        self._revisions[job_id] = revision
+        self._dirty.discard(job_id)
+        self._record_change(result, now)
 
     def _run_diagnosis(self, view: JobView) -> Diagnosis:
         diagnose = self._diagnose or diagnosis.diagnose

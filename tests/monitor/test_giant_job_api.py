@@ -148,3 +148,19 @@ def test_metrics_count_a_giant_jobs_ranks_by_state_and_keep_per_rank_series_for_
               for line in series(capped, "hangwatch_job_ranks")}
     assert counts["in_collective"] == RANKS - 1 and counts["idle"] == 1 and sum(counts.values()) == RANKS
     assert len(capped) < len(full) / 10
+
+
+def test_the_background_pass_diagnoses_a_giant_job_off_the_lock_and_keeps_the_result(
+        giant: TestClient, clock: FakeClock) -> None:
+    from monitor.service import Offload
+
+    monitor = monitor_of(giant)
+    steps = list(monitor.tick_steps(clock.now))
+    offloads = [s for s in steps if isinstance(s, Offload)]
+    assert len(offloads) == 1  # the one job over VIEW_CHUNK ranks; tick_steps' caller runs it
+    assert monitor.history(JOB) == []  # nothing stored: the offloaded work was not run
+    # tick() runs the offloaded work itself: the pass records the verdict and its culprit.
+    clock.advance(1)
+    monitor.tick(clock.now)
+    [change] = monitor.history(JOB)
+    assert (change.verdict, change.culprit_ranks, change.at) == ("deadlock", (CULPRIT,), clock.now)
