@@ -19,7 +19,7 @@ import msgspec
 import pydantic
 
 import monitor.diagnosis as diagnosis
-from monitor.diagnosis import Diagnosis, JobView
+from monitor.diagnosis import Diagnosis, JobView, RankView
 from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.fastwire import decode_report
 from monitor.job_names import job_names
@@ -304,13 +304,15 @@ class Monitor:
             with self._lock:
                 job = self.state.jobs.get(job_id)
                 due = job is not None and self._needs_diagnosis(job_id, now)
-                tracks = list(job.ranks.values()) if due and job is not None and len(job.ranks) > VIEW_CHUNK else []
-            # A giant job's rank views are brought up to date a chunk at a time, requests served
-            # in between; its diagnosis then reads them as one step (monitor/views.rank_view).
+                big = due and job is not None and len(job.ranks) > VIEW_CHUNK
+                tracks = [job.ranks[r] for r in sorted(job.ranks)] if big and job is not None else []
+            # A giant job's rank views are taken a chunk at a time, requests served in between;
+            # its diagnosis reads them as they were taken (a pass is a picture of about a second:
+            # taking them all again at the end would redo most, as every rank reports each second).
+            views: list[RankView] = []
             for start in range(0, len(tracks), VIEW_CHUNK):
                 with self._lock:
-                    for track in tracks[start:start + VIEW_CHUNK]:
-                        rank_view(track)
+                    views.extend(rank_view(track) for track in tracks[start:start + VIEW_CHUNK])
                 if time.perf_counter() - step_started >= step_s:
                     yield None
                     step_started = time.perf_counter()
@@ -323,7 +325,9 @@ class Monitor:
                     job = self.state.jobs.get(job_id)
                     if job is None:
                         continue
-                    view = job_view(job, self.state.nodes, now, self.started_at)
+                    if len(job.ranks) != len(views):  # a rank joined meanwhile: take them all now
+                        views = [rank_view(job.ranks[r]) for r in sorted(job.ranks)]
+                    view = job_view(job, self.state.nodes, now, self.started_at, tuple(views))
                     revision = job.lifecycle_revision
                 found: list[Diagnosis] = []
                 yield Offload(lambda view=view, found=found: found.append(self._run_diagnosis(view)))  # type: ignore[misc]

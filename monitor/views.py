@@ -140,8 +140,10 @@ def silent_nodes(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float) -> t
 
 
 def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float,
-             monitor_started_at: float | None = None) -> JobView:
-    ranks = tuple(rank_view(job.ranks[r]) for r in sorted(job.ranks))
+             monitor_started_at: float | None = None, ranks: tuple[RankView, ...] | None = None) -> JobView:
+    """The job as the diagnosis reads it; ``ranks``: its ranks' views already taken, in rank order."""
+    if ranks is None:
+        ranks = tuple(rank_view(job.ranks[r]) for r in sorted(job.ranks))
     launchers = tuple(launcher_view(job.launchers[k]) for k in sorted(job.launchers))
     job_nodes = [nodes[n] for n in sorted(job.nodes) if n in nodes]
     return JobView(

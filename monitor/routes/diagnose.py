@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from functools import partial
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -38,6 +39,8 @@ register_url_convertor("job_id", _JobIdConvertor())
 router = APIRouter()
 # Rendering yields to the event loop after about this much work, so a big answer does not stall ingest.
 STEP_S = 0.002
+# Answers for jobs of more ranks than this are rendered on a worker thread.
+GIANT_JOB_RANKS = 500
 # The most ranks one page of a job's ranks holds.
 RANKS_LIMIT_MAX = 100_000
 # The most ranks one timeline answer holds (the page asks for 64).
@@ -103,9 +106,13 @@ async def get_diagnose(
         for result in chosen:
             track = monitor.state.jobs.get(result.view.job_id)
             if paged and view == "full":  # a page of ranks: made for this request, not cached
-                pieces.append(dumps(job_dict(result, track, ranks_offset, ranks_limit)))
+                render = partial(_job_bytes, result, track, ranks_offset, ranks_limit)
             else:
-                pieces.append(cache.job_bytes(result, track, view))
+                render = partial(cache.job_bytes, result, track, view)
+            # A giant job's answer (its stack tree and groups span every rank) is rendered on a
+            # worker thread: the event loop goes on taking reports meanwhile.
+            big = len(result.view.ranks) > GIANT_JOB_RANKS and view == "full"
+            pieces.append(await asyncio.to_thread(render) if big else render())
             if time.perf_counter() - step_started >= STEP_S:
                 await asyncio.sleep(0)
                 step_started = time.perf_counter()
@@ -114,8 +121,15 @@ async def get_diagnose(
     if view == "summary":
         summaries = [summary_dict(r, monitor.state.jobs.get(r.view.job_id)) for r in chosen]
         return _text_answer(render_monitor_status(status) + render_summary_text(summaries), headers)
-    jobs = [job_dict(r, monitor.state.jobs.get(r.view.job_id), ranks_offset, ranks_limit) for r in chosen]
+    jobs = [job_dict(r, monitor.state.jobs.get(r.view.job_id), ranks_offset, ranks_limit)
+            if len(r.view.ranks) <= GIANT_JOB_RANKS else
+            await asyncio.to_thread(job_dict, r, monitor.state.jobs.get(r.view.job_id), ranks_offset, ranks_limit)
+            for r in chosen]
     return _text_answer(render_monitor_status(status) + render_text(jobs, now), headers)
+
+
+def _job_bytes(result: JobResult, track: Any, ranks_offset: int, ranks_limit: int | None) -> bytes:
+    return dumps(job_dict(result, track, ranks_offset, ranks_limit))
 
 
 def _unknown_job(job: str, format: str, status: dict[str, Any], headers: dict[str, str]) -> Response:
