@@ -74,8 +74,8 @@ def culprits_cell(job: dict[str, Any]) -> str:
 
 
 def ranks_cell(job: dict[str, Any]) -> str:
-    """Ranks reporting out of the world size."""
-    seen = len(job.get("ranks", []))
+    """Ranks reporting out of the world size (``ranks_total``: a giant job's answer lists only some)."""
+    seen = job.get("ranks_total", len(job.get("ranks", [])))
     world = job.get("world_size")
     return f"{seen}/{world}" if world else str(seen)
 

@@ -109,7 +109,11 @@ def apply_rank(
             job.mark_phase(track.stack.taken_at, phase)
         site = wait_site(track.stack, rr.cpu_percent)
         track.pending_wait_site = site
-        if site:
+        progressed_at = job.last_progress_at
+        if site and progressed_at is not None and track.stack.taken_at < progressed_at:
+            # A stack that arrives after the step it preceded: a regular sync point already.
+            _learn(job, track, site)
+        elif site:
             job.pending_wait_ranks.add(track.rank)
         else:
             job.pending_wait_ranks.discard(track.rank)
@@ -193,10 +197,14 @@ def learn_wait_sites(job: JobTrack) -> None:
         if not site:
             job.pending_wait_ranks.discard(rank)
         elif track is not None and track.stack is not None and track.stack.taken_at < progressed_at:
-            if len(job.known_wait_sites) < KNOWN_SITES_KEPT:
-                job.known_wait_sites.add(site)
-            track.pending_wait_site = None
-            job.pending_wait_ranks.discard(rank)
+            _learn(job, track, site)
+
+
+def _learn(job: JobTrack, track: RankTrack, site: str) -> None:
+    if len(job.known_wait_sites) < KNOWN_SITES_KEPT:
+        job.known_wait_sites.add(site)
+    track.pending_wait_site = None
+    job.pending_wait_ranks.discard(track.rank)
 
 
 def to_stack(report: StackReport, offset: float) -> Stack:

@@ -305,35 +305,41 @@ class Monitor:
                 job = self.state.jobs.get(job_id)
                 due = job is not None and self._needs_diagnosis(job_id, now)
                 big = due and job is not None and len(job.ranks) > VIEW_CHUNK
-                tracks = [job.ranks[r] for r in sorted(job.ranks)] if big and job is not None else []
+                rank_ids = sorted(job.ranks) if big and job is not None else []
+                # Taken before the views: a change that lands while they are taken moves it, so the
+                # next pass looks again.
+                revision = job.lifecycle_revision if job is not None else 0
             # A giant job's rank views are taken a chunk at a time, requests served in between;
             # its diagnosis reads them as they were taken (a pass is a picture of about a second:
             # taking them all again at the end would redo most, as every rank reports each second).
             views: list[RankView] = []
-            for start in range(0, len(tracks), VIEW_CHUNK):
+            for start in range(0, len(rank_ids), VIEW_CHUNK):
                 with self._lock:
-                    views.extend(rank_view(track) for track in tracks[start:start + VIEW_CHUNK])
+                    if self.state.jobs.get(job_id) is not job:
+                        break  # forgotten, or a new run under the id: its own pass comes
+                    tracks = job.ranks  # type: ignore[union-attr]
+                    views.extend(rank_view(tracks[r]) for r in rank_ids[start:start + VIEW_CHUNK] if r in tracks)
                 if time.perf_counter() - step_started >= step_s:
                     yield None
                     step_started = time.perf_counter()
-            if tracks:
+            if rank_ids:
                 # A giant job's rules run on a worker thread, outside the lock, over the view
                 # (immutable) taken here: the event loop goes on serving reports meanwhile,
                 # interleaved by the interpreter every few milliseconds, instead of waiting
                 # ~0.1 s for 10,000 ranks. The result is stored under the lock as it comes back.
                 with self._lock:
-                    job = self.state.jobs.get(job_id)
-                    if job is None:
+                    if job is None or self.state.jobs.get(job_id) is not job:
                         continue
                     if len(job.ranks) != len(views):  # a rank joined meanwhile: take them all now
                         views = [rank_view(job.ranks[r]) for r in sorted(job.ranks)]
                     view = job_view(job, self.state.nodes, now, self.started_at, tuple(views))
-                    revision = job.lifecycle_revision
+                    # Reports from here on are news to the next pass, not covered by this one.
+                    self._dirty.discard(job_id)
                 found: list[Diagnosis] = []
                 yield Offload(lambda view=view, found=found: found.append(self._run_diagnosis(view)))  # type: ignore[misc]
                 with self._lock:
                     if found and self.state.jobs.get(job_id) is job:
-                        self._store(job, view, found[0], revision, now)
+                        self._store(job, view, found[0], revision, now, clear_dirty=False)
                 step_started = time.perf_counter()
                 continue
             with self._lock:
@@ -351,8 +357,10 @@ class Monitor:
             view = job_view(job, self.state.nodes, now, self.started_at)
             self._store(job, view, self._run_diagnosis(view), job.lifecycle_revision, now)
 
-    def _store(self, job: JobTrack, view: JobView, found: Diagnosis, revision: int, now: float) -> None:
-        """Keep a job's new diagnosis: its timeline, the published (settled) verdict, its history."""
+    def _store(self, job: JobTrack, view: JobView, found: Diagnosis, revision: int, now: float,
+               clear_dirty: bool = True) -> None:
+        """Keep a job's new diagnosis: its timeline, the published (settled) verdict, its history.
+        ``clear_dirty``: no report came since ``view`` was taken (else the job stays due for reads)."""
         job_id = job.job_id
         # Each rank's state as observed, whatever verdict is published while an alarm confirms.
         self.timeline.record(job_id, now, ((r.rank, r.state) for r in found.ranks),
@@ -369,7 +377,8 @@ class Monitor:
         )
         self._results[job_id] = result
         self._revisions[job_id] = revision
-        self._dirty.discard(job_id)
+        if clear_dirty:
+            self._dirty.discard(job_id)
         self._record_change(result, now)
 
     def _run_diagnosis(self, view: JobView) -> Diagnosis:

@@ -126,10 +126,12 @@ def describe_all(activities: Sequence[Activity], suffix: str = "") -> list[str]:
     for a in activities:
         groups.setdefault((a.kind, where(a)), []).append(a)
     ordered = sorted(groups.values(), key=lambda g: (len(g), g[0].rank.rank))
-    lines = [_describe_group(g) + suffix for g in ordered[:GROUP_LINES_MAX]]
-    rest = ordered[GROUP_LINES_MAX:]
-    if rest:
-        lines.append(f"... {len(rest)} more groups ({sum(len(g) for g in rest)} ranks)")
+    if len(ordered) <= GROUP_LINES_MAX:
+        return [_describe_group(g) + suffix for g in ordered]
+    # The smallest groups (the odd ones out) and the largest (where the job as a whole is).
+    shown, rest = ordered[: GROUP_LINES_MAX - 1] + ordered[-1:], ordered[GROUP_LINES_MAX - 1 : -1]
+    lines = [_describe_group(g) + suffix for g in shown]
+    lines.insert(-1, f"... {len(rest)} more groups ({sum(len(g) for g in rest)} ranks)")
     return lines
 
 
@@ -142,7 +144,10 @@ def _describe_group(group: list[Activity]) -> str:
     cpu = [a.rank.cpu_percent for a in group if a.rank.cpu_percent is not None]
     cpu_range = "CPU unknown" if not cpu else (
         f"{min(cpu):.0f}% CPU" if round(min(cpu)) == round(max(cpu)) else f"{min(cpu):.0f}-{max(cpu):.0f}% CPU")
-    return f"{ranks_text(a.rank.rank for a in group)} {on}: {first.kind}, {where(first)}, {cpu_range}"
+    gpu = [a.rank.gpu_utilization_percent for a in group if a.rank.gpu_utilization_percent is not None]
+    # On GPUs CPU says little (NCCL waits spin): the GPUs' own load is the better hint.
+    gpu_text = f", GPU {min(gpu):.0f}-{max(gpu):.0f}% busy" if gpu else ""
+    return f"{ranks_text(a.rank.rank for a in group)} {on}: {first.kind}, {where(first)}, {cpu_range}{gpu_text}"
 
 
 def progress_evidence(ctx: Context) -> list[str]:

@@ -218,13 +218,15 @@ async def get_evidence(request: Request, job_id: str, monitor: MonitorDep) -> Re
     result = results[0]
     evidence = {
         "saved_at": now,
-        "job": job_dict(result, monitor.state.jobs.get(result.view.job_id)),
+        # Every rank, whatever the job's size: this is the record that outlives the job.
+        "job": await asyncio.to_thread(job_dict, result, monitor.state.jobs.get(result.view.job_id), 0,
+                                       max(1, len(result.view.ranks))),
         "history": await _history(job_id, monitor),
         "rank_timeline": _timeline(result, monitor, now),
         "monitor": monitor_status(request, monitor),
     }
     name = f"hangwatch-evidence-{_file_safe(result.view.job_id)}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}.json"
-    return Response(dumps(evidence), media_type="application/json",
+    return Response(await asyncio.to_thread(dumps, evidence), media_type="application/json",
                     headers={"Cache-Control": "no-store", "Content-Disposition": f'attachment; filename="{name}"'})
 
 

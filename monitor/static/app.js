@@ -426,7 +426,7 @@ function jobCard(job, links) {
   const since = job.since === null ? null : el("span", { key: "since", class: "meta" }, `since ${clock(job.since)}`);
   const known = job.names && job.names.display ? el("span", { key: "names", class: "names" }, job.names.display) : null;
   const meta = el("span", { key: "meta", class: "meta" },
-    `world size ${job.world_size ?? "?"} · ${job.ranks.length} ranks seen · last report ${clock(job.last_report_at)}`);
+    `world size ${job.world_size ?? "?"} · ${job.ranks_total ?? job.ranks.length} ranks seen · last report ${clock(job.last_report_at)}`);
   const culprits = job.culprit_ranks.length
     ? el("div", { key: "culprits", class: "meta" }, `culprit ranks: ${job.culprit_ranks.join(", ")}`) : null;
   const stacks = job.stacks_unavailable_reason

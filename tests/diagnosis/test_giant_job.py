@@ -50,5 +50,7 @@ def test_evidence_lines_per_rank_up_to_a_screenful_then_per_group(odd_ones: int,
     described = [e for e in found.evidence if ": " in e and " on " in e.split(":")[0] or e.startswith("... ")]
     assert len(described) == lines, described
     if size > RANK_LINES_MAX and odd_ones > GROUP_LINES_MAX:
-        assert described[-1] == f"... {odd_ones - GROUP_LINES_MAX + 1} more groups " \
-                                f"({size - GROUP_LINES_MAX} ranks)"
+        # The smallest groups first, then how many were left out, then the largest group.
+        hidden = odd_ones - (GROUP_LINES_MAX - 1)
+        assert described[-2] == f"... {hidden} more groups ({hidden} ranks)"
+        assert described[-1].startswith(f"ranks {odd_ones}-{size - 1} on ")

@@ -56,6 +56,7 @@ def test_culprits_cell_names_each_culprit_node(fields, shown):
     ({}, "2/4"),
     ({"world_size": None}, "2"),
     ({"ranks": []}, "0/4"),
+    ({"ranks_total": 10_000, "world_size": 10_000}, "10000/10000"),  # a giant job lists 256 of them
 ])
 def test_ranks_cell(fields, shown):
     assert ranks_cell(job(**fields)) == shown
