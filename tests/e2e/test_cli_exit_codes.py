@@ -151,10 +151,9 @@ def test_an_alarm_on_one_monitor_is_shown_while_others_are_down_or_silent(
     wait_for(monitor, "job-bad", "rank_exited")
     down = f"http://127.0.0.1:{free_port()}"
     quiet = [silent(), silent()]
-    started = time.monotonic()
     res = run(cmd, "--monitor", monitor.base, "--monitor", down, "--monitor", quiet[0].url,
               "--monitor", quiet[1].url, "--timeout", "3")
-    took = time.monotonic() - started
+    ended = time.monotonic()
     # What answered is shown, alarm and all...
     assert "job-bad" in res.stdout and "RANK_EXITED" in res.stdout.upper() and "job-ok" in res.stdout, res
     # ...each monitor that did not is named, one line each, with why...
@@ -166,11 +165,13 @@ def test_an_alarm_on_one_monitor_is_shown_while_others_are_down_or_silent(
     # ...and the exit code says both.
     assert res.returncode == EXIT_ALARM_UNREACHABLE, res
     # Asked at once: both silent monitors were called within a moment of each other (one after
-    # the other, the second would have waited out the first's 3 s), and the whole run waited
-    # about one timeout, not two.
+    # the other, the second would have waited out the first's 3 s), and from the first call on the
+    # command waited about one timeout, not two (counted from the call, not from the command's
+    # start: Python's start-up takes seconds on a loaded machine, run 31 of a clean-clone CI).
     assert [len(q.connected_at) for q in quiet] == [1, 1]
     assert abs(quiet[0].connected_at[0] - quiet[1].connected_at[0]) < 1.5, [q.connected_at for q in quiet]
-    assert took < 3 * 2, took
+    waited = ended - min(q.connected_at[0] for q in quiet)
+    assert waited < 3 * 2, waited
 
 
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
