@@ -121,7 +121,12 @@ local at(x, y, w, h) = { x: x, y: y, w: w, h: h };
                  at(12, 32, 12, 8)),
       stateTimeline('Rank alive', '1 while the rank process is alive.', okEntries('ended', 'alive'),
                     [target('max by (job_id, rank, node) (hangwatch_rank_alive%s)' % raw(jobs), rankLegend)],
-                    at(0, 40, 24, 6)),
+                    at(0, 40, 12, 6)),
+      timeseries('Ranks by state',
+                 "How many of each job's ranks are in each state: the view of a job too big for per-rank panels (past 1,024 ranks they show its culprits only).",
+                 'none',
+                 [target('max by (job_id, state) (hangwatch_job_ranks%s) > 0' % raw(jobs), '{{job_id}} {{state}}')],
+                 at(12, 40, 12, 6)),
 
       row('Agents', 46),
       timeseries('Time since agent report',
