@@ -35,8 +35,12 @@ done
 parallel=$?
 cpu_bound=5
 if [ "$fast" -eq 0 ] && { [ "$parallel" -le 1 ] || [ "$parallel" -eq 5 ]; }; then
-    .venv/bin/python -m pytest -n0 --cpu-bound=only "${tier[@]}" "${args[@]}"
+    # A /tmp of its own, removed after, as each parallel worker's node has (tests/node_worker.py):
+    # torchrun leaves a torchelastic_* directory behind for every job.
+    serial_tmp=$(mktemp -d -t hw-serial-XXXXXX)
+    TMPDIR="$serial_tmp" .venv/bin/python -m pytest -n0 --cpu-bound=only "${tier[@]}" "${args[@]}"
     cpu_bound=$?
+    rm -rf "$serial_tmp"
 fi
 if [ "$parallel" -eq 5 ] && [ "$cpu_bound" -eq 5 ]; then
     echo "pytest collected no tests: failing on purpose" >&2
