@@ -9,11 +9,12 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from monitor.diagnosis import Diagnosis, Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
+from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
 from monitor.diagnosis.model import FlightRecord
 from monitor.diagnosis.stacks import memo
 from monitor.job_names import env_names
 from monitor.job_track import JobTrack
+from monitor.tracks import RankTrack
 from monitor.rank_ranges import ranks_text as ranks_text  # re-exported: render_text and tests import it from here
 from monitor.service import JobResult
 from monitor.stack_tree import stack_tree
@@ -66,10 +67,12 @@ def job_dict(result: JobResult, track: JobTrack | None = None, ranks_offset: int
     ``ranks`` holds the ranks ``listed_ranks`` picks; ``ranks_total`` says how many there are."""
     view, d = result.view, result.diagnosis
     listed = listed_ranks(result, ranks_offset, ranks_limit)
-    by_rank = {r.rank: r for r in d.ranks} if len(listed) == len(view.ranks) else _diagnoses_of(d, listed)
+    wanted = [r.rank for r in listed]
+    chosen = set(wanted)
+    by_rank = {rd.rank: rd for rd in d.ranks if rd.rank in chosen}
     job_last = view.job_progress_times[-1] if view.job_progress_times else None
-    progress = progress_series(track, [r.rank for r in listed]) if track is not None else {}
-    found = found_by(track, [r.rank for r in listed]) if track is not None else {}
+    progress = progress_series(track, wanted) if track is not None else {}
+    found = found_by(track, wanted) if track is not None else {}
     return {
         **job_head(result, track),
         "evidence": list(d.evidence),
@@ -158,28 +161,25 @@ def _exit_dict(exit: Any) -> dict[str, Any] | None:
     return {"at": exit.at, "code": exit.code, "signal": exit.signal, "error": exit.error}
 
 
-def _diagnoses_of(d: Diagnosis, listed: list[RankView]) -> dict[int, RankDiagnosis]:
-    """The listed ranks' diagnoses (d.ranks is in rank order, as the view's ranks are)."""
-    wanted = {r.rank for r in listed}
-    return {rd.rank: rd for rd in d.ranks if rd.rank in wanted}
+def _tracks_of(track: JobTrack, ranks: Iterable[int] | None) -> dict[int, RankTrack]:
+    """The job's rank tracks, of ``ranks`` only when given."""
+    tracks = track.ranks
+    return tracks if ranks is None else {r: tracks[r] for r in ranks if r in tracks}
 
 
 def found_by(track: JobTrack, ranks: Iterable[int] | None = None) -> dict[int, dict[str, str]]:
     """Per rank (of ``ranks``, else all), the launcher its agent saw and how it knew the rank
     ("env:RANK", "lightning:LOCAL_RANK", "mp.spawn:start-order", ...)."""
-    tracks = track.ranks
-    chosen = tracks if ranks is None else {r: tracks[r] for r in ranks if r in tracks}
     return {rank: {"launcher": t.latest.launcher, "identified_by": t.latest.identified_by}
-            for rank, t in chosen.items()}
+            for rank, t in _tracks_of(track, ranks).items()}
 
 
 def progress_series(track: JobTrack, ranks: Iterable[int] | None = None) -> dict[int, list[list[float]]]:
     """Per rank (of ``ranks``, else all), its recent ``[time, step]`` points; the job-scope log's
     points for a rank without its own."""
     job_points = _points(track.progress_points)
-    tracks = track.ranks
-    chosen = tracks if ranks is None else {r: tracks[r] for r in ranks if r in tracks}
-    return {rank: _points(t.progress_points) if t.progress_points else job_points for rank, t in chosen.items()}
+    return {rank: _points(t.progress_points) if t.progress_points else job_points
+            for rank, t in _tracks_of(track, ranks).items()}
 
 
 def _points(points: Iterable[tuple[float, int]]) -> list[tuple[float, int]]:

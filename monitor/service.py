@@ -23,9 +23,9 @@ from monitor.diagnosis import Diagnosis, JobView, RankView
 from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.fastwire import decode_report
 from monitor.job_names import job_names
+from monitor.job_track import JobTrack
 from monitor.limits import Limits, Refusal, check_report
 from monitor.rank_timeline import RankTimeline
-from monitor.job_track import JobTrack
 from monitor.state import MonitorState
 from monitor.store import Store, VerdictChange
 from monitor.views import job_view, rank_view
@@ -38,7 +38,10 @@ log = logging.getLogger("hangwatch.monitor")
 ADVANCING_S = 2.0
 REFRESH_S = 5.0
 
-# Ranks whose views a pass brings up to date between two chances for requests to run.
+# Jobs of more ranks than this are diagnosed off the event loop (``Monitor._giant_job_steps``)
+# and their answers rendered on a worker thread (monitor/routes/diagnose.py).
+GIANT_JOB_RANKS = 500
+# Ranks whose views a pass takes between two chances for requests to run.
 VIEW_CHUNK = 500
 
 # A report kept through an outage longer ago than this is not applied (its verdicts are history
@@ -303,53 +306,57 @@ class Monitor:
         for job_id in ids:
             with self._lock:
                 job = self.state.jobs.get(job_id)
-                due = job is not None and self._needs_diagnosis(job_id, now)
-                big = due and job is not None and len(job.ranks) > VIEW_CHUNK
-                rank_ids = sorted(job.ranks) if big and job is not None else []
-                # Taken before the views: a change that lands while they are taken moves it, so the
-                # next pass looks again.
-                revision = job.lifecycle_revision if job is not None else 0
-            # A giant job's rank views are taken a chunk at a time, requests served in between;
-            # its diagnosis reads them as they were taken (a pass is a picture of about a second:
-            # taking them all again at the end would redo most, as every rank reports each second).
-            views: list[RankView] = []
-            for start in range(0, len(rank_ids), VIEW_CHUNK):
-                with self._lock:
-                    if self.state.jobs.get(job_id) is not job:
-                        break  # forgotten, or a new run under the id: its own pass comes
-                    tracks = job.ranks  # type: ignore[union-attr]
-                    views.extend(rank_view(tracks[r]) for r in rank_ids[start:start + VIEW_CHUNK] if r in tracks)
-                if time.perf_counter() - step_started >= step_s:
-                    yield None
-                    step_started = time.perf_counter()
-            if rank_ids:
-                # A giant job's rules run on a worker thread, outside the lock, over the view
-                # (immutable) taken here: the event loop goes on serving reports meanwhile,
-                # interleaved by the interpreter every few milliseconds, instead of waiting
-                # ~0.1 s for 10,000 ranks. The result is stored under the lock as it comes back.
-                with self._lock:
-                    if job is None or self.state.jobs.get(job_id) is not job:
-                        continue
-                    if len(job.ranks) != len(views):  # a rank joined meanwhile: take them all now
-                        views = [rank_view(job.ranks[r]) for r in sorted(job.ranks)]
-                    view = job_view(job, self.state.nodes, now, self.started_at, tuple(views))
-                    # Reports from here on are news to the next pass, not covered by this one.
-                    self._dirty.discard(job_id)
-                found: list[Diagnosis] = []
-                yield Offload(lambda view=view, found=found: found.append(self._run_diagnosis(view)))  # type: ignore[misc]
-                with self._lock:
-                    if found and self.state.jobs.get(job_id) is job:
-                        self._store(job, view, found[0], revision, now, clear_dirty=False)
-                step_started = time.perf_counter()
-                continue
-            with self._lock:
-                if due and job_id in self.state.jobs:
+                if job is None or not self._needs_diagnosis(job_id, now):
+                    continue
+                giant = len(job.ranks) > GIANT_JOB_RANKS
+                if not giant:
                     self._diagnose_jobs([job_id], now)
-            if time.perf_counter() - step_started >= step_s:
+            if giant:
+                yield from self._giant_job_steps(job, now, step_s)
+                step_started = time.perf_counter()
+            elif time.perf_counter() - step_started >= step_s:
                 yield None
                 step_started = time.perf_counter()
         self.last_pass_at = now
         self.last_pass_s = time.perf_counter() - started
+
+    def _giant_job_steps(self, job: JobTrack, now: float, step_s: float) -> Iterator[Offload | None]:
+        """A giant job's diagnosis in steps. Its rank views are taken a chunk at a time, requests
+        served in between, and read as they were taken (a pass is a picture of about a second:
+        taking them all again at the end would redo most, as every rank reports each second). Its
+        rules then run as an ``Offload`` (on a worker thread, outside the lock) over the immutable
+        view, instead of holding the event loop ~0.1 s for 10,000 ranks; the result is stored under
+        the lock as it comes back."""
+        job_id = job.job_id
+        with self._lock:
+            rank_ids = sorted(job.ranks)
+            # Taken before the views: a change that lands while they are taken moves it, so the
+            # next pass looks again.
+            revision = job.lifecycle_revision
+        views: list[RankView] = []
+        step_started = time.perf_counter()
+        for start in range(0, len(rank_ids), VIEW_CHUNK):
+            with self._lock:
+                if self.state.jobs.get(job_id) is not job:
+                    return  # forgotten, or a new run under the id: its own pass comes
+                tracks = job.ranks
+                views.extend(rank_view(tracks[r]) for r in rank_ids[start:start + VIEW_CHUNK] if r in tracks)
+            if time.perf_counter() - step_started >= step_s:
+                yield None
+                step_started = time.perf_counter()
+        with self._lock:
+            if self.state.jobs.get(job_id) is not job:
+                return
+            if len(job.ranks) != len(views):  # a rank joined meanwhile: take them all now
+                views = [rank_view(job.ranks[r]) for r in sorted(job.ranks)]
+            view = job_view(job, self.state.nodes, now, self.started_at, tuple(views))
+            # Reports from here on are news to the next pass, not covered by this one.
+            self._dirty.discard(job_id)
+        found: list[Diagnosis] = []
+        yield Offload(lambda: found.append(self._run_diagnosis(view)))
+        with self._lock:
+            if found and self.state.jobs.get(job_id) is job:
+                self._store(job, view, found[0], revision, now, clear_dirty=False)
 
     def _diagnose_jobs(self, ids: Iterable[str], now: float) -> None:
         for job_id in ids:

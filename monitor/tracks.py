@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from monitor.diagnosis import ExitView, LogPhase, Stack
+from monitor.diagnosis import ExitView, HostFacts, LogPhase, RankView, Stack
 from monitor.diagnosis.model import FlightRecord
 from monitor.wire import (
     AgentInfo,
@@ -96,7 +96,7 @@ class RankTrack:
     # a 10,000-rank job rebuilds only the ranks that reported since the last one.
     revision: int = 0
     progress_revision: int = 0
-    view_cache: object = None
+    view_cache: tuple[int, RankView] | None = None  # (revision, the view at it)
     view_parts: dict[str, tuple[object, object]] = field(default_factory=dict)
 
     # How many of ``wait_samples`` waited: kept with them, so the share costs nothing per pass.
@@ -170,4 +170,4 @@ class NodeTrack:
     # the past however recent its time, never read as the node's present (monitor/views.is_fresh).
     live: bool = True
     # (host report, its HostFacts) for monitor/views.host_facts: the facts change only with the host.
-    facts_cache: tuple[object, object] | None = None
+    facts_cache: tuple[HostReport, HostFacts] | None = None

@@ -22,7 +22,7 @@ def rank_view(track: RankTrack) -> RankView:
     """The rank's view, kept on the track until ingest changes it (``RankTrack.revision``): a pass
     over a giant job rebuilds only the ranks that reported since the last one."""
     cached = track.view_cache
-    if isinstance(cached, tuple) and cached[0] == track.revision:
+    if cached is not None and cached[0] == track.revision:
         return cached[1]
     view = _build_rank_view(track)
     track.view_cache = (track.revision, view)
@@ -112,7 +112,7 @@ def node_facts(node: NodeTrack) -> HostFacts:
     """``host_facts`` of the node's host report, kept until the report's host part changes."""
     cached = node.facts_cache
     if cached is not None and cached[0] is node.host:
-        return cached[1]  # type: ignore[return-value]
+        return cached[1]
     facts = host_facts(node.host)
     node.facts_cache = (node.host, facts)
     return facts

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from functools import partial
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -20,7 +21,7 @@ from monitor.present import RANKS_LISTED_BY_DEFAULT, job_dict
 from monitor.render_text import render_monitor_status, render_text
 from monitor.routes.deps import MonitorDep
 from hangwatch_common.safe_text import one_line, text_block
-from monitor.service import JobResult, Monitor
+from monitor.service import GIANT_JOB_RANKS, JobResult, Monitor
 
 
 class _JobIdConvertor(Convertor[str]):
@@ -37,10 +38,9 @@ class _JobIdConvertor(Convertor[str]):
 
 register_url_convertor("job_id", _JobIdConvertor())
 router = APIRouter()
+T = TypeVar("T")
 # Rendering yields to the event loop after about this much work, so a big answer does not stall ingest.
 STEP_S = 0.002
-# Answers for jobs of more ranks than this are rendered on a worker thread.
-GIANT_JOB_RANKS = 500
 # The most ranks one page of a job's ranks holds.
 RANKS_LIMIT_MAX = 100_000
 # The most ranks one timeline answer holds (the page asks for 64).
@@ -105,14 +105,12 @@ async def get_diagnose(
         paged = ranks_offset != 0 or ranks_limit is not None
         for result in chosen:
             track = monitor.state.jobs.get(result.view.job_id)
-            if paged and view == "full":  # a page of ranks: made for this request, not cached
-                render = partial(_job_bytes, result, track, ranks_offset, ranks_limit)
+            if view == "summary":
+                pieces.append(cache.job_bytes(result, track, view))
+            elif paged:  # a page of ranks: made for this request, not cached
+                pieces.append(await _render(result, partial(_page_bytes, result, track, ranks_offset, ranks_limit)))
             else:
-                render = partial(cache.job_bytes, result, track, view)
-            # A giant job's answer (its stack tree and groups span every rank) is rendered on a
-            # worker thread: the event loop goes on taking reports meanwhile.
-            big = len(result.view.ranks) > GIANT_JOB_RANKS and view == "full"
-            pieces.append(await asyncio.to_thread(render) if big else render())
+                pieces.append(await _render(result, partial(cache.job_bytes, result, track, view)))
             if time.perf_counter() - step_started >= STEP_S:
                 await asyncio.sleep(0)
                 step_started = time.perf_counter()
@@ -121,15 +119,21 @@ async def get_diagnose(
     if view == "summary":
         summaries = [summary_dict(r, monitor.state.jobs.get(r.view.job_id)) for r in chosen]
         return _text_answer(render_monitor_status(status) + render_summary_text(summaries), headers)
-    jobs = [job_dict(r, monitor.state.jobs.get(r.view.job_id), ranks_offset, ranks_limit)
-            if len(r.view.ranks) <= GIANT_JOB_RANKS else
-            await asyncio.to_thread(job_dict, r, monitor.state.jobs.get(r.view.job_id), ranks_offset, ranks_limit)
+    jobs = [await _render(r, partial(job_dict, r, monitor.state.jobs.get(r.view.job_id), ranks_offset, ranks_limit))
             for r in chosen]
     return _text_answer(render_monitor_status(status) + render_text(jobs, now), headers)
 
 
-def _job_bytes(result: JobResult, track: Any, ranks_offset: int, ranks_limit: int | None) -> bytes:
+def _page_bytes(result: JobResult, track: Any, ranks_offset: int, ranks_limit: int | None) -> bytes:
     return dumps(job_dict(result, track, ranks_offset, ranks_limit))
+
+
+async def _render(result: JobResult, render: Callable[[], T]) -> T:
+    """``render()`` of a job's answer: on a worker thread for a giant job (its stack tree and groups
+    span every rank), so the event loop goes on taking reports meanwhile; right here otherwise."""
+    if len(result.view.ranks) > GIANT_JOB_RANKS:
+        return await asyncio.to_thread(render)
+    return render()
 
 
 def _unknown_job(job: str, format: str, status: dict[str, Any], headers: dict[str, str]) -> Response:
