@@ -8,15 +8,18 @@ N of them sharded by job id the way agents given N ``--monitor`` URLs shard, eac
 one CPU of ``--monitor-cpus`` in turn), feeds it ``--nodes``
 simulated nodes of 8 ranks (one report a second each, built by ``simulated_nodes`` from the
 wire schema; ``--protocol full`` replays what pre-delta agents send), probes the read
-endpoints the way people and Prometheus do, and injects a deadlock into one job a third of
-the way into the measured window. It prints:
+endpoints the way people and Prometheus do, and injects a fault into one job a third of
+the way into the measured window: a deadlock (rank 1 leaves the loop), or with ``--fault
+straggler`` rank 1 doing 30% more work per step than the rest (the job steps on, slower;
+give it ``--duration 120``: the ranks' CPU levels are half-minute medians). It prints:
 
 - achieved reports/s and the share accepted, shed (503) or failed;
 - latency percentiles per endpoint (ingest, ``/diagnose`` in its views, ``/metrics``, the page);
 - the monitor's CPU (share of the cores it may use) and peak RSS, and its CPU-milliseconds per
   node report, a figure that stays stable when the load generator shares the machine;
 - the database's size and its growth, per hour;
-- seconds from the injected deadlock to the right verdict and culprit.
+- seconds from the injected fault to the right verdict and culprit, and every other alarm or
+  culprit that was published for the job (before the fault: false alarms).
 
 It asserts nothing: figures go in benchmarks/README.md.
 """
@@ -125,28 +128,35 @@ async def probe(port: int, name: str, path: str, every: float, until: float, win
     conn.close()
 
 
-async def watch_deadlock(port: int, job: str, culprit: int, inject_at: float, until: float) -> float | None:
+async def watch_fault(port: int, job: str, verdict: str, culprit: int, inject_at: float, until: float,
+                      other: list[str]) -> float | None:
+    """Seconds from ``inject_at`` to ``verdict`` naming ``culprit`` alone; any other alarm or culprit
+    published for the job on the way goes into ``other``."""
     conn = HttpConnection("127.0.0.1", port)
     try:
         while time.time() < until:
             await asyncio.sleep(0.25)
-            if time.time() < inject_at:
-                continue
             try:
                 status, body = await asyncio.wait_for(conn.request("GET", f"/diagnose?format=json&job={job}"), 30)
             except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
                 conn.close()
                 continue
             jobs = json.loads(body).get("jobs", []) if status == 200 else []
-            if jobs and jobs[0]["verdict"] == "deadlock" and jobs[0]["culprit_ranks"] == [culprit]:
+            if not jobs:
+                continue
+            seen, named = jobs[0]["verdict"], jobs[0]["culprit_ranks"]
+            if time.time() >= inject_at and seen == verdict and named == [culprit]:
                 return time.time() - inject_at
+            if seen not in ("healthy", "unknown") or named:
+                when = "before" if time.time() < inject_at else "after"
+                other.append(f"{when} the fault: {seen} {named[:10]}")
         return None
     finally:
         conn.close()
 
 
 async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tuple[float, float], end: float,
-                  job: str, culprit: int, inject_at: float) -> dict:
+                  job: str, fault: str, culprit: int, inject_at: float) -> dict:
     latencies: dict[str, list[float]] = {}
     sizes: dict[str, int] = {}
     lags: list[float] = []
@@ -154,7 +164,8 @@ async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tu
     probes = [asyncio.create_task(probe(owner_port if "{job}" in path else port, name, path.format(job=job), every,
                                         end, window, latencies, sizes, lags))
               for name, path, every in PROBES for port in ports if "{job}" not in path or port == ports[0]]
-    detect = asyncio.create_task(watch_deadlock(owner_port, job, culprit, inject_at, end))
+    other: list[str] = []
+    detect = asyncio.create_task(watch_fault(owner_port, job, fault, culprit, inject_at, end, other))
     await asyncio.sleep(max(0.0, window[0] - time.time()))
     cpu0, db0, peak = sum(map(cpu_seconds, pids)), sum(map(db_bytes, dbs)), 0
     while time.time() < window[1]:
@@ -170,7 +181,7 @@ async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tu
         conn.close()
         own += [f"{port}: {line}" for line in metrics.decode().splitlines() if line.startswith("hangwatch_monitor_")]
     return {"cpu_s": cpu1 - cpu0, "db_start": db0, "db_end": db1, "rss_peak": peak, "latencies": latencies,
-            "sizes": sizes, "detected_s": detected, "monitor_metrics": own, "lags": lags}
+            "sizes": sizes, "detected_s": detected, "other_answers": other, "monitor_metrics": own, "lags": lags}
 
 
 def shard_main(conn, nodes, ports, protocol, start, window, end) -> None:  # type: ignore[no-untyped-def]
@@ -192,6 +203,8 @@ def main() -> int:
     parser.add_argument("--load-procs", type=int, default=1, help="load generator processes")
     parser.add_argument("--port", type=int, default=18787)
     parser.add_argument("--monitor-arg", action="append", default=[], help="extra hangwatch-monitor argument")
+    parser.add_argument("--fault", choices=("deadlock", "straggler"), default="deadlock",
+                        help="what goes wrong in the first job a third of the way in")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
 
@@ -216,8 +229,12 @@ def main() -> int:
         victim = nodes[0].job_id
         culprit = 1
         for n in nodes:
-            if n.job_id == victim:
+            if n.job_id != victim:
+                continue
+            if args.fault == "deadlock":
                 n.deadlocked_at, n.culprit_rank = inject_at, culprit
+            else:  # every node of the job steps at the straggler's pace
+                n.straggling_from, n.straggler_rank = inject_at, culprit
         ctx = multiprocessing.get_context("fork")
         pipes, procs = [], []
         for i in range(args.load_procs):
@@ -229,8 +246,8 @@ def main() -> int:
                 subprocess.run(["taskset", "-pc", args.load_cpus, str(proc.pid)], stdout=subprocess.DEVNULL, check=False)
             pipes.append(parent)
             procs.append(proc)
-        observed = asyncio.run(observe([m.pid for m in monitors], ports, dbs, window, end, victim, culprit,
-                                       inject_at))
+        observed = asyncio.run(observe([m.pid for m in monitors], ports, dbs, window, end, victim, args.fault,
+                                       culprit, inject_at))
         stats = LoadStats()
         for parent, proc in zip(pipes, procs):
             stats.merge(parent.recv())
@@ -277,7 +294,8 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
         "loop_lag_p50_ms": (percentile(observed["lags"], 0.5) or 0) * 1000,
         "loop_lag_max_ms": max(observed["lags"], default=0) * 1000,
         "rss_peak_mib": observed["rss_peak"] / 2**20, "db_mib": observed["db_end"] / 2**20,
-        "db_growth_mib_per_h": growth_h / 2**20, "deadlock_detected_s": observed["detected_s"],
+        "db_growth_mib_per_h": growth_h / 2**20, "fault": args.fault,
+        "fault_detected_s": observed["detected_s"], "other_answers": observed["other_answers"],
         "monitor_metrics": observed["monitor_metrics"],
     }
     print(f"ranks {figures['ranks']} ({args.nodes} nodes x {RANKS_PER_NODE}, jobs of {args.ranks_per_job}), "
@@ -299,7 +317,9 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
           f"peak RSS {figures['rss_peak_mib']:.0f} MiB")
     print(f"database {figures['db_mib']:.1f} MiB, growth {figures['db_growth_mib_per_h']:.0f} MiB/h")
     detected = observed["detected_s"]
-    print(f"injected deadlock: {'found in %.1f s' % detected if detected is not None else 'NOT found'}")
+    print(f"injected {args.fault}: {'found in %.1f s' % detected if detected is not None else 'NOT found'}")
+    other = observed["other_answers"]
+    print(f"other answers for the job: {len(other)}" + "".join(f"\n  {w}" for w in sorted(set(other))[:10]))
     for line in observed["monitor_metrics"]:
         if not line.startswith("#"):
             print("  " + line)

@@ -11,7 +11,10 @@ plain py-spy stacks now and then, sockets, the node's host facts. Two protocols:
   changed (see monitor/wire.py).
 
 A node can be told to deadlock: its ranks stop stepping, go idle and their stacks show the
-collective wait, except the culprit rank, which sits in user code.
+collective wait, except the culprit rank, which sits in user code. A job can be told to
+straggle: from ``straggling_from`` its ``straggler_rank`` does STRAGGLER_FACTOR times the work
+per step, so every node of the job steps that much slower and its other ranks spend the
+difference waiting in all_reduce (lower CPU, a share of their stacks in the collective).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ BACKGROUND_DUMP_EVERY_S = 10.0
 STUCK_DUMP_EVERY_S = 3.0
 STUCK_AFTER_S = 3.0
 RECENT_KEPT = 32
+STRAGGLER_FACTOR = 1.3
 
 
 @dataclass
@@ -60,6 +64,8 @@ class SimulatedNode:
     world_size: int
     deadlocked_at: float | None = None
     culprit_rank: int | None = None
+    straggler_rank: int | None = None
+    straggling_from: float | None = None
     _steps: list[tuple[float, int]] = field(default_factory=list)
     _stacks: dict[int, dict] = field(default_factory=dict)
     _next_dump: dict[int, float] = field(default_factory=dict)
@@ -84,18 +90,32 @@ class SimulatedNode:
     def _advance(self, now: float) -> None:
         last_at, last_step = self._steps[-1] if self._steps else (now - STEP_S, 0)
         limit = min(now, self.deadlocked_at) if self.deadlocked_at is not None else now
-        while last_at + STEP_S <= limit:
-            last_at, last_step = last_at + STEP_S, last_step + 1
+        while last_at + self._step_s(last_at) <= limit:
+            last_at, last_step = last_at + self._step_s(last_at), last_step + 1
             self._steps.append((last_at, last_step))
         del self._steps[:-RECENT_KEPT]
         self._cpu_seconds += 0.0 if self._stuck(now) else 0.95
+
+    def _straggling(self, now: float) -> bool:
+        return self.straggling_from is not None and now >= self.straggling_from
+
+    def _step_s(self, at: float) -> float:
+        return STEP_S * (STRAGGLER_FACTOR if self._straggling(at) else 1.0)
+
+    def _cpu(self, rank: int, now: float) -> float:
+        if self._stuck(now):
+            return 0.4
+        busy = random.uniform(90, 99)
+        if self._straggling(now) and rank != self.straggler_rank:
+            return busy / STRAGGLER_FACTOR  # the rest of each step waits for the straggler
+        return busy
 
     def _rank(self, local: int, now: float) -> dict:
         rank = self.first_rank + local
         stuck = self._stuck(now)
         self._maybe_dump(rank, now, stuck, stuck and rank == self.culprit_rank)
         last_at, step = self._steps[-1] if self._steps else (None, None)
-        cpu = 0.4 if stuck else random.uniform(90, 99)
+        cpu = self._cpu(rank, now)
         return {
             "job_id": self.job_id, "rank": rank, "world_size": self.world_size, "local_rank": local,
             "pid": 10_000 + rank, "launcher": "torchrun", "started_at": now - 3600, "alive": True,
@@ -129,8 +149,10 @@ class SimulatedNode:
             due = self._next_dump[rank] = self.deadlocked_at + STUCK_AFTER_S
         if now < due:
             return
-        frames = LINGER if culprit else ALL_REDUCE if stuck else COMPUTE
-        main = {"tid": 10_000 + rank, "name": "MainThread", "active": not stuck, "owns_gil": not stuck,
+        waiting = stuck or (self._straggling(now) and rank != self.straggler_rank
+                            and random.random() < 1 - 1 / STRAGGLER_FACTOR)
+        frames = LINGER if culprit else ALL_REDUCE if waiting else COMPUTE
+        main = {"tid": 10_000 + rank, "name": "MainThread", "active": not waiting, "owns_gil": not waiting,
                 "frames": frames}
         self._stacks[rank] = {"taken_at": now, "native": False, "duration_s": 0.03, "threads": [main, GLOO_THREAD]}
         self._next_dump[rank] = now + (STUCK_DUMP_EVERY_S if stuck else BACKGROUND_DUMP_EVERY_S)

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from statistics import median
 
 from monitor.diagnosis import ExitView, HostFacts, LogPhase, RankView, Stack
+from monitor.diagnosis.slow_rank import (
+    CPU_LEVEL_EVERY_S,
+    CPU_LEVEL_MIN_SAMPLES,
+    CPU_LEVEL_MIN_SPAN_S,
+    CPU_LEVEL_WINDOW_S,
+)
 from monitor.diagnosis.model import FlightRecord
 from monitor.wire import (
     AgentInfo,
@@ -29,6 +36,8 @@ PROGRESS_POINTS_KEPT = 120
 WAIT_SAMPLES_KEPT = 1024
 WAIT_SHARE_WINDOW_S = 600.0
 WAIT_SHARE_MIN_SAMPLES = 5
+# Per-report CPU samples kept per rank for its steady level (monitor.diagnosis.slow_rank).
+CPU_SAMPLES_KEPT = 120
 
 RankKey = tuple[str, int]
 # A launcher on one node: (job_id, pid).
@@ -101,6 +110,25 @@ class RankTrack:
 
     # How many of ``wait_samples`` waited: kept with them, so the share costs nothing per pass.
     wait_samples_waiting: int = 0
+    # (monitor time, CPU percent) per report, and the median over CPU_LEVEL_WINDOW_S, worked out at
+    # cpu_level_at (None until the window holds enough samples).
+    cpu_samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=CPU_SAMPLES_KEPT))
+    cpu_level: float | None = None
+    cpu_level_at: float | None = None
+
+    def add_cpu_sample(self, at: float, percent: float) -> None:
+        """One report's CPU; the level is worked out again once CPU_LEVEL_EVERY_S has passed."""
+        samples = self.cpu_samples
+        samples.append((at, percent))
+        while samples[0][0] < at - CPU_LEVEL_WINDOW_S:
+            samples.popleft()
+        if self.cpu_level_at is not None and at - self.cpu_level_at < CPU_LEVEL_EVERY_S:
+            return
+        self.cpu_level_at = at
+        if len(samples) < CPU_LEVEL_MIN_SAMPLES or at - samples[0][0] < CPU_LEVEL_MIN_SPAN_S:
+            self.cpu_level = None
+            return
+        self.cpu_level = median(p for _, p in samples)
 
     def add_wait_sample(self, taken_at: float, waiting: bool) -> None:
         """One more stack sample; samples older than the window before it are dropped."""

@@ -56,6 +56,7 @@ def _build_rank_view(track: RankTrack) -> RankView:
         proc_state=track.proc_state,
         state_since=track.state_since,
         cpu_percent=rr.cpu_percent,
+        cpu_level_percent=track.cpu_level,
         idle_since=track.idle_since,
         write_bytes_per_s=rr.write_bytes_per_s,
         moved_at=track.moved_at,

@@ -71,6 +71,14 @@ def demo_cases(stall_step: int) -> dict[str, DemoCase]:
         "bf16": DemoCase("bf16 compute on a CPU (COMPUTE_DTYPE: torch.bfloat16), every rank busy 60 s",
                          ("--dtype", "bfloat16", "--fail", "busy-all", "--busy-seconds", "60", *at),
                          "slow_compute"),
+        # -- issue 17: a straggler in a job that keeps stepping, and its control
+        "slow-rank": DemoCase("from step 300 rank 1 does 30% more work per step (0.13 s, the others 0.1 s); "
+                              "the job keeps stepping at its pace",
+                              ("--steps", "100000", "--step-seconds", "0.1", "--step-sleep", "0.01",
+                               "--fail", "slow-rank", "--fail-at-step", "300"), "straggler", (1,)),
+        "even-steps": DemoCase("every rank computes 0.1 s a step, for 45 s: the same work, never a straggler",
+                               ("--steps", "100000", "--step-seconds", "0.1", "--step-sleep", "0.01"),
+                               "healthy", quiet=45.0),
         "port-held": DemoCase("an orphan (PPID 1) holds MASTER_PORT: torchrun fails with EADDRINUSE",
                               ("--steps", "50"), "rendezvous_hang", orphan_port=True),
     }

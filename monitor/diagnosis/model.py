@@ -171,6 +171,9 @@ class RankView:
     proc_state: str | None = None
     state_since: float | None = None
     cpu_percent: float | None = None
+    # The median of its CPU percent over the last half-minute of reports (monitor.tracks): the work
+    # it does per second, steady enough to compare ranks by. None until the window is full enough.
+    cpu_level_percent: float | None = None
     # Since when CPU has stayed below the idle threshold without a break (None: it is not).
     idle_since: float | None = None
     write_bytes_per_s: float | None = None

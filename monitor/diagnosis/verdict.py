@@ -19,6 +19,7 @@ from monitor.diagnosis.lifecycle import ended_ranks, stopped_ranks
 from monitor.diagnosis.model import Diagnosis, JobView
 from monitor.diagnosis.rendezvous import launch_failed, launcher_waiting, rendezvous
 from monitor.diagnosis.silence import agents_silent
+from monitor.diagnosis.slow_rank import slow_ranks
 from monitor.diagnosis.stall import comm_share_text, stall
 
 # Without a known pace, ranks parked this long in a collective count as stalled ...
@@ -107,7 +108,7 @@ def diagnose(job: JobView) -> Diagnosis:
         return ctx.diagnosis("stalled", (), None, "no rank of this job is reported any more")
     stalled, since = _stall_window(ctx)
     if not stalled:
-        return _healthy(ctx)
+        return slow_ranks(ctx) or _healthy(ctx)
     if _still_gathering(ctx):
         healthy = _healthy(ctx)
         return replace(healthy, summary=f"no step for {ctx.cadence.silent_for(ctx.now):.0f}s; "

@@ -9,6 +9,7 @@ without bf16 instructions is ``slow_compute`` with the dtype and the CPU flags a
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -126,6 +127,31 @@ def test_slow_steps_are_not_a_hang(torchrun_job, client):
     job.wait_for_step(1, timeout=60)
     seen = watch(client, job, 26)
     assert_no_alarm(seen, lambda v, c: v == "healthy")
+
+
+# The slow-down starts here, some 40 s into the job: long enough for the ranks' CPU levels (a
+# half-minute median each) to be compared while both still do the same work.
+SLOW_FROM_STEP = 350
+
+
+@pytest.mark.cpu_bound
+def test_a_rank_doing_30_percent_more_work_is_named_straggler_while_the_job_steps(torchrun_job, client,
+                                                                                 wait_for_verdict):
+    """Both ranks compute 0.1 s a step; from SLOW_FROM_STEP rank 1 computes 0.13 s. The job never
+    stalls (rank 0 waits for rank 1 in all_reduce every step): the same work is never an alarm,
+    the slow-down names rank 1, alone, while the steps go on."""
+    job = torchrun_job("--steps", "3000", "--step-seconds", "0.1", "--step-sleep", "0.01", "--fail", "slow-rank",
+                       "--fail-at-step", str(SLOW_FROM_STEP))
+    job.wait_for_step(5, timeout=60)
+    seen = watch(client, job, 120, until="mode=slow-rank")
+    assert "mode=slow-rank" in job.text(), job.log_tail()
+    assert_no_alarm(seen, lambda v, c: v == "healthy")
+    got = wait_for_verdict(job, "straggler", timeout=60, culprits=[1])
+    assert "rank 1 sets the job's pace" in got["summary"], compact(got)
+    assert any(line.startswith("rank 1 on ") and "CPU (median over the last 30s)" in line
+               for line in got["evidence"]), compact(got)
+    last = max(int(step) for step in re.findall(r"step (\d+)/", job.text()))
+    job.wait_for_step(last + 10, timeout=30)  # still stepping: a straggler, not a hang
 
 
 def test_child_failed_error_shows_the_real_error(torchrun_job, wait_for_verdict):

@@ -18,6 +18,8 @@ Failure modes (``--fail MODE``), starting at step ``--fail-at-step`` on rank
                        (``save_checkpoint`` -> ``dist.broadcast`` or ``dist.barrier``)
 * ``straggle``         the rank computes for ``--busy-seconds`` before its next all_reduce
 * ``busy-all``         every rank computes for ``--busy-seconds`` (no collective)
+* ``slow-rank``        from then on the rank computes ``--slow-factor`` times ``--step-seconds``
+                       per step: a steady straggler that the others wait for, the job still stepping
 * ``checkpoint``       the rank (rank 0 by convention: ``--fail-rank 0``) writes a checkpoint
                        file for ``--busy-seconds`` while the others wait at ``dist.barrier()``
                        (``if rank == 0: save(); dist.barrier()``): healthy, not a hang
@@ -59,7 +61,7 @@ import torch.nn as nn  # noqa: E402
 from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
 
 MODES = ("none", "exit", "exit-error", "linger", "extra-collective", "straggle", "busy-all", "checkpoint", "eval",
-         "get-future")
+         "get-future", "slow-rank")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -85,6 +87,7 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=int, default=0, help="eval mode: steps between passes (0: --fail-at-step)")
     p.add_argument("--first-step-seconds", type=float, default=0.0, help="extra compute in step 1 (warm-up)")
     p.add_argument("--step-seconds", type=float, default=0.0, help="compute time of every step")
+    p.add_argument("--slow-factor", type=float, default=1.3, help="slow-rank mode: that rank's step compute, x")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--checkpoint-dir", default=None, help="checkpoint mode: where to write (default: $TMPDIR)")
     p.add_argument("--checkpoint-burst-mb", type=int, default=1, help="checkpoint mode: MB written per fsync")
@@ -328,9 +331,12 @@ def main(argv=None) -> int:
             mark_stall(rank, "first-step", step)
             busy_compute(args.first_step_seconds)
         if args.step_seconds > 0:
-            if step == 1:
+            if step == 1 and args.fail != "slow-rank":  # there the slow-down is the failure to time
                 mark_stall(rank, "step-seconds", step)
-            busy_compute(args.step_seconds)
+            slow = fails_here and args.fail == "slow-rank" and step >= args.fail_at_step
+            if slow and step == args.fail_at_step:
+                mark_stall(rank, args.fail, step)
+            busy_compute(args.step_seconds * (args.slow_factor if slow else 1.0))
 
         x, y = load_batch(gen, args.batch)
         x, y = x.to(DTYPE).to(DEVICE), y.to(DTYPE).to(DEVICE)
