@@ -2,6 +2,7 @@
 
     python benchmarks/monitor_scale.py --nodes 1250 [--ranks-per-job 64] [--protocol delta]
         [--duration 60] [--warmup 15] [--monitor-cpus 0,1] [--monitors 1] [--load-procs 1] [--json out.json]
+        [--fault deadlock|straggler] [--sweep 64,1000,2000,4000,10000]
 
 Starts a real ``hangwatch-monitor`` (optionally pinned with ``taskset``; with ``--monitors N``,
 N of them sharded by job id the way agents given N ``--monitor`` URLs shard, each pinned to
@@ -206,10 +207,37 @@ def main() -> int:
     parser.add_argument("--fault", choices=("deadlock", "straggler"), default="deadlock",
                         help="what goes wrong in the first job a third of the way in")
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--sweep", help="job sizes to run one after the other (e.g. 64,1000,2000,4000,10000), "
+                        "each with all --nodes; a table of the cost per report by job size follows")
     args = parser.parse_args()
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    if not args.sweep:
+        figures = run(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=2))
+        return 0
+    rows = []
+    for size in (int(s) for s in args.sweep.split(",")):
+        print(f"\n=== jobs of {size} ranks", flush=True)
+        rows.append(run(argparse.Namespace(**{**vars(args), "ranks_per_job": size})))
+    print("\nranks per job  accepted/s (offered)  CPU-ms per report  loop lag p50  /diagnose?job= p99  "
+          "/metrics p99  fault found")
+    for f in rows:
+        one_job = f["endpoints"].get("diagnose json (one job)", {})
+        metrics = f["endpoints"].get("metrics", {})
+        found = f"{f['fault_detected_s']:.1f} s" if f["fault_detected_s"] is not None else "never"
+        print(f"{f['ranks_per_job']:13,d}  {f['reports_per_s']:8.0f} ({f['offered_per_s']:.0f})  "
+              f"{f['cpu_ms_per_report'] or float('nan'):17.2f}  {f['loop_lag_p50_ms']:9.0f} ms  "
+              f"{one_job.get('p99_ms', float('nan')):15.0f} ms  {metrics.get('p99_ms', float('nan')):9.0f} ms  {found}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict:
+    """One run of the benchmark: its figures, printed and returned."""
     nodes = cluster(args.nodes, args.ranks_per_job)
     check_against_schema(nodes[-1], time.time())
     nodes = cluster(args.nodes, args.ranks_per_job)
@@ -263,9 +291,7 @@ def main() -> int:
         if log_lines:
             print(f"{db.stem} log: {len(log_lines)} lines, the last ones:", *log_lines[-5:], sep="\n  ")
     shutil.rmtree(tmp, ignore_errors=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
-    return 0
+    return figures
 
 
 def ms(value: float | None) -> str:
@@ -281,7 +307,8 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
     per_report_ms = observed["cpu_s"] * 1000 / stats.accepted if stats.accepted else None
     growth_h = (observed["db_end"] - observed["db_start"]) / duration * 3600
     figures = {
-        "ranks": args.nodes * RANKS_PER_NODE, "nodes": args.nodes, "protocol": args.protocol, "monitors": args.monitors,
+        "ranks": args.nodes * RANKS_PER_NODE, "nodes": args.nodes, "ranks_per_job": args.ranks_per_job,
+        "protocol": args.protocol, "monitors": args.monitors,
         "reports_per_s": stats.accepted / duration, "offered_per_s": stats.sent / duration,
         "shed": stats.shed, "failed": stats.failed, "mean_report_bytes": stats.bytes_sent / max(1, stats.sent),
         "full_reports": stats.full_reports,

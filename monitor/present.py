@@ -201,6 +201,8 @@ def rank_dict(
         "pid": r.pid,
         "state": rd.state if rd else "unknown",
         "cpu_percent": r.cpu_percent,
+        # The median of its CPU over the last half-minute: the work it does per second (slow_rank).
+        "cpu_level_percent": r.cpu_level_percent,
         "step": r.step,
         "seconds_since_progress": max(0.0, now - last) if last is not None else None,
         "top_frame": rd.top_frame if rd else None,

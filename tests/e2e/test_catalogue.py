@@ -150,6 +150,8 @@ def test_a_rank_doing_30_percent_more_work_is_named_straggler_while_the_job_step
     assert "rank 1 sets the job's pace" in got["summary"], compact(got)
     assert any(line.startswith("rank 1 on ") and "CPU (median over the last 30s)" in line
                for line in got["evidence"]), compact(got)
+    levels = {r["rank"]: r["cpu_level_percent"] for r in got["ranks"]}
+    assert levels[1] >= 1.2 * levels[0], levels  # the JSON shows each rank's level
     last = max(int(step) for step in re.findall(r"step (\d+)/", job.text()))
     job.wait_for_step(last + 10, timeout=30)  # still stepping: a straggler, not a hang
 

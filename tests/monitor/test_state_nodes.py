@@ -282,3 +282,16 @@ def test_job_ids_naming_one_rendezvous_differently_are_one_job(master_on_a, mast
         assert state.jobs[master_on_a].aliases == {master_on_b}
     else:
         assert sorted(state.jobs) == sorted({master_on_a, master_on_b})
+
+
+def test_each_rank_view_carries_its_cpu_level_once_half_a_minute_of_reports_is_in() -> None:
+    state = MonitorState()
+    for i in range(25):
+        t = T0 + i
+        apply(state, report(ranks=[rank(rank=0, cpu_percent=75.0), rank(rank=1, cpu_percent=98.0 if i % 7 else 20.0)],
+                            sent_at=t), t)
+        if i < 20:
+            assert view(state, now=t).ranks[0].cpu_level_percent is None  # under 20 s of samples
+    levels = [r.cpu_level_percent for r in view(state, now=T0 + 24).ranks]
+    # The median: rank 1's dips (one report in seven) leave its level where its steps put it.
+    assert levels == [75.0, 98.0]
