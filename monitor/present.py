@@ -24,6 +24,9 @@ STACK_GROUP_DEPTH = 8
 # A job's answer lists every rank up to this many; a bigger job's lists the culprits and the
 # lowest ranks, this many in all, and pages through the rest (``listed_ranks``).
 RANKS_LISTED_BY_DEFAULT = 256
+# Groups of ranks (same state, same place) a job's answer lists, the culprits' groups first, then
+# the biggest: what a page can show of 10,000 ranks besides the sample in ``ranks``.
+RANK_GROUPS_LISTED = 24
 # Jobs with these verdicts get no merged stack tree: nobody reads it for them, and at 10,000
 # ranks it is a noticeable share of each refresh of a healthy job's answer.
 NO_STACK_TREE = frozenset({"healthy", "finished"})
@@ -91,12 +94,28 @@ def job_dict(result: JobResult, track: JobTrack | None = None, ranks_offset: int
         "nodes": sorted(view.hosts),
         "stacks_unavailable_reason": view.stacks_unavailable_reason,
         "groups": [{"site": g.site, "ranks": list(g.ranks)} for g in d.groups],
+        **rank_groups(d.ranks, d.culprit_ranks),
         "stack_groups": stack_groups(view.ranks),
         "stack_tree": None if d.verdict in NO_STACK_TREE else stack_tree(view.ranks, view.world_size),
         "launchers": [launcher_dict(launcher) for launcher in view.launchers],
         "orphans": [orphan_dict(o) for o in view.orphans],
         "now": view.now,
     }
+
+
+def rank_groups(ranks: Sequence[RankDiagnosis], culprits: Iterable[int],
+                limit: int = RANK_GROUPS_LISTED) -> dict[str, Any]:
+    """Every rank in one group per (state, place): ``rank_groups``, the culprits' groups first, then
+    by size, at most ``limit`` of them; ``rank_groups_total`` counts them all."""
+    by_place: dict[tuple[str, str], list[int]] = {}
+    for rd in ranks:
+        by_place.setdefault((rd.state, rd.wait_site or rd.top_frame or ""), []).append(rd.rank)
+    blamed = set(culprits)
+    groups = [{"state": state, "where": where or None, "count": len(members), "ranks": ranks_text(members),
+               "culprit": not blamed.isdisjoint(members)}
+              for (state, where), members in by_place.items()]
+    groups.sort(key=lambda g: (not g["culprit"], -g["count"], g["ranks"]))
+    return {"rank_groups": groups[:limit], "rank_groups_total": len(groups)}
 
 
 def stack_frames(stack: Stack | None, depth: int = STACK_GROUP_DEPTH) -> tuple[str, ...]:

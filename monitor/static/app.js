@@ -135,7 +135,33 @@ function rankTable(job) {
     el("td", { class: "num" }, ago(r.seconds_since_progress)),
     el("td", { class: "frame" }, r.top_frame ?? "–"),
   ));
-  return el("table", { key: "ranks" }, el("thead", {}, head), el("tbody", {}, ...rows));
+  const table = el("table", { key: "ranks" }, el("thead", {}, head), el("tbody", {}, ...rows));
+  const total = job.ranks_total ?? job.ranks.length;
+  if (total <= job.ranks.length) return table;
+  // A giant job's answer lists a sample: say which, and where the rest are.
+  const url = `/diagnose?format=json&job=${encodeURIComponent(job.job_id)}&ranks_offset=0&ranks_limit=1000`;
+  return el("div", { key: "ranks", class: "ranks" },
+    el("p", { class: "meta listed" }, `${job.ranks.length} of ${total.toLocaleString("en")} ranks listed ` +
+      `(the culprits, then the lowest ranks); every rank, a page at a time: ${url}`),
+    table);
+}
+
+// A giant job's ranks in groups (same state, same place): the culprits' groups first, then the biggest.
+function rankGroupsBlock(job) {
+  const groups = job.rank_groups || [];
+  if (groups.length === 0 || (job.ranks_total ?? 0) <= job.ranks.length) return null;
+  const head = el("tr", {}, ...["ranks", "count", "state", "where"].map((h) => el("th", {}, h)));
+  const rows = groups.map((g) => el("tr", { key: `${g.state} ${g.where}`, class: g.culprit ? "culprit" : "" },
+    el("td", { class: "ranges" }, g.ranks),
+    el("td", { class: "num" }, g.count.toLocaleString("en")),
+    el("td", { class: "state" }, g.state),
+    el("td", { class: "frame" }, g.where ?? "–"),
+  ));
+  const more = (job.rank_groups_total ?? groups.length) - groups.length;
+  return el("div", { key: "rank-groups", class: "rank-groups" },
+    el("h3", {}, `Ranks by state and place (${(job.rank_groups_total ?? groups.length).toLocaleString("en")} groups)`),
+    el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows)),
+    more > 0 ? el("p", { class: "meta" }, `${more} more ${more === 1 ? "group" : "groups"} not listed`) : null);
 }
 
 // Ranks with identical points (a job-scope log shared by all of them) share one line.
@@ -441,6 +467,7 @@ function jobCard(job, links) {
       launcherBlock(job), orphanBlock(job)),
     el("div", { class: "over-time" }, progressChart(job), historyBlock(job)),
     timelineBlock(job),
+    rankGroupsBlock(job),
     troubled ? stackTreeBlock(job) : null,
     rankTable(job),
   );

@@ -397,3 +397,35 @@ def test_times_carry_their_zone(client: TestClient, clock: FakeClock, tmp_path: 
         assert re.search(f"{label} {time_at} {re.escape(zone)}", card["text"]), card["text"]
     history_times = re.findall(f"{time_at} ([^ ]+)", card["history"])
     assert history_times and all(z == zone for _, z in history_times), card["history"]
+
+
+def test_a_giant_job_shows_its_ranks_in_groups_and_says_which_ranks_are_listed(
+    client: TestClient, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    size = 300  # past the 256 ranks an answer lists by default
+    monkeypatch.setattr("monitor.diagnosis.diagnose", lambda job: Diagnosis(
+        "deadlock", (5,), job.now - 30, "ranks 0-4,6-299 wait in all_reduce; rank 5 never reached it",
+        ranks=tuple(RankDiagnosis(r.rank, "idle", "main (train.py:131)") if r.rank == 5 else
+                    RankDiagnosis(r.rank, "in_collective", "all_reduce (distributed_c10d.py:2501)",
+                                  "all_reduce@train.py:50") for r in job.ranks)))
+    for first in range(0, size, 50):  # 50 ranks a node
+        body = report(node=f"node-{first // 50}", sent_at=clock.now,
+                      ranks=[rank(rank=r, world_size=size) for r in range(first, first + 50)])
+        assert client.post("/api/v1/reports", json=body).status_code == 202
+    answer = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
+    assert answer["rank_groups_total"] == 2
+    assert [(g["ranks"], g["count"], g["state"], g["where"], g["culprit"]) for g in answer["rank_groups"]] == [
+        ("5", 1, "idle", "main (train.py:131)", True),
+        ("0-4,6-299", 299, "in_collective", "all_reduce@train.py:50", False)]
+    jobs = render_page(client, tmp_path)["jobs"]
+    assert "Ranks by state and place (2 groups)" in jobs
+    assert "0-4,6-299" in jobs and "main (train.py:131)" in jobs
+    assert "256 of 300 ranks listed (the culprits, then the lowest ranks)" in jobs
+    assert "ranks_offset=0&ranks_limit=1000" in jobs
+
+
+def test_a_job_whose_ranks_are_all_listed_needs_no_groups(client: TestClient, clock: FakeClock,
+                                                          tmp_path: Path) -> None:
+    client.post("/api/v1/reports", json=report(ranks=[rank(rank=0), rank(rank=1)], sent_at=clock.now))
+    jobs = render_page(client, tmp_path)["jobs"]
+    assert "Ranks by state and place" not in jobs and "ranks listed" not in jobs
