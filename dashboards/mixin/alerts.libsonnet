@@ -43,7 +43,7 @@ local lib = import 'lib.libsonnet';
                    ]),
           jobAlert('HangwatchStraggler', 'straggler', '2m', 'warning', 'straggler',
                    'Training job %s waits on a straggler' % job, [
-                     'Some ranks of job %s wait in a collective while others are still busy (computing, writing a checkpoint, evaluating) longer than the usual step.' % job,
+                     'Some ranks of job %s wait in collectives for others: still busy (computing, writing a checkpoint, evaluating) longer than the usual step, or, while the job still steps, doing more work per step than the rest (the job runs at their pace).' % job,
                      h.culprits('Still busy:', 'No straggler named yet.'),
                    ]),
           jobAlert('HangwatchRendezvousHang', 'rendezvous_hang', '2m', 'critical', 'rendezvous-hang',
