@@ -6,8 +6,8 @@ The text report and the web page render from this same data.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
 from monitor.diagnosis.model import FlightRecord
@@ -15,9 +15,13 @@ from monitor.diagnosis.stacks import memo
 from monitor.job_names import env_names
 from monitor.job_track import JobTrack
 from monitor.tracks import RankTrack
+from monitor.grouping import group_ranks
 from monitor.rank_ranges import ranks_text as ranks_text  # re-exported: render_text and tests import it from here
 from monitor.service import JobResult
 from monitor.stack_tree import stack_tree
+
+T = TypeVar("T")
+_NOT_MADE = object()
 
 # Innermost main-thread Python frames compared when grouping ranks by stack.
 STACK_GROUP_DEPTH = 8
@@ -94,13 +98,25 @@ def job_dict(result: JobResult, track: JobTrack | None = None, ranks_offset: int
         "nodes": sorted(view.hosts),
         "stacks_unavailable_reason": view.stacks_unavailable_reason,
         "groups": [{"site": g.site, "ranks": list(g.ranks)} for g in d.groups],
-        **rank_groups(d.ranks, d.culprit_ranks),
-        "stack_groups": stack_groups(view.ranks),
-        "stack_tree": None if d.verdict in NO_STACK_TREE else stack_tree(view.ranks, view.world_size),
+        # Each over every rank: made once per diagnosis, for every answer that shows the job.
+        **_once(result, "rank_groups", lambda: rank_groups(d.ranks, d.culprit_ranks)),
+        "stack_groups": _once(result, "stack_groups", lambda: stack_groups(view.ranks)),
+        "stack_tree": None if d.verdict in NO_STACK_TREE else _once(
+            result, "stack_tree", lambda: stack_tree(view.ranks, view.world_size)),
         "launchers": [launcher_dict(launcher) for launcher in view.launchers],
         "orphans": [orphan_dict(o) for o in view.orphans],
         "now": view.now,
     }
+
+
+def _once(result: JobResult, name: str, make: Callable[[], T]) -> T:
+    """``make()``, kept on the diagnosis it describes (read-only from then on): the JSON answer,
+    the text answer and the evidence download of a 10,000-rank job share one stack tree. Two
+    renders at once may both make it; either result is the same."""
+    kept = result.__dict__.get(name, _NOT_MADE)
+    if kept is _NOT_MADE:
+        kept = result.__dict__[name] = make()
+    return kept  # type: ignore[no-any-return]
 
 
 def rank_groups(ranks: Sequence[RankDiagnosis], culprits: Iterable[int],
@@ -132,11 +148,8 @@ def stack_groups(ranks: Sequence[RankView], depth: int = STACK_GROUP_DEPTH) -> l
     Ranks without a stack (or with no Python frame in it) and ended ranks are left out.
     Biggest group first, so the odd ones out come last; ties by lowest rank.
     """
-    by_frames: dict[tuple[str, ...], list[int]] = {}
-    for r in ranks:
-        frames = stack_frames(r.stack, depth) if r.alive else ()
-        if frames:
-            by_frames.setdefault(frames, []).append(r.rank)
+    keyed = ((stack_frames(r.stack, depth), r.rank) for r in ranks if r.alive and r.stack is not None)
+    by_frames = group_ranks((frames, rank) for frames, rank in keyed if frames)
     groups = sorted(by_frames.items(), key=lambda item: (-len(item[1]), min(item[1])))
     return [{"ranks": sorted(members), "frames": list(frames)} for frames, members in groups]
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from monitor.diagnosis import RankView
+from monitor.diagnosis import RankView, Stack
+from monitor.diagnosis.stacks import memo
+from monitor.grouping import group_ranks
 from monitor.rank_ranges import ranks_text
 
 MAX_DEPTH = 96
@@ -34,12 +36,10 @@ def stack_tree(ranks: Sequence[RankView], world_size: int | None) -> dict[str, A
     stacks past ``MAX_DISTINCT_STACKS``, is listed apart, never as missing where it may well be.
     """
     job_ranks = {r.rank for r in ranks} | set(range(world_size or 0))
-    by_stack: dict[tuple[FrameKey, ...], list[int]] = {}
-    for r in ranks:
-        if r.alive and r.stack is not None and r.stack.frames:
-            # The outline is made once per dump (Stack.outline), so a refresh costs a lookup per rank.
-            outline = r.stack.outline
-            by_stack.setdefault(outline if len(outline) <= MAX_DEPTH else outline[-MAX_DEPTH:], []).append(r.rank)
+    # The outline is made once per distinct dump content, and ranks grouped by it without hashing
+    # it again (monitor.grouping): a refresh costs a lookup per rank.
+    by_stack = group_ranks((_outline(r.stack), r.rank) for r in ranks
+                           if r.alive and r.stack is not None and r.stack.frames)
     ordered = sorted(by_stack.items(), key=lambda item: (-len(item[1]), min(item[1])))
     merged, rest = ordered[:MAX_DISTINCT_STACKS], ordered[MAX_DISTINCT_STACKS:]
     roots: list[_Node] = []
@@ -54,6 +54,14 @@ def stack_tree(ranks: Sequence[RankView], world_size: int | None) -> dict[str, A
         "not_merged": ranks_text(not_merged),
         "roots": [node.as_dict(sets) for node in roots],
     }
+
+
+def _outline(stack: Stack) -> tuple[FrameKey, ...]:
+    def make() -> tuple[FrameKey, ...]:
+        outline = stack.outline
+        return outline if len(outline) <= MAX_DEPTH else outline[-MAX_DEPTH:]
+
+    return memo(stack, "tree_outline", make)
 
 
 class _RankSets:
