@@ -14,6 +14,8 @@ The rule reads levels only while they mean work per step:
   checkpoint or an evaluation inside it puts one rank's busy stretch against the others' wait;
 - no rank with GPUs: NCCL ranks spin at 100% CPU while they wait, so CPU cannot rank them (the
   GPUs' own utilisation counts the NCCL kernel's wait as busy too);
+- a rank starved of CPU time (a cgroup quota, a neighbour on its core) is slow at the same CPU
+  level as the peers that wait for it: this rule cannot see it (its run-queue delay could);
 - the named ranks must stand clear of the rest (MIN_RATIO and MIN_MARGIN_PERCENT above the others'
   median, and well outside their spread) and be few (at most one rank in MAX_SHARE_DENOMINATOR):
   a pipeline's busiest stage or a job split into two halves is a shape, not a straggler.
@@ -132,7 +134,7 @@ def _straggler(ctx: Context, culprits: list[int], levels: dict[int, float], othe
     peers = sorted(a.rank.rank for a in ctx.live() if a.rank.node in nodes and a.rank.rank not in culprits)
     hints = [
         f"Look at {', '.join(nodes[:8])}{' ...' if len(nodes) > 8 else ''}: CPU throttling (thermal or power "
-        "cap), a noisy neighbour, a slower CPU model, swapping; or more work on "
+        "cap), a slower CPU model, memory bandwidth taken by a neighbour, swapping; or more work on "
         f"{ranks_text(culprits)} (uneven data, sharding or rank-conditional code).",
         f"`py-spy top --pid PID` on {ranks_text(culprits)} shows where the extra time goes.",
     ]
