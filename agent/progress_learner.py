@@ -1,0 +1,286 @@
+"""Step progress learned from any log, without knowing its format (issue 18).
+
+Per log stream (a file, or one rank's lines in it), every line is reduced to its template: its
+numbers masked. A template that recurs while time passes and carries an integer field that rises
+by a steady stride from one of its lines to the next is the job's step line; that field is the
+step, and the number after a ``/`` next to it, when it stays the same, the total
+(``Iter(train) [  120/40000]``). A field that falls back while another field of the line rises
+by one is a counter that restarts each epoch. JSON lines give the step by name (``step``,
+``iter``, ``global_step``, ...). A template that recurs at a steady pace but counts nothing is a
+heartbeat: progress without a step number.
+
+What is never a step: a number with a fraction or an exponent (a loss, a learning rate), a
+timestamp or a duration (masked before anything else), a number right after a word that names a
+measure (loss, lr, eta, time, mem, tokens, ...) or right before a unit (``ms``, ``MB``,
+``it/s``, ``%``), and a counter that only ever moved within one read of the log (NCCL's channel
+list, a table of per-class metrics: all printed at once).
+
+Pure: the caller feeds ``(line, read_at)`` pairs; tests feed log text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import deque
+from dataclasses import dataclass, field
+
+from agent.logpatterns import ANSI
+
+# Lines of one template kept to learn from, and the lines that make it sure.
+KEPT_PER_TEMPLATE = 8
+SURE_AFTER = 3
+TEMPLATES_KEPT = 256
+MAX_LINE = 2000
+
+JSON_STEP_KEYS = ("global_step", "step", "iteration", "iter", "num_updates", "update", "batch", "trainer/global_step")
+JSON_TOTAL_KEYS = ("total_steps", "max_steps", "max_iters", "total_iters", "num_training_steps")
+
+# Masked first, never a step: dates, clock times, durations and ETAs written as h:mm:ss.
+_TIMESTAMP = re.compile(
+    r"\d{4}[-/]\d{1,2}[-/]\d{1,2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+    r"|\b\d{1,2}/\d{1,2}\s+\d{1,2}:\d{2}:\d{2}"  # detectron2's "[07/25 10:20:30"
+    r"|\b\d+\s+days?,\s*\d{1,2}:\d{2}:\d{2}"  # "1 day, 2:03:04"
+    r"|\b\d{1,3}:\d{2}(?::\d{2})?(?:[.,]\d+)?"  # 12:34:56, 00:05, 1:23
+    r"|\b[IWEF]\d{4}\s"  # absl/glog "I0101 "
+)
+# A number: its sign, digits, fraction, exponent, and the characters either side that decide
+# what kind of number it is.
+_NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+_WORD_BEFORE = re.compile(r"([A-Za-z_@/%]+)[^A-Za-z0-9]{0,3}$")
+_UNIT_AFTER = re.compile(r"^\s?(?:ms|s|sec|secs|seconds|min|h|us|ns|[kKMGT]i?B|[kKMGT]\b|%|it/s|s/it|tok/s|"
+                         r"tokens/s|samples/s|img/s|/s|x\b)")
+# Words that name a measure: the number after them is a measure, not a counter.
+MEASURE_WORDS = frozenset("""
+loss losses nll ppl perplexity acc accuracy lr learning_rate mom momentum wd eta time data_time iter_time
+forward_time backward_time elapsed wall train_wall dt mem memory max_mem gb_free gnorm grad_norm norm tok
+tokens tok/s wps ups wpb bsz samples throughput speed mfu tflops flops gpu cpu temp score f1 bleu rouge
+top1 top5 map auc scale loss_scale clip ms sec seconds s mb gb kb mib gib rank local_rank world_size pid
+port tid seed size dim hidden heads layers
+""".split())
+# Words that announce a counter: a tie between candidate fields goes to the field after one.
+COUNTER_WORDS = frozenset("step steps iter iters iteration it batch batches update updates global_step num_updates "
+                          "epoch ep train".split())
+EVAL_WORDS = re.compile(r"\b(?:eval|evaluat\w*|valid\w*|val|test\w*)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class LearnedStep:
+    """Progress read from one line: its step (None for a heartbeat), its total, and what was learned."""
+
+    step: int | None
+    total: int | None
+    template: str
+    # How many lines of the template agreed with the counter (or the heartbeat's pace).
+    confidence: int
+    kind: str  # "counter", "json" or "heartbeat"
+
+
+@dataclass(frozen=True)
+class _Field:
+    value: int
+    # The number after "value/" when the line writes "value/total".
+    total: int | None
+    countable: bool
+
+
+@dataclass
+class _Template:
+    text: str
+    seen: deque[tuple[float, tuple[_Field, ...]]] = field(default_factory=lambda: deque(maxlen=KEPT_PER_TEMPLATE))
+    eval_like: bool = False
+
+
+@dataclass(frozen=True)
+class _Counter:
+    position: int
+    stride: int
+    epoch_position: int | None
+    agreeing: int
+    named: bool
+    has_total: bool
+
+
+def masked(line: str) -> tuple[str, tuple[_Field, ...]]:
+    """The line's template (numbers as ``#``, timestamps as ``T``) and its integer fields."""
+    text = _TIMESTAMP.sub("T", line)
+    fields: list[_Field] = []
+    parts: list[str] = []
+    last = 0
+    for m in _NUMBER.finditer(text):
+        raw = m.group()
+        before, after = text[: m.start()], text[m.end() :]
+        if before and (before[-1].isalpha() or before[-1] == "_") and not raw[0] in "+-":
+            continue  # part of a name: "fp16", "layer3", "v2"
+        parts.append(text[last : m.start()])
+        last = m.end()
+        integer = re.fullmatch(r"[-+]?\d+", raw) is not None
+        if not integer:
+            parts.append("#.#")
+            continue
+        parts.append("#")
+        word = _WORD_BEFORE.search(before)
+        named_measure = word is not None and word.group(1).lower().strip("_/") in MEASURE_WORDS
+        unit = _UNIT_AFTER.match(after) is not None
+        total_m = re.match(r"\s*/\s*(\d+)(?![\d.])", after)
+        countable = not named_measure and not unit and not raw.startswith(("-", "+"))
+        fields.append(_Field(int(raw), int(total_m.group(1)) if total_m else None, countable))
+    parts.append(text[last:])
+    return "".join(parts).strip(), tuple(fields)
+
+
+def _word_before(template: str, position: int) -> str | None:
+    """The word before the ``position``-th integer placeholder of a template."""
+    count = -1
+    for m in re.finditer(r"#(?:\.#)?", template):
+        if m.group() == "#":
+            count += 1
+            if count == position:
+                w = _WORD_BEFORE.search(template[: m.start()])
+                return w.group(1).lower() if w else None
+    return None
+
+
+def _counter(template: _Template) -> _Counter | None:
+    """The field of the template that counts steps, if its recent lines show one."""
+    seen = list(template.seen)
+    if len(seen) < SURE_AFTER or len({at for at, _ in seen}) < 2:
+        return None  # too few lines, or all read at once: time has not been seen to pass
+    width = len(seen[-1][1])
+    if any(len(fields) != width for _, fields in seen):
+        return None
+    best: _Counter | None = None
+    for i in range(width):
+        if not all(fields[i].countable for _, fields in seen):
+            continue
+        values = [fields[i].value for _, fields in seen]
+        distinct = [v for j, v in enumerate(values) if j == 0 or v != values[j - 1]]  # ranks repeating a line
+        if len(distinct) < SURE_AFTER:
+            continue
+        strides = {b - a for a, b in zip(distinct, distinct[1:]) if b > a}
+        falls = [j for j, (a, b) in enumerate(zip(distinct, distinct[1:])) if b < a]
+        if len(strides) != 1 or next(iter(strides)) <= 0:
+            continue
+        epoch = None
+        if falls:
+            epoch = _epoch_field(seen, i)
+            if epoch is None:
+                continue
+        totals = {fields[i].total for _, fields in seen}
+        word = _word_before(template.text, i)
+        found = _Counter(i, next(iter(strides)), epoch, len(distinct), word in COUNTER_WORDS,
+                         len(totals) == 1 and None not in totals)
+        if best is None or _rank(found) > _rank(best):
+            best = found
+    return best
+
+
+def _rank(c: _Counter) -> tuple[bool, bool, bool, int, int]:
+    return (c.has_total, c.named, c.stride == 1, c.agreeing, -c.position)
+
+
+def _epoch_field(seen: list[tuple[float, tuple[_Field, ...]]], counter: int) -> int | None:
+    """The field that rises by one where the counter falls back (a counter restarting each epoch)."""
+    width = len(seen[0][1])
+    for j in range(width):
+        if j == counter:
+            continue
+        ok = True
+        for (_, a), (_, b) in zip(seen, seen[1:]):
+            if b[counter].value < a[counter].value:
+                ok = ok and b[j].value == a[j].value + 1
+            elif b[j].value != a[j].value:
+                ok = False
+        if ok:
+            return j
+    return None
+
+
+class ProgressLearner:
+    """One log stream's learner: ``feed`` each line as it is read; it answers progress once it knows."""
+
+    def __init__(self) -> None:
+        self._templates: dict[str, _Template] = {}
+        self.learned: str | None = None  # the template taken as the step line, once sure
+
+    def feed(self, line: str, read_at: float) -> LearnedStep | None:
+        line = ANSI.sub("", line)[:MAX_LINE]
+        found = None
+        for segment in line.split("\r"):  # a progress bar rewrites itself with \r
+            segment = segment.strip()
+            if segment:
+                found = self._feed_one(segment, read_at) or found
+        return found
+
+    def _feed_one(self, text: str, read_at: float) -> LearnedStep | None:
+        if text.startswith("{"):
+            step = _json_step(text)
+            if step is not None:
+                return step
+        template_text, fields = masked(text)
+        if not fields and "#" not in template_text:
+            return None
+        template = self._templates.get(template_text)
+        if template is None:
+            if len(self._templates) >= TEMPLATES_KEPT:
+                self._forget_one()
+            template = self._templates[template_text] = _Template(template_text,
+                                                                  eval_like=bool(EVAL_WORDS.search(text)))
+        if not template.seen or template.seen[-1][1] != fields:
+            # The same line again (several ranks printing one step to one file) adds nothing.
+            template.seen.append((read_at, fields))
+        counter = _counter(template)
+        if counter is None:
+            return None
+        if not self._preferred(template, counter):
+            return None
+        self.learned = template_text
+        value = fields[counter.position]
+        return LearnedStep(value.value, value.total, template_text, counter.agreeing, "counter")
+
+    def _preferred(self, template: _Template, counter: _Counter) -> bool:
+        """Whether this template is the step line: the learned one stays until another counts
+        better (eval and validation lines only when nothing else counts)."""
+        if self.learned is None or self.learned == template.text:
+            return True
+        current = self._templates.get(self.learned)
+        mine = _counter(current) if current is not None else None
+        if mine is None:
+            return True
+        if template.eval_like != current.eval_like:  # type: ignore[union-attr]
+            return not template.eval_like
+        return _rank(counter) > _rank(mine) and counter.agreeing > mine.agreeing
+
+    def _forget_one(self) -> None:
+        oldest = min((t for t in self._templates.values() if t.text != self.learned),
+                     key=lambda t: t.seen[-1][0] if t.seen else 0.0, default=None)
+        if oldest is not None:
+            del self._templates[oldest.text]
+
+
+def _json_step(text: str) -> LearnedStep | None:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    for key in JSON_STEP_KEYS:
+        step = _integer(data.get(key))
+        if step is not None:
+            total = next((t for t in (_integer(data.get(k)) for k in JSON_TOTAL_KEYS) if t is not None), None)
+            return LearnedStep(step, total, f'{{"{key}": #, ...}}', 1, "json")
+    return None
+
+
+def _integer(value: object) -> int | None:
+    """An integer step from JSON: a number without a fraction, or digits in a string (fairseq)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
