@@ -28,6 +28,7 @@ from agent.logpatterns import (
     match_progress,
     split_prefixes,
 )
+from agent.progress_learner import ProgressLearner
 
 FIRST_READ_BYTES = 64 * 1024
 MAX_READ_BYTES = 4 * 1024 * 1024
@@ -35,6 +36,10 @@ RECENT_PROGRESS = 32
 KEPT_ERRORS = 10
 LINE_MAX = 2048
 LINE_SPLIT = re.compile(rb"[\r\n]")  # tqdm redraws its bar with \r
+# Writers (ranks by their prefixes) per file whose lines are learned from; the report's pattern
+# field holds the learned template up to this length.
+LEARNERS_PER_FILE = 64
+LEARNED_PATTERN_MAX = 200
 
 
 class FileTailer:
@@ -122,6 +127,9 @@ class _File:
     tailer: FileTailer
     tracebacks: dict[tuple, TracebackTracker] = field(default_factory=dict)
     launcher: LauncherBlockParser = field(default_factory=LauncherBlockParser)
+    # Per writer in the file ((rank, local rank) from its prefixes): what its lines taught about
+    # where its step is, for logs no built-in pattern knows (agent/progress_learner.py).
+    learners: dict[tuple, ProgressLearner] = field(default_factory=dict)
 
 
 class LogFollower:
@@ -233,6 +241,21 @@ class LogFollower:
                 self._extra_seen.add(path)
         return writers, names
 
+    @staticmethod
+    def _learned(entry: _File, writer: tuple, text: str, now: float) -> Progress | None:
+        """The step of a line in a format no built-in pattern knows, once the writer's lines showed
+        which field counts (``--step-regex`` given: the user's pattern alone decides)."""
+        learner = entry.learners.get(writer)
+        if learner is None:
+            if len(entry.learners) >= LEARNERS_PER_FILE:
+                return None
+            learner = entry.learners[writer] = ProgressLearner()
+        found = learner.feed(text, now)
+        if found is None or found.step is None:
+            return None
+        return Progress(found.step, found.total, f"learned ({found.kind}, {found.confidence} lines agree): "
+                                                 f"{found.template}"[:LEARNED_PATTERN_MAX])
+
     def _route(self, entry, line, file_ranks, all_ranks, now, live) -> list[LauncherFailure]:
         p = split_prefixes(line)
         pool = file_ranks or all_ranks
@@ -249,7 +272,10 @@ class LogFollower:
             for proc in targets:
                 self._ranks.setdefault(proc.pid, _RankLog()).phase = seen
 
+        writer = (p.rank, p.local_rank)
         progress = match_progress(p.text, self.user_pattern)
+        if progress is None and self.user_pattern is None:
+            progress = self._learned(entry, writer, p.text, now)
         if progress:
             for proc in targets:
                 state = self._ranks.setdefault(proc.pid, _RankLog())
@@ -267,7 +293,6 @@ class LogFollower:
             for proc in targets:
                 self._ranks.setdefault(proc.pid, _RankLog()).dtype = (dtype, p.text.strip()[:LINE_MAX])
 
-        writer = (p.rank, p.local_rank)
         tracker = entry.tracebacks.setdefault(writer, TracebackTracker())
         error = tracker.feed(p.text)
         if error and scope == "rank":  # unprefixed errors in a shared log: the launcher's own

@@ -28,6 +28,11 @@ def demo_cases(stall_step: int) -> dict[str, DemoCase]:
     return {
         "deadlock": DemoCase("rank 1 runs out of data, leaves the loop and lingers; rank 0 waits in all_reduce",
                              ("--fail", "linger", *at), "deadlock", (1,)),
+        # -- issue 18: the same deadlock in log formats no built-in pattern knows (learned)
+        "deadlock-mmengine": DemoCase("as deadlock, the steps logged as mmengine does ('Iter(train) [  40/1000]')",
+                                      ("--log-format", "mmengine", "--fail", "linger", *at), "deadlock", (1,)),
+        "deadlock-json": DemoCase("as deadlock, the steps logged as JSON lines ('{\"iter\": 40, ...}')",
+                                  ("--log-format", "json", "--fail", "linger", *at), "deadlock", (1,)),
         "collective": DemoCase("rank 0 alone enters a broadcast in save_checkpoint; rank 1 waits in all_reduce",
                                ("--fail", "extra-collective", "--fail-rank", "0", *at), "deadlock", (0,)),
         "ddp": DemoCase("DistributedDataParallel; rank 1 leaves the loop and lingers (rank 0 waits in backward)",

@@ -287,3 +287,37 @@ def test_a_new_step_ends_the_phase_even_when_read_in_the_same_poll(tmp_path):
     log.append("Saving model checkpoint to out/\nstep 11/100 | loss 1.9 | val_loss 2.1\n", now=4.0)
     assert follower.phase_of(101) is None
     follower.close()
+
+
+def test_follower_learns_the_step_of_a_format_no_pattern_knows(tmp_path):
+    """mmengine's "Iter(train) [  120/40000]": no built-in pattern reads it; the learner does,
+    from the third line read over time, per rank prefix, and says what it learned."""
+    log = SharedLog(tmp_path)
+    for i in range(4):
+        step = 120 + 10 * i
+        log.append(f"[default0]:Iter(train) [  {step}/40000]  lr: 1.0000e-02  eta: 1 day, 2:03:0{i}  "
+                   f"time: 0.{5 + i}  memory: 3215  loss: {2.5 - i / 10:.4f}\n", now=2.0 + i)
+        got = log.follower.progress_of(101)
+        if i < 2:
+            assert got is None  # two lines cannot show a steady counter yet
+    got = log.follower.progress_of(101)
+    assert (got["step"], got["total_steps"], got["scope"]) == (150, 40000, "rank")
+    assert got["pattern"].startswith("learned (counter, 4 lines agree): ")
+    assert "Iter(train) [  #/#]" in got["pattern"]
+    assert [step for _, step in got["recent"]] == [140, 150]
+    assert log.follower.progress_of(102) is None  # rank 1 printed nothing
+    log.follower.close()
+
+
+def test_a_step_regex_turns_the_learner_off(tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text("")
+    ranks = [_rank(101, 0, 0)]
+    follower = LogFollower(extra_paths=(str(path),), user_pattern=compile_user_pattern(r"it=(\d+)"))
+    follower.collect(ranks, now=1.0)
+    for i in range(5):
+        with open(path, "a") as f:
+            f.write(f"Iter(train) [  {120 + i}/40000]  loss: 0.5\n")
+        follower.collect(ranks, now=2.0 + i)
+    assert follower.progress_of(101) is None
+    follower.close()

@@ -54,6 +54,19 @@ def test_rank_exits_early_under_plain_launch(plain_job, wait_for_verdict):
     assert culprits(got) == [1]
 
 
+@pytest.mark.parametrize("log_format", ["mmengine", "json"])
+def test_a_log_format_no_pattern_knows_is_learned_and_the_deadlock_named(torchrun_job, wait_for_verdict,
+                                                                        log_format):
+    """The workload logs its steps as mmengine or a JSON-lines logger does: the agent learns where
+    the step is (agent/progress_learner.py), so the job has a pace, and the deadlock is named."""
+    job = torchrun_job("--log-format", log_format, "--fail", "linger", *FAIL_AT)
+    got = wait_for_verdict(job, "deadlock", culprits=[1])
+    assert culprits(got) == [1]
+    assert "no progress line seen yet" not in evidence(got), evidence(got)
+    steps = [r["step"] for r in got["ranks"] if r["step"] is not None]
+    assert steps and max(steps) >= STALL_STEP - 1, got["ranks"]
+
+
 def test_rank_leaves_loop_and_lingers(torchrun_job, wait_for_verdict):
     job = torchrun_job("--fail", "linger", *FAIL_AT)
     got = wait_for_verdict(job, "deadlock", culprits=[1])

@@ -63,6 +63,14 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 MODES = ("none", "exit", "exit-error", "linger", "extra-collective", "straggle", "busy-all", "checkpoint", "eval",
          "get-future", "slow-rank")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# The step line in each --log-format; "mmengine" as mmengine's LogProcessor writes it, "json" as
+# a JSON-lines logger would.
+STEP_LINES = {
+    "plain": "step {step}/{steps} | loss {loss:.4f} | dt {dt:.3f}s",
+    "mmengine": "{date} - mmengine - INFO - Iter(train) [{step:>5}/{steps}]  lr: 1.0000e-02  eta: 0:{eta:02d}:00  "
+                "time: {dt:.4f}  data_time: 0.0100  memory: 321  loss: {loss:.4f}",
+    "json": '{{"iter": {step}, "max_iters": {steps}, "loss": {loss:.4f}, "time": {dt:.4f}}}',
+}
 
 
 def parse_args(argv=None):
@@ -83,6 +91,9 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--log-all-ranks", action="store_true")
+    p.add_argument("--log-format", choices=tuple(STEP_LINES), default="plain",
+                   help="how the step line reads: plain ('step N/M | loss'), or as mmengine or JSON lines "
+                        "print it (formats no built-in pattern of the agent knows: it has to learn them)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--eval-every", type=int, default=0, help="eval mode: steps between passes (0: --fail-at-step)")
     p.add_argument("--first-step-seconds", type=float, default=0.0, help="extra compute in step 1 (warm-up)")
@@ -350,7 +361,9 @@ def main(argv=None) -> int:
         elif not args.ddp and world_size > 1:
             sync_grads(model, world_size, args.async_allreduce)
         opt.step()
-        log(rank, args, f"step {step}/{args.steps} | loss {loss.item():.4f} | dt {time.monotonic() - t0:.3f}s")
+        log(rank, args, STEP_LINES[args.log_format].format(
+            step=step, steps=args.steps, loss=loss.item(), dt=time.monotonic() - t0,
+            date=time.strftime("%Y/%m/%d %H:%M:%S"), eta=(args.steps - step) // 60 % 60))
 
     dist.barrier()
     log(rank, args, "training finished")
