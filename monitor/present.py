@@ -236,6 +236,7 @@ def rank_dict(
         # The median of its CPU over the last half-minute: the work it does per second (slow_rank).
         "cpu_level_percent": r.cpu_level_percent,
         "step": r.step,
+        "progress_pattern": r.progress_pattern,
         "seconds_since_progress": max(0.0, now - last) if last is not None else None,
         "top_frame": rd.top_frame if rd else None,
         "wait_site": rd.wait_site if rd else None,

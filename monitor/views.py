@@ -61,6 +61,7 @@ def _build_rank_view(track: RankTrack) -> RankView:
         write_bytes_per_s=rr.write_bytes_per_s,
         moved_at=track.moved_at,
         step=rr.progress.step if rr.progress else None,
+        progress_pattern=rr.progress.pattern or None if rr.progress else None,
         progress_times=_part(track, "progress", track.progress_revision, lambda: tuple(track.progress_times)),
         stack=track.stack,
         stack_error=rr.stack_error,

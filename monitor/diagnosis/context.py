@@ -66,6 +66,9 @@ class Context:
         )
 
 
+# How the agent marks a step read through a learned line template (agent/logs.py).
+LEARNED = "learned"
+
 # Up to this many ranks are listed one by one; more are written as runs ("ranks 0-511, 600").
 RANKS_LISTED = 16
 RUNS_LISTED = 20
@@ -158,4 +161,10 @@ def progress_evidence(ctx: Context) -> list[str]:
     # Progress lines are timed when the agent reads them (once per interval), so this
     # is the usual gap between sightings of progress, not the step time itself.
     pace = f" (progress usually seen every {usual:.2f}s)" if usual is not None else ""
-    return [f"no progress for {silent:.1f}s{pace}"]
+    lines = [f"no progress for {silent:.1f}s{pace}"]
+    learned = next((r.progress_pattern for r in ctx.job.ranks
+                    if r.progress_pattern and r.progress_pattern.startswith(LEARNED)), None)
+    if learned is not None:
+        # A format no built-in pattern knows: say what the pace was read from, so a person can judge it.
+        lines.append(f"steps read from a learned line format {learned[len(LEARNED):].lstrip()}")
+    return lines

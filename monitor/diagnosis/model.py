@@ -181,6 +181,9 @@ class RankView:
     # (write, fsync, pause) are judged over a window, not by the latest sample alone.
     moved_at: float | None = None
     step: int | None = None
+    # How the agent read the step: a built-in pattern's name, "user", or "learned (...): template"
+    # for a line format it learned (agent/progress_learner.py).
+    progress_pattern: str | None = None
     # Progress seen in this rank's own log lines, oldest first (monitor clock).
     progress_times: tuple[float, ...] = ()  # in time order
     stack: Stack | None = None

@@ -185,3 +185,16 @@ def test_stall_since_is_the_last_progress() -> None:
     result = diagnose(case("rank 1 left the loop"))
     assert result.since == pytest.approx(NOW - 12)
     assert result.hints
+
+
+def test_the_evidence_says_when_the_pace_comes_from_a_learned_line_format() -> None:
+    learned = "learned (counter, 5 lines agree): T - mmengine - INFO - Iter(train) [  #/#]  loss: #.#"
+    view = job(rank(0, frames=collective("all_reduce", 50), progress_pattern=learned),
+               rank(1, frames=sleeping()), progress=STALLED)
+    found = diagnose(view)
+    assert found.verdict == "deadlock"
+    assert ("steps read from a learned line format (counter, 5 lines agree): T - mmengine - INFO - "
+            "Iter(train) [  #/#]  loss: #.#") in found.evidence
+    plain = diagnose(job(rank(0, frames=collective("all_reduce", 50), progress_pattern="nanochat"),
+                         rank(1, frames=sleeping()), progress=STALLED))
+    assert not any("learned" in line for line in plain.evidence)
