@@ -46,6 +46,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         fresh_read_ranks=settings.fresh_read_ranks,
         tick_interval_s=settings.tick_interval_s,
         confirm_alarms=settings.confirm_alarms,
+        straggler_window_s=settings.straggler_window_s,
         limits=Limits(settings.max_jobs, settings.max_nodes, settings.max_world_size),
     )
     guard = LoadGuard(shed_lag_s=settings.shed_lag_s, shed_keep_s=settings.shed_keep_s)

@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", help="critical, error, warning, info, debug (default info)")
     parser.add_argument("--max-body-bytes", help="largest accepted report (default 8 MiB)")
     parser.add_argument("--job-retention", dest="job_retention_s", help="seconds an ended or silent job stays shown")
+    parser.add_argument("--straggler-window", dest="straggler_window_s",
+                        help="seconds of CPU readings that name the rank setting a stepping job's pace (default 30)")
     parser.add_argument("--snapshot-interval", dest="snapshot_interval_s",
                         help="seconds between stored snapshots of a node (default 60)")
     parser.add_argument("--verdict-retention", dest="verdict_retention_s",

@@ -83,7 +83,7 @@ def apply_rank(
     if moving:
         track.moved_at = received_at
     if rr.cpu_percent is not None:
-        track.add_cpu_sample(received_at, rr.cpu_percent)
+        track.add_cpu_sample(received_at, rr.cpu_percent, job.cpu_level_window_s)
         # Idle is neither computing nor moving data: a rank sending over a slow link or
         # writing a checkpoint at low CPU is at work.
         if rr.cpu_percent < IDLE_CPU_PERCENT and not moving:

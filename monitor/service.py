@@ -20,6 +20,7 @@ import pydantic
 
 import monitor.diagnosis as diagnosis
 from monitor.diagnosis import Diagnosis, JobView, RankView
+from monitor.diagnosis.slow_rank import CPU_LEVEL_WINDOW_S
 from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.fastwire import decode_report
 from monitor.job_names import job_names
@@ -115,6 +116,7 @@ class Monitor:
         tick_interval_s: float = 0.0,
         confirm_alarms: bool = True,
         limits: Limits | None = None,
+        straggler_window_s: float = CPU_LEVEL_WINDOW_S,
     ) -> None:
         self.store = store
         self.limits = limits or Limits()
@@ -130,7 +132,7 @@ class Monitor:
         # off, every raw verdict is published as it comes (unit tests of single readings).
         self.confirm_alarms = confirm_alarms
         self._settled: dict[str, Settled] = {}
-        self.state = MonitorState()
+        self.state = MonitorState(cpu_level_window_s=straggler_window_s)
         # Each rank's diagnosed state over the recent past, for the page's timeline.
         self.timeline = RankTimeline()
         # Routes run on the event loop, but the lock keeps the state whole should any

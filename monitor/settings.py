@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "HANGWATCH_"
+MIN_STRAGGLER_WINDOW_S = 6.0
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -67,6 +68,9 @@ class Settings:
     job_retention_s: float = 600.0
     # Background diagnosis that records verdict changes; 0 turns it off (tests drive it by hand).
     tick_interval_s: float = 1.0
+    # The half-minute over which each rank's CPU level is taken to name a rank that sets a stepping
+    # job's pace (monitor/diagnosis/slow_rank.py): longer is steadier, shorter names it sooner.
+    straggler_window_s: float = 30.0
     # Publish an alarm only once its raw verdicts have lasted (monitor/diagnosis/stability.py).
     # Off (false), every single reading is published: for tests of one reading, not for paging.
     confirm_alarms: bool = True
@@ -147,6 +151,9 @@ class Settings:
                      "shed_lag_s", "shed_keep_s", "header_timeout_s", "body_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{named(name)} must be positive, not {getattr(self, name):g}")
+        if self.straggler_window_s < MIN_STRAGGLER_WINDOW_S:
+            raise SettingsError(f"{named('straggler_window_s')} must be at least {MIN_STRAGGLER_WINDOW_S:g} s "
+                                f"(levels are medians of one report a second), not {self.straggler_window_s:g}")
         for name in ("max_jobs", "max_nodes", "max_world_size", "max_connections", "snapshots_per_node"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{named(name)} must be at least 1, not {getattr(self, name)}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from monitor import retention
 from monitor.diagnosis import stacks
+from monitor.diagnosis.slow_rank import CPU_LEVEL_WINDOW_S
 from monitor.job_identity import canonical_job_id, is_history, job_for, job_of_workers
 from monitor.job_track import JobTrack
 from monitor.rank_ingest import WaitSite, apply_launcher, apply_rank, learn_wait_sites, mark_vanished
@@ -22,7 +23,9 @@ from monitor.wire import HostReport, Report
 class MonitorState:
     """Every job and node the monitor knows, and the memory of the jobs it forgot."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpu_level_window_s: float = CPU_LEVEL_WINDOW_S) -> None:
+        # Each rank's CPU level is taken over this window (the straggler_window_s setting).
+        self.cpu_level_window_s = cpu_level_window_s
         self.jobs: dict[str, JobTrack] = {}
         self.nodes: dict[str, NodeTrack] = {}
         # Ended jobs already forgotten, and when: an agent may go on listing their dead
@@ -73,6 +76,7 @@ class MonitorState:
             job = job_for(self.jobs, self.forgotten_pids, job_id, report.node, rank_report.pid, rank_report.alive)
             if not rank_report.alive and is_history(job, report.node, rank_report):
                 continue
+            job.cpu_level_window_s = self.cpu_level_window_s
             apply_rank(job, report.node, rank_report, received_at, offset, wait_site)
             node.rank_keys.add((job_id, rank_report.rank))
             touched.add(job.job_id)

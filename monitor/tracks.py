@@ -12,9 +12,9 @@ from statistics import median
 
 from monitor.diagnosis import ExitView, HostFacts, LogPhase, RankView, Stack
 from monitor.diagnosis.slow_rank import (
-    CPU_LEVEL_EVERY_S,
+    CPU_LEVEL_EVERY,
     CPU_LEVEL_MIN_SAMPLES,
-    CPU_LEVEL_MIN_SPAN_S,
+    CPU_LEVEL_MIN_SPAN,
     CPU_LEVEL_WINDOW_S,
 )
 from monitor.diagnosis.model import FlightRecord
@@ -116,16 +116,18 @@ class RankTrack:
     cpu_level: float | None = None
     cpu_level_at: float | None = None
 
-    def add_cpu_sample(self, at: float, percent: float) -> None:
-        """One report's CPU; the level is worked out again once CPU_LEVEL_EVERY_S has passed."""
+    def add_cpu_sample(self, at: float, percent: float, window_s: float = CPU_LEVEL_WINDOW_S) -> None:
+        """One report's CPU; the level (the median over ``window_s``) is worked out again once a sixth
+        of the window has passed, from at least half a window's samples spanning two thirds of it
+        (one report a second: 15 samples over 20 s of the default half-minute)."""
         samples = self.cpu_samples
         samples.append((at, percent))
-        while samples[0][0] < at - CPU_LEVEL_WINDOW_S:
+        while samples[0][0] < at - window_s:
             samples.popleft()
-        if self.cpu_level_at is not None and at - self.cpu_level_at < CPU_LEVEL_EVERY_S:
+        if self.cpu_level_at is not None and at - self.cpu_level_at < window_s * CPU_LEVEL_EVERY:
             return
         self.cpu_level_at = at
-        if len(samples) < CPU_LEVEL_MIN_SAMPLES or at - samples[0][0] < CPU_LEVEL_MIN_SPAN_S:
+        if len(samples) < window_s * CPU_LEVEL_MIN_SAMPLES or at - samples[0][0] < window_s * CPU_LEVEL_MIN_SPAN:
             self.cpu_level = None
             return
         self.cpu_level = median(p for _, p in samples)

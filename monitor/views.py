@@ -168,6 +168,7 @@ def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float,
         nccl=job_nccl(job, job_nodes),
         silent_nodes=silent_nodes(job, nodes, now),
         monitor_started_at=monitor_started_at,
+        cpu_level_window_s=job.cpu_level_window_s,
     )
 
 

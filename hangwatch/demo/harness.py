@@ -204,13 +204,15 @@ def own_settings_only() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in REAL_MONITOR_SETTINGS}
 
 
-def start_monitor(reaper: Reaper, workdir: Path, *, port: int | None = None, timeout: float = 30.0) -> Service:
+def start_monitor(reaper: Reaper, workdir: Path, *, port: int | None = None, timeout: float = 30.0,
+                  settings: dict[str, str] | None = None) -> Service:
+    """A monitor on loopback; ``settings``: its HANGWATCH_* variables beyond the defaults."""
     port = port or free_port()
     log = workdir / "monitor.log"
     with open(log, "wb") as out:
         proc = reaper.popen([tool("hangwatch-monitor"), "--host", LOOPBACK, "--port", str(port),
                              "--db", str(workdir / "monitor.db")], stdout=out, stderr=subprocess.STDOUT,
-                            env=own_settings_only())
+                            env={**own_settings_only(), **(settings or {})})
     svc = Service(proc, log, f"http://{LOOPBACK}:{port}")
     wait_until_ready(proc, svc.url + "/healthz", "monitor", svc.log_tail, timeout)
     return svc

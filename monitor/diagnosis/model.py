@@ -327,6 +327,8 @@ class JobView:
     silent_nodes: tuple[tuple[str, float], ...] = ()
     # When this monitor process started: reports from before it were replayed from storage.
     monitor_started_at: float | None = None
+    # The window of the ranks' CPU levels (RankView.cpu_level_percent), seconds.
+    cpu_level_window_s: float = 30.0
 
 
 RankState = Literal[

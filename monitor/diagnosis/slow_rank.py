@@ -28,14 +28,15 @@ from statistics import median, median_low
 from monitor.diagnosis.context import Context, ranks_text
 from monitor.diagnosis.model import Diagnosis
 
-# A rank's level (monitor.tracks keeps it): the median of its per-report CPU over this window,
-# worked out again every CPU_LEVEL_EVERY_S once CPU_LEVEL_MIN_SAMPLES samples span at least
-# CPU_LEVEL_MIN_SPAN_S. (A median of 30 values per report and rank would cost a 10,000-rank
-# job 30 ms a second; a level 5 s old is fresh enough for a half-minute judgement.)
+# A rank's level (monitor.tracks keeps it): the median of its per-report CPU over a window
+# (CPU_LEVEL_WINDOW_S by default, the monitor's straggler_window_s setting), worked out again
+# every CPU_LEVEL_EVERY of the window once CPU_LEVEL_MIN_SAMPLES per second of window span at
+# least CPU_LEVEL_MIN_SPAN of it. (A median of 30 values per report and rank would cost a
+# 10,000-rank job 30 ms a second; a level 5 s old is fresh enough for a half-minute judgement.)
 CPU_LEVEL_WINDOW_S = 30.0
-CPU_LEVEL_EVERY_S = 5.0
-CPU_LEVEL_MIN_SAMPLES = 15
-CPU_LEVEL_MIN_SPAN_S = 20.0
+CPU_LEVEL_EVERY = 1 / 6
+CPU_LEVEL_MIN_SAMPLES = 0.5
+CPU_LEVEL_MIN_SPAN = 2 / 3
 
 # The slow rank does at least this much more work per second than the others' median ...
 MIN_RATIO = 1.2
@@ -85,7 +86,7 @@ def _steady(ctx: Context) -> bool:
     cadence = ctx.cadence
     if cadence.warming_up or cadence.median_interval_s is None or cadence.last_progress_at is None:
         return False
-    start = ctx.now - CPU_LEVEL_WINDOW_S
+    start = ctx.now - ctx.job.cpu_level_window_s
     if any(at >= start for at, _ in ctx.job.phase_marks):
         return False
     longest = max(STEADY_GAP_MIN_S, STEADY_GAP_FACTOR * cadence.median_interval_s)
@@ -112,7 +113,7 @@ def _straggler(ctx: Context, culprits: list[int], levels: dict[int, float], othe
     n_others = len(others)
     evidence = [
         f"rank {r} on {activities[r].rank.node}: {levels[r]:.0f}% CPU (median over the last "
-        f"{CPU_LEVEL_WINDOW_S:.0f}s)" for r in culprits[:8]
+        f"{ctx.job.cpu_level_window_s:.0f}s)" for r in culprits[:8]
     ]
     if len(culprits) > 8:
         evidence.append(f"... and {len(culprits) - 8} more of {ranks_text(culprits)}")
@@ -144,7 +145,7 @@ def _straggler(ctx: Context, culprits: list[int], levels: dict[int, float], othe
     summary = (f"{ranks_text(culprits)} {'sets' if len(culprits) == 1 else 'set'} the job's pace: "
                f"{ratio:.2f}x the work per second of the other ranks, which wait for "
                f"{'it' if len(culprits) == 1 else 'them'} in collectives every step")
-    return ctx.diagnosis("straggler", culprits, ctx.now - CPU_LEVEL_WINDOW_S, summary, evidence, hints)
+    return ctx.diagnosis("straggler", culprits, ctx.now - ctx.job.cpu_level_window_s, summary, evidence, hints)
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:

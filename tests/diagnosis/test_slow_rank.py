@@ -118,3 +118,19 @@ def test_a_rank_level_is_the_median_of_a_full_enough_window_worked_out_every_few
     level_at = track.cpu_level_at
     track.add_cpu_sample(51.0, 0.0)
     assert track.cpu_level_at == level_at
+
+
+def test_a_shorter_window_gives_levels_sooner_and_judges_steadiness_over_itself() -> None:
+    track = _track()
+    for t in range(9):
+        track.add_cpu_sample(float(t), 50.0, window_s=12.0)
+    assert track.cpu_level == 50.0  # 6 samples over 8 s: two thirds of a 12-s window
+    # The rule looks for steady steps over the job's own window: a 20-s silence that ended 15 s ago
+    # spoils a 30-s window but not a 12-s one.
+    resumed = tuple(sorted(steps(NOW - 35, 1.0, count=10) + steps(NOW - 0.5, 1.0, count=15)))
+    view = levels(100, 77, 77, 77, progress=resumed)
+    assert diagnose(view).verdict == "healthy"
+    short = JobView(**{**view.__dict__, "cpu_level_window_s": 12.0})
+    found = diagnose(short)
+    assert (found.verdict, found.culprit_ranks) == ("straggler", (0,))
+    assert "rank 0 on node-0000: 100% CPU (median over the last 12s)" in found.evidence[0]

@@ -88,6 +88,8 @@ NAMED_BAD_VALUES = [
     ("ssl_certfile", "/nonexistent/cert.pem", "--ssl-certfile", "go together"),
     ("confirm_alarms", "perhaps", None, "must be one of 1, 0, true, false, yes, no, on, off, not 'perhaps'"),
     ("tick_interval_s", "-1", None, "must not be negative, not -1"),
+    ("straggler_window_s", "3", "--straggler-window", "must be at least 6 s (levels are medians of one report a "
+     "second), not 3"),
 ]
 
 
