@@ -167,7 +167,7 @@ def test_an_alarm_on_one_monitor_is_shown_while_others_are_down_or_silent(
     # Asked at once: both silent monitors were called within a moment of each other (one after
     # the other, the second would have waited out the first's 3 s). From the first call on, the
     # command ends after one timeout and its exit: the bound leaves a loaded machine its slack
-    # (6.6 s was seen in clean-clone CI run 46, with the calls 0.1 s apart), and still catches a
+    # (6.6 s was seen in clean-clone CI run 46, on a machine also running other tests), and still catches a
     # command that hangs on a silent monitor. Counted from the call, not from the command's start:
     # Python's start-up takes seconds on a loaded machine (run 31).
     assert [len(q.connected_at) for q in quiet] == [1, 1]
