@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 
+from agent.logpatterns import json_object
+
 MAX_FILE_BYTES = 1024 * 1024
 MAX_MESSAGE = 8192
 CALLSTACK_LINES = 8
@@ -23,11 +25,8 @@ CALLSTACK_LINES = 8
 
 def parse_error_file(text: str, path: str) -> dict | None:
     """The ErrorFileReport dict: the exception line, then the callstack's last lines."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
+    data = json_object(text)
+    if data is None:
         return None
     message = data.get("message")
     extra: dict = {}

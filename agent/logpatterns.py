@@ -4,6 +4,7 @@ torchrun's failure block. No I/O here; every function is tested on log text.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -20,6 +21,15 @@ class Prefixed:
     rank: int | None  # global rank from "[rankN]:"
     local_rank: int | None  # from "[defaultN]:"
     text: str  # the line without prefixes
+
+
+def json_object(text: str) -> dict | None:
+    """``text`` as a JSON object, or None when it is not one (a JSON-lines log, an error file)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def split_prefixes(line: str) -> Prefixed:

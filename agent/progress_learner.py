@@ -20,12 +20,11 @@ Pure: the caller feeds ``(line, read_at)`` pairs; tests feed log text.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from agent.logpatterns import ANSI
+from agent.logpatterns import ANSI, json_object
 
 # Lines of one template kept to learn from, and the lines that make it sure.
 KEPT_PER_TEMPLATE = 8
@@ -259,11 +258,8 @@ class ProgressLearner:
 
 
 def _json_step(text: str) -> LearnedStep | None:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
+    data = json_object(text)
+    if data is None:
         return None
     for key in JSON_STEP_KEYS:
         step = _integer(data.get(key))
