@@ -60,6 +60,7 @@ port tid seed size dim hidden heads layers
 # Words that announce a counter: a tie between candidate fields goes to the field after one.
 COUNTER_WORDS = frozenset("step steps iter iters iteration it batch batches update updates global_step num_updates "
                           "epoch ep train".split())
+_BLANKS = re.compile(r"[ \t]+")
 EVAL_WORDS = re.compile(r"\b(?:eval|evaluat\w*|valid\w*|val|test\w*)\b", re.IGNORECASE)
 
 
@@ -125,7 +126,8 @@ def masked(line: str) -> tuple[str, tuple[_Field, ...]]:
         countable = not named_measure and not unit and not raw.startswith(("-", "+"))
         fields.append(_Field(int(raw), int(total_m.group(1)) if total_m else None, countable))
     parts.append(text[last:])
-    return "".join(parts).strip(), tuple(fields)
+    # Runs of blanks as one: right-aligned counters ("[   99/1000]", "[  100/1000]") keep their template.
+    return _BLANKS.sub(" ", "".join(parts)).strip(), tuple(fields)
 
 
 def _word_before(template: str, position: int) -> str | None:
@@ -248,6 +250,8 @@ class ProgressLearner:
             return True
         if template.eval_like != current.eval_like:  # type: ignore[union-attr]
             return not template.eval_like
+        if current.seen and template.seen and current.seen[-1][0] < template.seen[0][0]:
+            return True  # the learned line stopped before this one began: the format changed
         return _rank(counter) > _rank(mine) and counter.agreeing > mine.agreeing
 
     def _forget_one(self) -> None:

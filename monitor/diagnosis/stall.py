@@ -140,9 +140,12 @@ def _deadlock(ctx: Context, since: float | None, waiting: list[Activity], idle: 
     return ctx.diagnosis("deadlock", culprits, since, summary, evidence + group_lines, hints, groups)
 
 
-def _in_phase(ctx: Context, working: list[Activity]) -> str | None:
-    """The phase the ranks not waiting on peers are in, while it is within its grace."""
+def _in_phase(ctx: Context, working: list[Activity], since: float | None) -> str | None:
+    """The phase the ranks not waiting on peers are in, while it is within its grace: timed from
+    the last progress, or, in a job that logs none, from when its waiting ranks parked."""
     silent = ctx.cadence.silent_for(ctx.now)
+    if silent is None and since is not None:
+        silent = max(0.0, ctx.now - since)
     if silent is None:
         return None
     for phase in sorted({a.phase for a in working if a.phase is not None}):
@@ -181,14 +184,17 @@ def _stall(ctx: Context, since: float | None) -> Diagnosis:
     # wait; while the others are in such a phase (and CPU-starved ranks may look idle),
     # it is not a hang until the phase outlasts its grace.
     working = [a for a in live if not a.waiting]
-    phase = _in_phase(ctx, working) if working else None
+    phase = _in_phase(ctx, working, since) if working else None
     if phase is not None:
         doing = "; ".join(_doing(a) for a in working if a.phase)
         logged = [(a.rank.rank, fresh_log_phase(a.rank.log_phase, ctx.cadence.last_progress_at)) for a in working]
         evidence += [f"rank {r}'s log since its last step: {p.line}" for r, p in logged if p is not None][:4]
+        silent = ctx.cadence.silent_for(ctx.now)
+        quiet = f"no step for {silent:.0f}s" if silent is not None else (
+            f"ranks waiting for {ctx.now - since:.0f}s" if since is not None else "no step")
         return ctx.diagnosis(
             "healthy", (), None,
-            f"no step for {ctx.cadence.silent_for(ctx.now):.0f}s, but the job is in "
+            f"{quiet}, but the job is in "
             f"{'an' if phase[0] in 'aeiou' else 'a'} {phase} phase: {doing}",
             evidence,
             [_phase_pace(ctx, phase)],

@@ -46,15 +46,18 @@ def _stall_window(ctx: Context) -> tuple[bool, float | None]:
     """Whether the job is stalled and since when."""
     if ctx.cadence.last_progress_at is not None and ctx.cadence.is_stalled(ctx.now):
         return True, ctx.cadence.last_progress_at
-    if ctx.cadence.last_progress_at is not None and not ctx.cadence.warming_up:
-        return False, None
-    # No usual pace yet (no progress line, or only the first steps): a stall is every
-    # live rank idle for a while, one of them parked in a collective. A job without
-    # step logs, or one stuck at its first step, still deadlocks visibly.
-    live = ctx.live()
-    idle_since = [a.rank.idle_since for a in live]
-    if live and any(a.waiting for a in live) and all(t is not None for t in idle_since):
-        since = max(t for t in idle_since if t is not None)
+    if (ctx.cadence.last_progress_at is not None and not ctx.cadence.warming_up
+            and ctx.cadence.median_interval_s is not None):
+        return False, None  # the pace is known and the steps keep it
+    # No usual pace yet (no progress line, or only the first steps): a stall is the ranks in
+    # collectives parked idle for a while. The others may be idle too (a deadlock) or busy (a
+    # rank spinning in a loop of its own, a straggler): in synchronous training nobody steps
+    # while a collective waits that long, whatever the log says, so a job without step logs,
+    # or one stuck at its first step, gets the verdicts of a job that logs.
+    waiting = [a for a in ctx.live() if a.waiting]
+    parked = [a.rank.idle_since for a in waiting]
+    if waiting and all(t is not None for t in parked):
+        since = max(t for t in parked if t is not None)
         if ctx.cadence.last_progress_at is not None:
             since = max(since, ctx.cadence.last_progress_at)
         return ctx.now - since >= startup_allowance_s(ctx), since

@@ -303,7 +303,7 @@ def test_follower_learns_the_step_of_a_format_no_pattern_knows(tmp_path):
     got = log.follower.progress_of(101)
     assert (got["step"], got["total_steps"], got["scope"]) == (150, 40000, "rank")
     assert got["pattern"].startswith("learned (counter, 4 lines agree): ")
-    assert "Iter(train) [  #/#]" in got["pattern"]
+    assert "Iter(train) [ #/#]" in got["pattern"]
     assert [step for _, step in got["recent"]] == [140, 150]
     assert log.follower.progress_of(102) is None  # rank 1 printed nothing
     log.follower.close()

@@ -193,3 +193,19 @@ def test_json_lines_name_their_step(line: str, step: int, total: int | None) -> 
 
 def test_a_json_line_without_a_step_is_not_progress() -> None:
     assert ProgressLearner().feed('{"loss": 2.3, "lr": 0.001}', read_at=1000.0) is None
+
+
+def test_a_right_aligned_counter_keeps_its_template_past_a_new_digit() -> None:
+    learner = ProgressLearner()
+    got = [learner.feed(f"Iter(train) [{step:>5}/1000]  loss: 0.5", read_at=1000.0 + i)
+           for i, step in enumerate(range(96, 104))]
+    assert [g.step for g in got if g is not None] == [98, 99, 100, 101, 102, 103]
+
+
+def test_a_new_line_format_takes_over_when_the_learned_one_stops() -> None:
+    learner = ProgressLearner()
+    for i in range(6):
+        learner.feed(f"iter {i} loss 0.5", read_at=1000.0 + i)
+    got = [learner.feed(f"[phase 2] update {10 + i} of 500", read_at=1010.0 + i) for i in range(5)]
+    assert [g.step for g in got if g is not None] == [12, 13, 14]
+    assert learner.learned is not None and "update" in learner.learned

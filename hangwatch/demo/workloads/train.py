@@ -70,6 +70,7 @@ STEP_LINES = {
     "mmengine": "{date} - mmengine - INFO - Iter(train) [{step:>5}/{steps}]  lr: 1.0000e-02  eta: 0:{eta:02d}:00  "
                 "time: {dt:.4f}  data_time: 0.0100  memory: 321  loss: {loss:.4f}",
     "json": '{{"iter": {step}, "max_iters": {steps}, "loss": {loss:.4f}, "time": {dt:.4f}}}',
+    "none": "",  # no step line at all
 }
 
 
@@ -93,7 +94,8 @@ def parse_args(argv=None):
     p.add_argument("--log-all-ranks", action="store_true")
     p.add_argument("--log-format", choices=tuple(STEP_LINES), default="plain",
                    help="how the step line reads: plain ('step N/M | loss'), or as mmengine or JSON lines "
-                        "print it (formats no built-in pattern of the agent knows: it has to learn them)")
+                        "print it (formats no built-in pattern of the agent knows: it has to learn them), "
+                        "or none: no step line at all")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--eval-every", type=int, default=0, help="eval mode: steps between passes (0: --fail-at-step)")
     p.add_argument("--first-step-seconds", type=float, default=0.0, help="extra compute in step 1 (warm-up)")
@@ -361,9 +363,10 @@ def main(argv=None) -> int:
         elif not args.ddp and world_size > 1:
             sync_grads(model, world_size, args.async_allreduce)
         opt.step()
-        log(rank, args, STEP_LINES[args.log_format].format(
-            step=step, steps=args.steps, loss=loss.item(), dt=time.monotonic() - t0,
-            date=time.strftime("%Y/%m/%d %H:%M:%S"), eta=(args.steps - step) // 60 % 60))
+        if args.log_format != "none":
+            log(rank, args, STEP_LINES[args.log_format].format(
+                step=step, steps=args.steps, loss=loss.item(), dt=time.monotonic() - t0,
+                date=time.strftime("%Y/%m/%d %H:%M:%S"), eta=(args.steps - step) // 60 % 60))
 
     dist.barrier()
     log(rank, args, "training finished")
