@@ -31,6 +31,9 @@ def demo_cases(stall_step: int) -> dict[str, DemoCase]:
         # -- issue 18: the same deadlock in log formats no built-in pattern knows (learned)
         "deadlock-mmengine": DemoCase("as deadlock, the steps logged as mmengine does ('Iter(train) [  40/1000]')",
                                       ("--log-format", "mmengine", "--fail", "linger", *at), "deadlock", (1,)),
+        "straggler-nolog": DemoCase("as straggler, in a job that logs no step lines at all",
+                                    ("--log-format", "none", "--fail", "straggle", "--busy-seconds", "60", *at),
+                                    "straggler", (1,)),
         "deadlock-json": DemoCase("as deadlock, the steps logged as JSON lines ('{\"iter\": 40, ...}')",
                                   ("--log-format", "json", "--fail", "linger", *at), "deadlock", (1,)),
         "collective": DemoCase("rank 0 alone enters a broadcast in save_checkpoint; rank 1 waits in all_reduce",
