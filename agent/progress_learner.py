@@ -95,7 +95,6 @@ class _Template:
 class _Counter:
     position: int
     stride: int
-    epoch_position: int | None
     agreeing: int
     named: bool
     has_total: bool
@@ -110,7 +109,7 @@ def masked(line: str) -> tuple[str, tuple[_Field, ...]]:
     for m in _NUMBER.finditer(text):
         raw = m.group()
         before, after = text[: m.start()], text[m.end() :]
-        if before and (before[-1].isalpha() or before[-1] == "_") and not raw[0] in "+-":
+        if before and (before[-1].isalpha() or before[-1] == "_") and raw[0] not in "+-":
             continue  # part of a name: "fp16", "layer3", "v2"
         parts.append(text[last : m.start()])
         last = m.end()
@@ -162,14 +161,11 @@ def _counter(template: _Template) -> _Counter | None:
         falls = [j for j, (a, b) in enumerate(zip(distinct, distinct[1:])) if b < a]
         if len(strides) != 1 or next(iter(strides)) <= 0:
             continue
-        epoch = None
-        if falls:
-            epoch = _epoch_field(seen, i)
-            if epoch is None:
-                continue
+        if falls and _epoch_field(seen, i) is None:
+            continue  # it fell back without an epoch rising: not a counter
         totals = {fields[i].total for _, fields in seen}
         word = _word_before(template.text, i)
-        found = _Counter(i, next(iter(strides)), epoch, len(distinct), word in COUNTER_WORDS,
+        found = _Counter(i, next(iter(strides)), len(distinct), word in COUNTER_WORDS,
                          len(totals) == 1 and None not in totals)
         if best is None or _rank(found) > _rank(best):
             best = found
@@ -219,8 +215,8 @@ class ProgressLearner:
             if step is not None:
                 return step
         template_text, fields = masked(text)
-        if not fields and "#" not in template_text:
-            return None
+        if not fields:
+            return None  # no integer: nothing that could count
         template = self._templates.get(template_text)
         if template is None:
             if len(self._templates) >= TEMPLATES_KEPT:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from monitor.diagnosis.slow_rank import CPU_LEVEL_WINDOW_S
 from monitor.tracks import PROGRESS_HISTORY, PROGRESS_POINTS_KEPT, LauncherTrack, ProgressCursor, RankTrack
 from monitor.wire import LauncherReport
 
@@ -35,8 +34,6 @@ class JobTrack:
     job_step: int | None = None
     job_step_at: float | None = None
     known_wait_sites: set[str] = field(default_factory=set)
-    # The window of its ranks' CPU levels (the monitor's straggler_window_s setting).
-    cpu_level_window_s: float = CPU_LEVEL_WINDOW_S
     # (node, pid) of the ranks and launchers of the run that used this id before: their
     # ended entries, still listed by agents, are not this run's.
     previous_run_pids: frozenset[tuple[str, int]] = frozenset()

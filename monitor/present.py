@@ -12,10 +12,10 @@ from typing import Any, TypeVar
 from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
 from monitor.diagnosis.model import FlightRecord
 from monitor.diagnosis.stacks import memo
+from monitor.grouping import group_ranks
 from monitor.job_names import env_names
 from monitor.job_track import JobTrack
 from monitor.tracks import RankTrack
-from monitor.grouping import group_ranks
 from monitor.rank_ranges import ranks_text as ranks_text  # re-exported: render_text and tests import it from here
 from monitor.service import JobResult
 from monitor.stack_tree import stack_tree

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from monitor.diagnosis import ExitView, Frame, LogPhase, Stack
 from monitor.diagnosis.activity import MOVING_BYTES_PER_S
+from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
 from monitor.diagnosis.phases import phase_of
 from monitor.flight_recorder_views import flight_record
 from monitor.job_track import JobTrack
@@ -34,6 +35,7 @@ def apply_rank(
     received_at: float,
     offset: float,
     wait_site: WaitSite,
+    cpu_level_window_s: float = CPU_LEVEL_WINDOW_S,
 ) -> None:
     """Take a rank's entry into its track (a new pid is a new process: a new track that keeps the
     rank's progress history) and into its job."""
@@ -83,7 +85,7 @@ def apply_rank(
     if moving:
         track.moved_at = received_at
     if rr.cpu_percent is not None:
-        track.add_cpu_sample(received_at, rr.cpu_percent, job.cpu_level_window_s)
+        track.add_cpu_sample(received_at, rr.cpu_percent, cpu_level_window_s)
         # Idle is neither computing nor moving data: a rank sending over a slow link or
         # writing a checkpoint at low CPU is at work.
         if rr.cpu_percent < IDLE_CPU_PERCENT and not moving:

@@ -20,7 +20,7 @@ import pydantic
 
 import monitor.diagnosis as diagnosis
 from monitor.diagnosis import Diagnosis, JobView, RankView
-from monitor.diagnosis.slow_rank import CPU_LEVEL_WINDOW_S
+from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
 from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.fastwire import decode_report
 from monitor.job_names import job_names
@@ -351,7 +351,7 @@ class Monitor:
                 return
             if len(job.ranks) != len(views):  # a rank joined meanwhile: take them all now
                 views = [rank_view(job.ranks[r]) for r in sorted(job.ranks)]
-            view = job_view(job, self.state.nodes, now, self.started_at, tuple(views))
+            view = job_view(job, self.state.nodes, now, self.started_at, tuple(views), self.state.cpu_level_window_s)
             # Reports from here on are news to the next pass, not covered by this one.
             self._dirty.discard(job_id)
         found: list[Diagnosis] = []
@@ -363,7 +363,8 @@ class Monitor:
     def _diagnose_jobs(self, ids: Iterable[str], now: float) -> None:
         for job_id in ids:
             job = self.state.jobs[job_id]
-            view = job_view(job, self.state.nodes, now, self.started_at)
+            view = job_view(job, self.state.nodes, now, self.started_at,
+                            cpu_level_window_s=self.state.cpu_level_window_s)
             self._store(job, view, self._run_diagnosis(view), job.lifecycle_revision, now)
 
     def _store(self, job: JobTrack, view: JobView, found: Diagnosis, revision: int, now: float,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from monitor import retention
 from monitor.diagnosis import stacks
-from monitor.diagnosis.slow_rank import CPU_LEVEL_WINDOW_S
+from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
 from monitor.job_identity import canonical_job_id, is_history, job_for, job_of_workers
 from monitor.job_track import JobTrack
 from monitor.rank_ingest import WaitSite, apply_launcher, apply_rank, learn_wait_sites, mark_vanished
@@ -76,8 +76,7 @@ class MonitorState:
             job = job_for(self.jobs, self.forgotten_pids, job_id, report.node, rank_report.pid, rank_report.alive)
             if not rank_report.alive and is_history(job, report.node, rank_report):
                 continue
-            job.cpu_level_window_s = self.cpu_level_window_s
-            apply_rank(job, report.node, rank_report, received_at, offset, wait_site)
+            apply_rank(job, report.node, rank_report, received_at, offset, wait_site, self.cpu_level_window_s)
             node.rank_keys.add((job_id, rank_report.rank))
             touched.add(job.job_id)
         for job_id, rank in previous_keys - node.rank_keys:

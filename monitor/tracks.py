@@ -11,13 +11,8 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from monitor.diagnosis import ExitView, HostFacts, LogPhase, RankView, Stack
-from monitor.diagnosis.slow_rank import (
-    CPU_LEVEL_EVERY,
-    CPU_LEVEL_MIN_SAMPLES,
-    CPU_LEVEL_MIN_SPAN,
-    CPU_LEVEL_WINDOW_S,
-)
-from monitor.diagnosis.model import FlightRecord
+from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S, FlightRecord
+from monitor.diagnosis.slow_rank import CPU_LEVEL_EVERY, CPU_LEVEL_MIN_SAMPLES, CPU_LEVEL_MIN_SPAN
 from monitor.wire import (
     AgentInfo,
     CollectorHealth,

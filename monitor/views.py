@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from monitor.diagnosis import HostFacts, Interface, JobView, LauncherView, OrphanView, RankView, Socket
+from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
 from monitor.job_track import JobTrack
 from monitor.nccl_views import job_nccl
 from monitor.tracks import LauncherTrack, NodeTrack, RankTrack, SocketKey
@@ -61,7 +62,7 @@ def _build_rank_view(track: RankTrack) -> RankView:
         write_bytes_per_s=rr.write_bytes_per_s,
         moved_at=track.moved_at,
         step=rr.progress.step if rr.progress else None,
-        progress_pattern=rr.progress.pattern or None if rr.progress else None,
+        progress_pattern=(rr.progress.pattern or None) if rr.progress else None,
         progress_times=_part(track, "progress", track.progress_revision, lambda: tuple(track.progress_times)),
         stack=track.stack,
         stack_error=rr.stack_error,
@@ -142,7 +143,8 @@ def silent_nodes(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float) -> t
 
 
 def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float,
-             monitor_started_at: float | None = None, ranks: tuple[RankView, ...] | None = None) -> JobView:
+             monitor_started_at: float | None = None, ranks: tuple[RankView, ...] | None = None,
+             cpu_level_window_s: float = CPU_LEVEL_WINDOW_S) -> JobView:
     """The job as the diagnosis reads it; ``ranks``: its ranks' views already taken, in rank order."""
     if ranks is None:
         ranks = tuple(rank_view(job.ranks[r]) for r in sorted(job.ranks))
@@ -168,7 +170,7 @@ def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float,
         nccl=job_nccl(job, job_nodes),
         silent_nodes=silent_nodes(job, nodes, now),
         monitor_started_at=monitor_started_at,
-        cpu_level_window_s=job.cpu_level_window_s,
+        cpu_level_window_s=cpu_level_window_s,
     )
 
 

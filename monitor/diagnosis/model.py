@@ -28,6 +28,11 @@ Verdict = Literal[
 VERDICTS: tuple[str, ...] = Verdict.__args__  # type: ignore[attr-defined]
 
 
+# The default window of a rank's CPU level (monitor.tracks, diagnosis.slow_rank): the monitor's
+# straggler_window_s setting.
+CPU_LEVEL_WINDOW_S = 30.0
+
+
 @dataclass(frozen=True)
 class Frame:
     name: str
@@ -328,7 +333,7 @@ class JobView:
     # When this monitor process started: reports from before it were replayed from storage.
     monitor_started_at: float | None = None
     # The window of the ranks' CPU levels (RankView.cpu_level_percent), seconds.
-    cpu_level_window_s: float = 30.0
+    cpu_level_window_s: float = CPU_LEVEL_WINDOW_S
 
 
 RankState = Literal[

@@ -29,11 +29,10 @@ from monitor.diagnosis.context import Context, ranks_text
 from monitor.diagnosis.model import Diagnosis
 
 # A rank's level (monitor.tracks keeps it): the median of its per-report CPU over a window
-# (CPU_LEVEL_WINDOW_S by default, the monitor's straggler_window_s setting), worked out again
+# (model.CPU_LEVEL_WINDOW_S by default, the monitor's straggler_window_s setting), worked out again
 # every CPU_LEVEL_EVERY of the window once CPU_LEVEL_MIN_SAMPLES per second of window span at
 # least CPU_LEVEL_MIN_SPAN of it. (A median of 30 values per report and rank would cost a
 # 10,000-rank job 30 ms a second; a level 5 s old is fresh enough for a half-minute judgement.)
-CPU_LEVEL_WINDOW_S = 30.0
 CPU_LEVEL_EVERY = 1 / 6
 CPU_LEVEL_MIN_SAMPLES = 0.5
 CPU_LEVEL_MIN_SPAN = 2 / 3

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from monitor.diagnosis import JobView, diagnose
-from monitor.diagnosis.slow_rank import CPU_LEVEL_WINDOW_S
+from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
 from monitor.tracks import RankTrack
 from tests.diagnosis.builders import NOW, computing, job, rank, steps
 
