@@ -169,10 +169,13 @@ async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tu
     detect = asyncio.create_task(watch_fault(owner_port, job, fault, culprit, inject_at, end, other))
     await asyncio.sleep(max(0.0, window[0] - time.time()))
     cpu0, db0, peak = sum(map(cpu_seconds, pids)), sum(map(db_bytes, dbs)), 0
+    lag0 = await lag_buckets(ports)
     while time.time() < window[1]:
         peak = max(peak, sum(map(rss_bytes, pids)))
         await asyncio.sleep(1.0)
     cpu1, db1 = sum(map(cpu_seconds, pids)), sum(map(db_bytes, dbs))
+    lag1 = await lag_buckets(ports)
+    probe_lags = {bound: lag1.get(bound, 0) - lag0.get(bound, 0) for bound in lag1}
     detected = await detect
     await asyncio.gather(*probes)
     own = []
@@ -182,7 +185,44 @@ async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tu
         conn.close()
         own += [f"{port}: {line}" for line in metrics.decode().splitlines() if line.startswith("hangwatch_monitor_")]
     return {"cpu_s": cpu1 - cpu0, "db_start": db0, "db_end": db1, "rss_peak": peak, "latencies": latencies,
-            "sizes": sizes, "detected_s": detected, "other_answers": other, "monitor_metrics": own, "lags": lags}
+            "sizes": sizes, "detected_s": detected, "other_answers": other, "monitor_metrics": own, "lags": lags,
+            "probe_lags": probe_lags}
+
+
+LAG_BUCKET = "hangwatch_monitor_event_loop_probe_lag_seconds_bucket{le=\""
+
+
+async def lag_buckets(ports: list[int]) -> dict[float, int]:
+    """The monitors' loop-lag histograms (cumulative probe counts by upper bound), summed."""
+    counts: dict[float, int] = {}
+    for port in ports:
+        conn = HttpConnection("127.0.0.1", port)
+        try:
+            _, body = await asyncio.wait_for(conn.request("GET", "/metrics"), 30)
+        finally:
+            conn.close()
+        for line in body.decode().splitlines():
+            if line.startswith(LAG_BUCKET):
+                bound, value = line[len(LAG_BUCKET):].split('"} ')
+                counts[float(bound)] = counts.get(float(bound), 0) + int(float(value))
+    return counts
+
+
+def histogram_quantile(q: float, cumulative: dict[float, int]) -> float | None:
+    """As Prometheus's histogram_quantile: linear within the bucket the quantile falls in."""
+    bounds = sorted(cumulative)
+    if not bounds or cumulative[bounds[-1]] <= 0:
+        return None
+    rank = q * cumulative[bounds[-1]]
+    lower, below = 0.0, 0
+    for bound in bounds:
+        if cumulative[bound] >= rank:
+            if bound == float("inf"):
+                return lower
+            inside = cumulative[bound] - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, cumulative[bound]
+    return lower
 
 
 def shard_main(conn, nodes, ports, protocol, start, window, end) -> None:  # type: ignore[no-untyped-def]
@@ -207,6 +247,8 @@ def main() -> int:
     parser.add_argument("--fault", choices=("deadlock", "straggler"), default="deadlock",
                         help="what goes wrong in the first job a third of the way in")
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--py-spy", metavar="FILE", help="record the (first) monitor with py-spy over the measured "
+                        "window (collapsed stacks, all threads, without pausing it) and print its hottest frames")
     parser.add_argument("--sweep", help="job sizes to run one after the other (e.g. 64,1000,2000,4000,10000), "
                         "each with all --nodes; a table of the cost per report by job size follows")
     args = parser.parse_args()
@@ -222,14 +264,15 @@ def main() -> int:
     for size in (int(s) for s in args.sweep.split(",")):
         print(f"\n=== jobs of {size} ranks", flush=True)
         rows.append(run(argparse.Namespace(**{**vars(args), "ranks_per_job": size})))
-    print("\nranks per job  accepted/s (offered)  CPU-ms per report  loop lag p50  /diagnose?job= p99  "
+    print("\nranks per job  accepted/s (offered)  CPU-ms per report  loop lag p50  p99  /diagnose?job= p99  "
           "/metrics p99  fault found")
     for f in rows:
         one_job = f["endpoints"].get("diagnose json (one job)", {})
         metrics = f["endpoints"].get("metrics", {})
         found = f"{f['fault_detected_s']:.1f} s" if f["fault_detected_s"] is not None else "never"
         print(f"{f['ranks_per_job']:13,d}  {f['reports_per_s']:8.0f} ({f['offered_per_s']:.0f})  "
-              f"{f['cpu_ms_per_report'] or float('nan'):17.2f}  {f['loop_lag_p50_ms']:9.0f} ms  "
+              f"{f['cpu_ms_per_report'] or float('nan'):17.2f}  {f['probe_lag_p50_ms']:9.0f} ms  "
+              f"{f['probe_lag_p99_ms']:4.0f} ms  "
               f"{one_job.get('p99_ms', float('nan')):15.0f} ms  {metrics.get('p99_ms', float('nan')):9.0f} ms  {found}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
@@ -274,24 +317,60 @@ def run(args: argparse.Namespace) -> dict:
                 subprocess.run(["taskset", "-pc", args.load_cpus, str(proc.pid)], stdout=subprocess.DEVNULL, check=False)
             pipes.append(parent)
             procs.append(proc)
+        profiler = None
+        if args.py_spy:
+            profiler = subprocess.Popen(
+                ["sh", "-c", f"sleep {max(0.0, window[0] - time.time()):.2f}; exec py-spy record --nonblocking "
+                 f"--threads --rate 100 --format raw --duration {int(args.duration)} --pid {monitors[0].pid} "
+                 f"--output {args.py_spy}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         observed = asyncio.run(observe([m.pid for m in monitors], ports, dbs, window, end, victim, args.fault,
                                        culprit, inject_at))
         stats = LoadStats()
         for parent, proc in zip(pipes, procs):
             stats.merge(parent.recv())
             proc.join()
+        if profiler is not None:
+            profiler.wait(timeout=60)
     finally:
         for monitor in monitors:
             monitor.terminate()
         for monitor in monitors:
             monitor.wait(timeout=30)
     figures = summarise(args, stats, observed)
+    if args.py_spy and Path(args.py_spy).exists():
+        print_profile(Path(args.py_spy), 100 * int(args.duration))
     for db in dbs:
         log_lines = db.with_suffix(".log").read_text(errors="replace").splitlines()
         if log_lines:
             print(f"{db.stem} log: {len(log_lines)} lines, the last ones:", *log_lines[-5:], sep="\n  ")
     shutil.rmtree(tmp, ignore_errors=True)
     return figures
+
+
+def print_profile(path: Path, possible: int, top: int = 25) -> None:
+    """The hottest frames of a py-spy collapsed-stack file (idle samples left out), by own samples and by
+    samples inside them, as shares of one core (``possible``: samples one always-busy thread would give)."""
+    own: dict[str, int] = {}
+    inside: dict[str, int] = {}
+    threads: dict[str, int] = {}
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        threads[frames[0]] = threads.get(frames[0], 0) + count
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+        for frame in set(frames[1:]):
+            inside[frame] = inside.get(frame, 0) + count
+    print(f"py-spy: {total} busy samples of the monitor's threads, {total / max(1, possible) * 100:.0f}% of one core "
+          "(shares below are of one core)")
+    for title, table in (("threads", threads), ("own samples", own), ("samples inside", inside)):
+        print(f"  {title}:")
+        for frame, count in sorted(table.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"    {count / max(1, possible) * 100:5.1f}%  {frame[:150]}")
 
 
 def ms(value: float | None) -> str:
@@ -320,6 +399,11 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
         "monitor_cpu_share": cpu_share, "monitor_cores": cores, "cpu_ms_per_report": per_report_ms,
         "loop_lag_p50_ms": (percentile(observed["lags"], 0.5) or 0) * 1000,
         "loop_lag_max_ms": max(observed["lags"], default=0) * 1000,
+        # Every 50 ms probe of the window, from the monitors' histogram (bucket-interpolated).
+        "probe_lag_p50_ms": (histogram_quantile(0.5, observed["probe_lags"]) or 0) * 1000,
+        "probe_lag_p99_ms": (histogram_quantile(0.99, observed["probe_lags"]) or 0) * 1000,
+        "probe_lag_over_100ms": (observed["probe_lags"].get(float("inf"), 0) - observed["probe_lags"].get(0.1, 0)),
+        "probes": observed["probe_lags"].get(float("inf"), 0),
         "rss_peak_mib": observed["rss_peak"] / 2**20, "db_mib": observed["db_end"] / 2**20,
         "db_growth_mib_per_h": growth_h / 2**20, "fault": args.fault,
         "fault_detected_s": observed["detected_s"], "other_answers": observed["other_answers"],
@@ -335,6 +419,9 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
     lags = observed["lags"]
     print(f"monitor event-loop lag (its own metric, per scrape): p50 {ms(percentile(lags, 0.5))}, "
           f"max {ms(max(lags) if lags else None)}")
+    print(f"event-loop lag of every 50 ms probe (its histogram over the window): p50 "
+          f"{figures['probe_lag_p50_ms']:.0f} ms, p99 {figures['probe_lag_p99_ms']:.0f} ms, "
+          f"{figures['probe_lag_over_100ms']} of {figures['probes']} probes over 100 ms")
     for name, values in observed["latencies"].items():
         size = observed["sizes"].get(name)
         print(f"{name:28s} p50 {ms(percentile(values, 0.5)):>9s} p99 {ms(percentile(values, 0.99)):>9s} "

@@ -12,6 +12,7 @@ from for ``shed_keep_s`` always gets in, so no node goes dark.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import re
 import time
 from collections import deque
@@ -23,6 +24,9 @@ NODE_PEEK_BYTES = 512
 PROBE_EVERY_S = 0.05
 LAG_WINDOW_S = 1.0
 SHED_WINDOW_S = 60.0
+# Upper bounds of the probes' lateness histogram (seconds): its p99 over a window is the loop's
+# lag p99, which the gauge of the last second's worst cannot give between scrapes.
+LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 def peek_node(body: bytes) -> str | None:
@@ -40,9 +44,14 @@ class LoadGuard:
     _lags: deque[tuple[float, float]] = field(default_factory=deque)
     _sheds: deque[float] = field(default_factory=deque)
     _accepted_at: dict[str, float] = field(default_factory=dict)
+    # Probes per bucket of LAG_BUCKETS (not cumulative; the last is past the largest bound).
+    lag_counts: list[int] = field(default_factory=lambda: [0] * (len(LAG_BUCKETS) + 1))
+    lag_sum_s: float = 0.0
 
     def note_lag(self, lag: float, now: float) -> None:
         """One probe's lateness; ``lag_s`` is the largest over the last second."""
+        self.lag_counts[bisect.bisect_left(LAG_BUCKETS, lag)] += 1
+        self.lag_sum_s += lag
         self._lags.append((now, lag))
         while self._lags and self._lags[0][0] < now - LAG_WINDOW_S:
             self._lags.popleft()

@@ -12,13 +12,14 @@ as the monitor remembers it, so the alert on it holds.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from monitor.diagnosis import VERDICTS
 from monitor.diagnosis.activity import ACTIVITIES
-from monitor.exposition import Family, labels, render
+from monitor.exposition import Family, labels, number, render
 from monitor.http_guard import HttpStats
-from monitor.load import LoadGuard
+from monitor.load import LAG_BUCKETS, LoadGuard
 from monitor.process_metrics import build_info, process_families
 from monitor.service import Monitor
 
@@ -146,6 +147,7 @@ def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
     shed.add("", float(guard.shed_total))
     lag = Family("hangwatch_monitor_event_loop_lag_seconds", "How late the event loop ran over the last second")
     lag.add("", guard.lag_s)
+    lag_probes = lag_histogram(guard)
     overloaded = Family("hangwatch_monitor_overloaded", "1 while the monitor sheds reports (loop lag past the limit)")
     overloaded.add("", 1.0 if guard.overloaded else 0.0)
     pass_s = Family("hangwatch_monitor_diagnosis_pass_seconds", "Wall time of the last diagnosis pass over all jobs")
@@ -182,8 +184,21 @@ def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
     dropped.add("", float(health.snapshots_dropped))
     ranks = Family("hangwatch_monitor_ranks", "Ranks the monitor tracks")
     ranks.add("", float(sum(len(j.ranks) for j in monitor.state.jobs.values())))
-    return [full, shed, lag, overloaded, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
+    return [full, shed, lag, lag_probes, overloaded, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
             in_memory, write_failures, unsaved, dropped, ranks]
+
+
+def lag_histogram(guard: LoadGuard) -> Family:
+    """Every 50 ms probe's lateness: ``histogram_quantile(0.99, rate(..._bucket[5m]))`` is the loop's lag p99."""
+    family = Family("hangwatch_monitor_event_loop_probe_lag_seconds",
+                    "How late each 50 ms probe of the event loop fired", "histogram")
+    cumulative = 0
+    for bound, count in zip((*LAG_BUCKETS, math.inf), guard.lag_counts):
+        cumulative += count
+        family.lines.append(f'{family.name}_bucket{{le="{number(bound)}"}} {cumulative}')
+    family.lines.append(f"{family.name}_sum {number(guard.lag_sum_s)}")
+    family.lines.append(f"{family.name}_count {cumulative}")
+    return family
 
 
 def http_families(http: HttpStats) -> list[Family]:

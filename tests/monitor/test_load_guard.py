@@ -59,3 +59,21 @@ def test_sheds_are_counted_over_a_minute_and_forgotten_nodes_dropped() -> None:
 )
 def test_peek_node(body: bytes, node: str | None) -> None:
     assert peek_node(body) == node
+
+
+def test_every_probe_lands_in_the_lag_histogram_that_metrics_exports() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from monitor.exposition import render
+    from monitor.metrics import lag_histogram
+
+    guard = LoadGuard()
+    for at, lag in enumerate((0.0, 0.003, 0.04, 0.04, 0.3, 7.0)):
+        guard.note_lag(lag, float(at))
+    (family,) = text_string_to_metric_families(render([lag_histogram(guard)]).decode())
+    assert family.type == "histogram"
+    buckets = {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+    assert buckets["0.005"] == 2 and buckets["0.05"] == 4 and buckets["0.25"] == 4 and buckets["0.5"] == 5
+    assert buckets["+Inf"] == 6
+    count = next(s.value for s in family.samples if s.name.endswith("_count"))
+    assert count == 6 and abs(next(s.value for s in family.samples if s.name.endswith("_sum")) - 7.383) < 1e-9
