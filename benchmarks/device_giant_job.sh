@@ -26,7 +26,7 @@ for case in "$@"; do
         deadlock) args=(--ranks-per-job 10000 --duration 60) ;;
         straggler) args=(--ranks-per-job 10000 --fault straggler --duration 120) ;;
         small) args=(--ranks-per-job 64 --duration 60) ;;
-        profile) args=(--ranks-per-job 10000 --duration 45 --py-spy "$out/profile.txt") ;;
+        profile) args=(--ranks-per-job 10000 --duration 45 --py-spy "$out/profile.collapsed") ;;
         *) echo "no case named $case" >&2; exit 2 ;;
     esac
     echo "=== $case"

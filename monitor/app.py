@@ -78,7 +78,8 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
     app.state.settings = settings
     app.state.monitor = monitor
     app.state.load_guard = guard
-    app.state.answers = AnswerCache()
+    app.state.answers = AnswerCache(clock=monitor.clock)
+    monitor.after_giant_diagnosis = app.state.answers.render_ahead
     app.state.http_stats = http_stats = HttpStats()
     # Reports are answered by a plain ASGI layer in front of the app (routes/ingest.py).
     app.add_middleware(IngestLayer, monitor=monitor, settings=settings, guard=guard)

@@ -155,6 +155,9 @@ class Monitor:
         # When each node's next snapshot is due; the nodes that sent a full report to this process.
         self._snapshot_due: dict[str, float] = {}
         self._full_seen: set[str] = set()
+        # Run on a worker thread after a giant job's new diagnosis is stored (the app renders a
+        # watched job's answer there, monitor/answers.py); pure work on the immutable result.
+        self.after_giant_diagnosis: Callable[[JobResult, JobTrack], object] | None = None
 
     # --- ingest ---
 
@@ -357,8 +360,13 @@ class Monitor:
         found: list[Diagnosis] = []
         yield Offload(lambda: found.append(self._run_diagnosis(view)))
         with self._lock:
-            if found and self.state.jobs.get(job_id) is job:
-                self._store(job, view, found[0], revision, now, clear_dirty=False)
+            if not found or self.state.jobs.get(job_id) is not job:
+                return
+            self._store(job, view, found[0], revision, now, clear_dirty=False)
+            result = self._results[job_id]
+        follow_up = self.after_giant_diagnosis
+        if follow_up is not None:
+            yield Offload(lambda: follow_up(result, job))
 
     def _diagnose_jobs(self, ids: Iterable[str], now: float) -> None:
         for job_id in ids:

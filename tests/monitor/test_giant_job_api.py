@@ -164,3 +164,28 @@ def test_the_background_pass_diagnoses_a_giant_job_off_the_lock_and_keeps_the_re
     monitor.tick(clock.now)
     [change] = monitor.history(JOB)
     assert (change.verdict, change.culprit_ranks, change.at) == ("deadlock", (CULPRIT,), clock.now)
+
+
+def test_a_watched_giant_job_is_rendered_ahead_of_its_reads(giant: TestClient, clock: FakeClock,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import monitor.answers as answers
+
+    monitor = monitor_of(giant)
+    monitor.tick_interval_s = 1.0  # reads answer from the passes, as under the background tick
+    monitor.tick()
+    renders: list[float] = []
+    render = answers.job_dict
+    monkeypatch.setattr(answers, "job_dict", lambda *a, **k: renders.append(clock.now) or render(*a, **k))
+    assert _job(giant)["verdict"] == "deadlock" and len(renders) == 1  # the job is watched from here on
+    clock.advance(1)
+    _post_all(giant, clock)
+    monitor.tick()  # a giant job's pass: its rules, then its answer, on the worker thread's side
+    assert len(renders) == 2
+    job = _job(giant)
+    assert len(renders) == 2 and job["last_report_at"] == clock.now and job["culprit_ranks"] == [CULPRIT]
+    # Nobody asked for WATCHED_S: the passes stop rendering it.
+    clock.advance(answers.WATCHED_S + 1)
+    _post_all(giant, clock)
+    monitor.tick()
+    assert len(renders) == 2
+    assert _job(giant)["last_report_at"] == clock.now and len(renders) == 3
