@@ -62,6 +62,14 @@ COUNTER_WORDS = frozenset("step steps iter iters iteration it batch batches upda
                           "epoch ep train".split())
 _BLANKS = re.compile(r"[ \t]+")
 EVAL_WORDS = re.compile(r"\b(?:eval|evaluat\w*|valid\w*|val|test\w*)\b", re.IGNORECASE)
+# A heartbeat must show work being done: never a line about waiting, failing or retrying, which a
+# hung job prints at a steady pace too (NCCL/gloo watchdogs, elastic heartbeats, retry loops).
+NOT_A_HEARTBEAT = re.compile(r"warn|error|exception|traceback|timeout|timed out|wait|retry|retrying|hang|stuck|"
+                             r"heartbeat|watchdog|barrier|rendezvous|connect|alive|idle|health|nccl|gloo", re.IGNORECASE)
+# A heartbeat's lines: read in this many different reads, none further from the last than
+# HEARTBEAT_GAP_FACTOR times their usual spacing (a steady pace, not a burst now and then).
+HEARTBEAT_READS = 4
+HEARTBEAT_GAP_FACTOR = 3.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,12 @@ class _Template:
     text: str
     seen: deque[tuple[float, tuple[_Field, ...]]] = field(default_factory=lambda: deque(maxlen=KEPT_PER_TEMPLATE))
     eval_like: bool = False
+    # For a heartbeat: whether it may be one, when each of its recent lines was read, whether
+    # their measures moved (the same line again says nothing), and the beats counted so far.
+    may_beat: bool = False
+    beat_reads: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT_PER_TEMPLATE))
+    last_measures: str = ""
+    beats: int = 0
 
 
 @dataclass(frozen=True)
@@ -215,14 +229,22 @@ class ProgressLearner:
             if step is not None:
                 return step
         template_text, fields = masked(text)
-        if not fields:
-            return None  # no integer: nothing that could count
+        if not fields and "#.#" not in template_text:
+            return None  # no number: nothing that could count or show work
         template = self._templates.get(template_text)
         if template is None:
             if len(self._templates) >= TEMPLATES_KEPT:
                 self._forget_one()
-            template = self._templates[template_text] = _Template(template_text,
-                                                                  eval_like=bool(EVAL_WORDS.search(text)))
+            eval_like = bool(EVAL_WORDS.search(text))
+            template = self._templates[template_text] = _Template(
+                template_text, eval_like=eval_like,
+                may_beat="#.#" in template_text and not eval_like and not NOT_A_HEARTBEAT.search(template_text))
+        if template.may_beat:
+            beat = self._beat(template, text, read_at)
+            if beat is not None:
+                return beat
+        if not fields:
+            return None
         if not template.seen or template.seen[-1][1] != fields:
             # The same line again (several ranks printing one step to one file) adds nothing.
             template.seen.append((read_at, fields))
@@ -249,6 +271,29 @@ class ProgressLearner:
         if current.seen and template.seen and current.seen[-1][0] < template.seen[0][0]:
             return True  # the learned line stopped before this one began: the format changed
         return _rank(counter) > _rank(mine) and counter.agreeing > mine.agreeing
+
+    def _beat(self, template: _Template, text: str, read_at: float) -> LearnedStep | None:
+        """The template as a heartbeat: progress without a step number, counted in beats, taken only
+        while no line with a counter is learned (a counter, once seen, wins)."""
+        measures = " ".join(m.group() for m in _NUMBER.finditer(_TIMESTAMP.sub("", text)))
+        if measures == template.last_measures:
+            return None  # the same values again: another rank's copy, or a status line that did not move
+        template.last_measures = measures
+        if not template.beat_reads or template.beat_reads[-1] != read_at:
+            template.beat_reads.append(read_at)  # reads, not lines: a fast job prints many per read
+        template.beats += 1
+        if self.learned is not None and self.learned != template.text:
+            current = self._templates.get(self.learned)
+            if current is None or not current.may_beat or _counter(current) is not None:
+                return None
+        reads = list(template.beat_reads)
+        if len(reads) < HEARTBEAT_READS or _counter(template) is not None:
+            return None
+        gaps = [b - a for a, b in zip(reads, reads[1:])]
+        if max(gaps) > HEARTBEAT_GAP_FACTOR * sorted(gaps)[len(gaps) // 2]:
+            return None  # bursts now and then, not a pace
+        self.learned = template.text
+        return LearnedStep(template.beats, None, template.text, len(reads), "heartbeat")
 
     def _forget_one(self) -> None:
         oldest = min((t for t in self._templates.values() if t.text != self.learned),

@@ -36,6 +36,9 @@ def demo_cases(stall_step: int) -> dict[str, DemoCase]:
                                     "straggler", (1,)),
         "deadlock-json": DemoCase("as deadlock, the steps logged as JSON lines ('{\"iter\": 40, ...}')",
                                   ("--log-format", "json", "--fail", "linger", *at), "deadlock", (1,)),
+        "deadlock-hf": DemoCase("as deadlock, progress logged as transformers' Trainer does, with no step number "
+                                "(\"{'loss': 0.61, ..., 'epoch': 0.04}\"): a heartbeat",
+                                ("--log-format", "hf", "--fail", "linger", *at), "deadlock", (1,)),
         "collective": DemoCase("rank 0 alone enters a broadcast in save_checkpoint; rank 1 waits in all_reduce",
                                ("--fail", "extra-collective", "--fail-rank", "0", *at), "deadlock", (0,)),
         "ddp": DemoCase("DistributedDataParallel; rank 1 leaves the loop and lingers (rank 0 waits in backward)",

@@ -68,6 +68,7 @@ class Context:
 
 # How the agent marks a step read through a learned line template (agent/logs.py).
 LEARNED = "learned"
+HEARTBEAT = "(heartbeat,"
 
 # Up to this many ranks are listed one by one; more are written as runs ("ranks 0-511, 600").
 RANKS_LISTED = 16
@@ -166,5 +167,10 @@ def progress_evidence(ctx: Context) -> list[str]:
                     if r.progress_pattern and r.progress_pattern.startswith(LEARNED)), None)
     if learned is not None:
         # A format no built-in pattern knows: say what the pace was read from, so a person can judge it.
-        lines.append(f"steps read from a learned line format {learned[len(LEARNED):].lstrip()}")
+        how = learned[len(LEARNED):].lstrip()
+        if how.startswith(HEARTBEAT):
+            lines.append(f"progress read from a line that recurs at a steady pace without a step number "
+                         f"(steps are counted in its lines) {how}")
+        else:
+            lines.append(f"steps read from a learned line format {how}")
     return lines

@@ -137,7 +137,63 @@ def test_numbers_that_are_not_progress_are_never_taken(name: str, lines: list[st
     spread = [learner.feed(line, read_at=1000.0 + i) for i, line in enumerate(lines)]
     if name.endswith("printed at once"):
         return  # spread over time, a numbered list is indistinguishable from progress
-    assert not any(spread), (name, [s for s in spread if s])
+    # Losses printed at a steady pace are a heartbeat (below), never a step number.
+    assert not any(s for s in spread if s and s.kind != "heartbeat"), (name, [s for s in spread if s])
+    if name != "losses alone":
+        assert not any(spread), (name, [s for s in spread if s])
+
+
+HF_TRAINER = "{{'loss': {loss:.4f}, 'grad_norm': {norm:.3f}, 'learning_rate': 4.9{i}e-05, 'epoch': {epoch:.2f}}}"
+
+
+def test_a_line_that_recurs_at_a_steady_pace_without_a_counter_is_a_heartbeat() -> None:
+    # transformers' Trainer logs a dict of floats every logging_steps: no step number in it.
+    learner = ProgressLearner()
+    got = [learner.feed(HF_TRAINER.format(loss=2.5 - i / 50, norm=1 + i / 7, i=i, epoch=0.01 * (i + 1)),
+                        read_at=1000.0 + 2 * i) for i in range(8)]
+    beats = [g for g in got if g is not None]
+    assert beats and got.index(beats[0]) == 3  # four reads apart at a steady pace
+    assert all(b.kind == "heartbeat" and b.total is None for b in beats)
+    assert [b.step for b in beats] == list(range(4, 9))  # beats counted, one per line
+    assert beats[-1].template.startswith("{'loss': #.#")
+
+
+def test_a_fast_heartbeat_printed_many_times_per_read_is_learned_from_its_reads() -> None:
+    learner = ProgressLearner()
+    got = []
+    for read in range(6):
+        for line in range(16):  # a 0.06 s step, logged each step, read once a second
+            i = read * 16 + line
+            got.append(learner.feed(HF_TRAINER.format(loss=2 - i / 100, norm=1 + i / 1000, i=i % 10, epoch=i / 1000),
+                                    read_at=1000.0 + read))
+    assert got[-1] is not None and got[-1].kind == "heartbeat" and got[-1].step == 96
+    assert got[-1].confidence == 6
+
+
+@pytest.mark.parametrize(
+    ("name", "lines", "reads"),
+    [
+        ("a watchdog's wait, at a steady pace", [f"[W ProcessGroupNCCL.cpp:1234] waited {10.5 * i:.1f} s for work"
+                                                 for i in range(8)], range(8)),
+        ("an elastic heartbeat", [f"heartbeat sent at {1000.25 + i:.2f}" for i in range(8)], range(8)),
+        ("the same values again", ["gpu util 97.5% mem 0.81"] * 8, range(8)),
+        ("bursts now and then", [f"loss {2 - i / 10:.3f}" for i in range(8)], (0, 1, 2, 30, 31, 32, 70, 71)),
+        ("evaluation lines", [f"val loss {2 - i / 10:.3f}" for i in range(8)], range(8)),
+    ],
+)
+def test_what_is_never_a_heartbeat(name: str, lines: list[str], reads: range | tuple[int, ...]) -> None:
+    learner = ProgressLearner()
+    assert not any(learner.feed(line, read_at=1000.0 + at) for line, at in zip(lines, reads)), name
+
+
+def test_a_counter_takes_over_from_a_heartbeat() -> None:
+    learner = ProgressLearner()
+    for i in range(6):
+        learner.feed(f"loss {2 - i / 10:.3f}", read_at=1000.0 + i)
+    assert learner.feed("loss 1.000", read_at=1006.0).kind == "heartbeat"
+    got = [learner.feed(f"step {100 + i}: loss {1 - i / 100:.3f}", read_at=1007.0 + i) for i in range(4)]
+    assert got[-1] is not None and got[-1].kind == "counter" and got[-1].step == 103
+    assert learner.feed("loss 0.900", read_at=1011.0) is None  # the heartbeat no longer counts
 
 
 def test_interleaved_eval_lines_do_not_take_the_place_of_the_step_line() -> None:

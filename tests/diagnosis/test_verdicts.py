@@ -220,3 +220,12 @@ def test_the_evidence_says_when_the_pace_comes_from_a_learned_line_format() -> N
     plain = diagnose(job(rank(0, frames=collective("all_reduce", 50), progress_pattern="nanochat"),
                          rank(1, frames=sleeping()), progress=STALLED))
     assert not any("learned" in line for line in plain.evidence)
+
+
+def test_the_evidence_says_when_the_pace_comes_from_a_heartbeat() -> None:
+    learned = "learned (heartbeat, 6 lines agree): {'loss': #.#, 'grad_norm': #.#, 'epoch': #.#}"
+    found = diagnose(job(rank(0, frames=collective("all_reduce", 50), progress_pattern=learned),
+                         rank(1, frames=sleeping()), progress=STALLED))
+    assert found.verdict == "deadlock"
+    assert ("progress read from a line that recurs at a steady pace without a step number (steps are counted "
+            "in its lines) (heartbeat, 6 lines agree): {'loss': #.#, 'grad_norm': #.#, 'epoch': #.#}") in found.evidence

@@ -54,11 +54,12 @@ def test_rank_exits_early_under_plain_launch(plain_job, wait_for_verdict):
     assert culprits(got) == [1]
 
 
-@pytest.mark.parametrize("log_format", ["mmengine", "json"])
+@pytest.mark.parametrize("log_format", ["mmengine", "json", "hf"])
 def test_a_log_format_no_pattern_knows_is_learned_and_the_deadlock_named(torchrun_job, wait_for_verdict, client,
                                                                         log_format):
-    """The workload logs its steps as mmengine or a JSON-lines logger does: the agent learns where
-    the step is (agent/progress_learner.py), the monitor shows what it learned, and the deadlock
+    """The workload logs its steps as mmengine or a JSON-lines logger does, or only its loss as
+    transformers' Trainer does (no step number: a heartbeat): the agent learns where the step is,
+    or the pace (agent/progress_learner.py), the monitor shows what it learned, and the deadlock
     is named. (The workload's own "left the loop at step N" line, printed when it stalls, is read
     by the generic pattern: the learned steps are checked while the job still steps.)"""
     job = torchrun_job("--log-format", log_format, "--fail", "linger", "--fail-at-step", "150")
@@ -70,8 +71,8 @@ def test_a_log_format_no_pattern_knows_is_learned_and_the_deadlock_named(torchru
                         if (r.get("progress_pattern") or "").startswith("learned") and r["step"]), None)
         time.sleep(0.3)
     assert learned is not None, f"no learned progress before the stall:\n{job.log_tail()}"
-    assert learned["progress_pattern"].startswith(
-        "learned (counter, " if log_format == "mmengine" else "learned (json, "), learned
+    kind = {"mmengine": "counter", "json": "json", "hf": "heartbeat"}[log_format]
+    assert learned["progress_pattern"].startswith(f"learned ({kind}, "), learned
     assert 0 < learned["step"] < 150
     if log_format == "mmengine":
         assert "Iter(train) [" in learned["progress_pattern"], learned

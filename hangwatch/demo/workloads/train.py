@@ -70,6 +70,8 @@ STEP_LINES = {
     "mmengine": "{date} - mmengine - INFO - Iter(train) [{step:>5}/{steps}]  lr: 1.0000e-02  eta: 0:{eta:02d}:00  "
                 "time: {dt:.4f}  data_time: 0.0100  memory: 321  loss: {loss:.4f}",
     "json": '{{"iter": {step}, "max_iters": {steps}, "loss": {loss:.4f}, "time": {dt:.4f}}}',
+    # transformers' Trainer: a dict of floats and no step number, progress only as a steady pace.
+    "hf": "{{'loss': {loss:.4f}, 'grad_norm': {dt:.4f}, 'learning_rate': 5e-05, 'epoch': {epoch:.4f}}}",
     "none": "",  # no step line at all
 }
 
@@ -366,7 +368,8 @@ def main(argv=None) -> int:
         if args.log_format != "none":
             log(rank, args, STEP_LINES[args.log_format].format(
                 step=step, steps=args.steps, loss=loss.item(), dt=time.monotonic() - t0,
-                date=time.strftime("%Y/%m/%d %H:%M:%S"), eta=(args.steps - step) // 60 % 60))
+                date=time.strftime("%Y/%m/%d %H:%M:%S"), eta=(args.steps - step) // 60 % 60,
+                epoch=step / args.steps))
 
     dist.barrier()
     log(rank, args, "training finished")
