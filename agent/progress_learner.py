@@ -68,7 +68,7 @@ NOT_A_HEARTBEAT = re.compile(r"warn|error|exception|traceback|timeout|timed out|
                              r"heartbeat|watchdog|barrier|rendezvous|connect|alive|idle|health|nccl|gloo", re.IGNORECASE)
 # A heartbeat's lines: read in this many different reads, none further from the last than
 # HEARTBEAT_GAP_FACTOR times their usual spacing (a steady pace, not a burst now and then).
-HEARTBEAT_READS = 4
+HEARTBEAT_READS = 3
 HEARTBEAT_GAP_FACTOR = 3.0
 
 
@@ -239,18 +239,12 @@ class ProgressLearner:
             template = self._templates[template_text] = _Template(
                 template_text, eval_like=eval_like,
                 may_beat="#.#" in template_text and not eval_like and not NOT_A_HEARTBEAT.search(template_text))
-        if template.may_beat:
-            beat = self._beat(template, text, read_at)
-            if beat is not None:
-                return beat
-        if not fields:
-            return None
-        if not template.seen or template.seen[-1][1] != fields:
+        if fields and (not template.seen or template.seen[-1][1] != fields):
             # The same line again (several ranks printing one step to one file) adds nothing.
             template.seen.append((read_at, fields))
-        counter = _counter(template)
+        counter = _counter(template) if fields else None
         if counter is None:
-            return None
+            return self._beat(template, text, read_at) if template.may_beat else None
         if not self._preferred(template, counter):
             return None
         self.learned = template_text
@@ -287,10 +281,10 @@ class ProgressLearner:
             if current is None or not current.may_beat or _counter(current) is not None:
                 return None
         reads = list(template.beat_reads)
-        if len(reads) < HEARTBEAT_READS or _counter(template) is not None:
+        if len(reads) < HEARTBEAT_READS:
             return None
         gaps = [b - a for a, b in zip(reads, reads[1:])]
-        if max(gaps) > HEARTBEAT_GAP_FACTOR * sorted(gaps)[len(gaps) // 2]:
+        if max(gaps) > HEARTBEAT_GAP_FACTOR * sorted(gaps)[(len(gaps) - 1) // 2]:
             return None  # bursts now and then, not a pace
         self.learned = template.text
         return LearnedStep(template.beats, None, template.text, len(reads), "heartbeat")
