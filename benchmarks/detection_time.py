@@ -26,6 +26,7 @@ switch namespace; their failure begins at the launch.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -103,12 +104,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall-step", type=int, default=40)
     p.add_argument("--timeout", type=float, default=60.0, help="per run, from the launch")
     p.add_argument("--json", dest="json_out", default=None, help="also write the raw results here")
+    p.add_argument("--log-format", choices=("plain", "mmengine", "json", "hf", "none"),
+                   help="every single-node case's workload logs its progress this way (e.g. the quiet cases in a "
+                        "format only the learner reads)")
     args = p.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in ALL_CASES]
     if unknown:
         p.error(f"unknown case(s): {', '.join(unknown)}")
     table = demo_cases(args.stall_step)
+    if args.log_format:
+        table = {name: dataclasses.replace(case, train_args=(*case.train_args, "--log-format", args.log_format))
+                 for name, case in table.items()}
 
     results: dict[str, list[dict]] = {c: [] for c in cases}
     with tempfile.TemporaryDirectory(prefix="hangwatch-bench-") as tmp, Reaper() as session:

@@ -52,6 +52,10 @@ class JobTrack:
     rank_progress_at: float | None = None
     pending_wait_ranks: set[int] = field(default_factory=set)
     wait_sites_learned_at: float | None = None
+    # The job's rhythm from its ranks' CPU alone, for a job that logs no progress (JobView):
+    # when a rank was first seen at work, and the longest pause any rank came back from.
+    working_since: float | None = None
+    longest_pause_s: float = 0.0
 
     def mark_phase(self, at: float, phase: str) -> None:
         """Note the job in ``phase`` at ``at``; repeats within one silent stretch add nothing."""

@@ -94,7 +94,12 @@ def apply_rank(
                 # sample, so the rank has been idle since about that report.
                 track.idle_since = previous_observed if previous_observed is not None else received_at
         else:
+            if track.idle_since is not None and previous_observed is not None:
+                # Idle, then at work again: a pause the job came back from.
+                job.longest_pause_s = max(job.longest_pause_s, previous_observed - track.idle_since)
             track.idle_since = None
+            if job.working_since is None:
+                job.working_since = received_at
 
     track.log_errors = _merge_lines(track.log_errors, rr.log_errors, LOG_ERRORS_KEPT)
     if track.alive != rr.alive:

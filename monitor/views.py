@@ -171,6 +171,8 @@ def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float,
         silent_nodes=silent_nodes(job, nodes, now),
         monitor_started_at=monitor_started_at,
         cpu_level_window_s=cpu_level_window_s,
+        working_since=job.working_since,
+        longest_pause_s=job.longest_pause_s,
     )
 
 

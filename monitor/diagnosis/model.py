@@ -334,6 +334,11 @@ class JobView:
     monitor_started_at: float | None = None
     # The window of the ranks' CPU levels (RankView.cpu_level_percent), seconds.
     cpu_level_window_s: float = CPU_LEVEL_WINDOW_S
+    # The job's rhythm read from its ranks' CPU, for a job that logs no progress: when a rank
+    # was first seen at work, and the longest pause (idle, then at work again) any rank came
+    # back from; 0 while none did (fast steps never show idle at one sample a second).
+    working_since: float | None = None
+    longest_pause_s: float = 0.0
 
 
 RankState = Literal[

@@ -29,6 +29,14 @@ PARKED_WITHOUT_PROGRESS_S = 10.0
 # to the warm-up grace. The time to the first step is not a pace: it holds imports,
 # rendezvous and compilation, and a job stuck right after a slow start must still be caught.
 STARTUP_FACTOR = 2.0
+# A job that logs no progress at all has a rhythm still: its ranks' CPU. Once its ranks were
+# seen at work RHYTHM_SEEN_S before they parked, parked PAUSE_FACTOR times the longest pause
+# any rank came back from (RHYTHM_MIN_PARKED_S at least, about a logged job's shortest stall)
+# counts as stalled: a job with fast steps, whose ranks never showed a pause, is judged as
+# soon as one that logs its steps, not PARKED_WITHOUT_PROGRESS_S later.
+RHYTHM_SEEN_S = 5.0
+RHYTHM_MIN_PARKED_S = 4.0
+PAUSE_FACTOR = 3.0
 # How long past the stall threshold the verdict waits for fresh stacks before "stalled".
 STACK_WAIT_S = 8.0
 
@@ -60,14 +68,26 @@ def _stall_window(ctx: Context) -> tuple[bool, float | None]:
         since = max(t for t in parked if t is not None)
         if ctx.cadence.last_progress_at is not None:
             since = max(since, ctx.cadence.last_progress_at)
-        return ctx.now - since >= startup_allowance_s(ctx), since
+        return ctx.now - since >= startup_allowance_s(ctx, since), since
     return False, None
 
 
-def startup_allowance_s(ctx: Context) -> float:
+def startup_allowance_s(ctx: Context, parked_since: float | None = None) -> float:
     """How long ranks may sit parked while the job's pace is not yet known."""
+    if ctx.cadence.last_progress_at is None and parked_since is not None:
+        rhythm = rhythm_allowance_s(ctx.job.working_since, ctx.job.longest_pause_s, parked_since)
+        if rhythm is not None:
+            return rhythm
     slowest = ctx.cadence.longest_interval_s or 0.0
     return min(WARMUP_GRACE_S, max(PARKED_WITHOUT_PROGRESS_S, STARTUP_FACTOR * slowest))
+
+
+def rhythm_allowance_s(working_since: float | None, longest_pause_s: float, parked_since: float) -> float | None:
+    """How long ranks of a job that logs no progress may sit parked, from the rhythm of their CPU;
+    None while the job was not seen at work long enough before it parked to know its rhythm."""
+    if working_since is None or parked_since - working_since < RHYTHM_SEEN_S:
+        return None
+    return min(PARKED_WITHOUT_PROGRESS_S, max(RHYTHM_MIN_PARKED_S, PAUSE_FACTOR * longest_pause_s))
 
 
 def _still_gathering(ctx: Context) -> bool:

@@ -86,6 +86,27 @@ CASES: list[tuple[str, JobView, str, tuple[int, ...]]] = [
      job(rank(0, frames=collective("all_reduce", 50), idle_since=NOW - 4),
          rank(1, cpu=100, frames=computing(), active=True, state="R")),
      "healthy", ()),
+    ("no step log, ranks at work 60 s without a pause: rank 1 spins while rank 0 waits 5 s",
+     job(rank(0, frames=collective("all_reduce", 50), idle_since=NOW - 5),
+         rank(1, cpu=100, frames=computing(), active=True, state="R"), working_since=NOW - 65),
+     "straggler", (1,)),
+    ("no step log, ranks at work 60 s without a pause: both parked 5 s",
+     job(rank(0, frames=collective("all_reduce", 50), idle_since=NOW - 5),
+         rank(1, frames=sleeping(), idle_since=NOW - 5), working_since=NOW - 65),
+     "deadlock", (1,)),
+    ("no step log, ranks at work 60 s without a pause: rank 0 waits 3 s (a normal wait)",
+     job(rank(0, frames=collective("all_reduce", 50), idle_since=NOW - 3),
+         rank(1, cpu=100, frames=computing(), active=True, state="R"), working_since=NOW - 63),
+     "healthy", ()),
+    ("no step log, its ranks came back from 2.5 s pauses before: rank 0 waits 5 s",
+     job(rank(0, frames=collective("all_reduce", 50), idle_since=NOW - 5),
+         rank(1, cpu=100, frames=computing(), active=True, state="R"), working_since=NOW - 65,
+         longest_pause_s=2.5),
+     "healthy", ()),
+    ("no step log, at work only 2 s before rank 0 parked: its rhythm unknown, 5 s is a normal wait",
+     job(rank(0, frames=collective("all_reduce", 50), idle_since=NOW - 5),
+         rank(1, cpu=100, frames=computing(), active=True, state="R"), working_since=NOW - 7),
+     "healthy", ()),
     ("no step log at all: rank 0 evaluates (its stack says so) while rank 1 waits 30 s",
      job(rank(0, cpu=100, frames=evaluating(), active=True, state="R"),
          rank(1, frames=collective("barrier", 80), idle_since=NOW - 30)),
@@ -229,3 +250,19 @@ def test_the_evidence_says_when_the_pace_comes_from_a_heartbeat() -> None:
     assert found.verdict == "deadlock"
     assert ("progress read from a line that recurs at a steady pace without a step number (steps are counted "
             "in its lines) (heartbeat, 6 lines agree): {'loss': #.#, 'grad_norm': #.#, 'epoch': #.#}") in found.evidence
+
+
+@pytest.mark.parametrize(
+    ("working_since", "longest_pause", "parked_since", "allowance"),
+    [
+        (None, 0.0, NOW, None),             # never seen at work: no rhythm
+        (NOW - 3, 0.0, NOW, None),          # at work 3 s before parking: too short to know
+        (NOW - 60, 0.0, NOW, 4.0),          # fast steps, never a pause: the floor
+        (NOW - 60, 2.0, NOW, 6.0),          # pauses of 2 s came and went: three times that
+        (NOW - 60, 5.0, NOW, 10.0),         # long pauses: never more than without a rhythm
+    ],
+)
+def test_the_rhythm_of_a_job_without_step_logs(working_since, longest_pause, parked_since, allowance) -> None:
+    from monitor.diagnosis.verdict import rhythm_allowance_s
+
+    assert rhythm_allowance_s(working_since, longest_pause, parked_since) == allowance

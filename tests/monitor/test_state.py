@@ -399,3 +399,15 @@ def test_fast_steps_keep_a_long_history_of_sightings() -> None:
         _add_times(times, [float(sighting)] * 16)
     assert len(set(times)) == PROGRESS_HISTORY // 2
     assert list(times)[-2:] == [39.0, 39.0]
+
+
+def test_the_job_keeps_its_rhythm_from_its_ranks_cpu() -> None:
+    """When a rank was first at work, and the longest pause a rank came back from (JobView)."""
+    state = MonitorState()
+    cpus = [0.5, 90.0, 95.0, 1.0, 0.5, 0.4, 97.0, 1.0, 99.0]  # idle at start; a 2 s pause; a 0 s one
+    for i, cpu in enumerate(cpus):
+        apply(state, report(ranks=[rank(cpu_percent=cpu)], sent_at=T0 + i), received_at=T0 + i)
+    got = view(state, now=T0 + len(cpus))
+    assert got.working_since == T0 + 1
+    # Idle from the report before the first idle one (T0 + 2) to the last idle report (T0 + 5).
+    assert got.longest_pause_s == pytest.approx(3.0)
