@@ -34,7 +34,7 @@ from agent.identity import (
     spawn_socket_evidence,
 )
 from agent.procinfo import is_python, read_argv, read_environ, read_exe
-from agent.procstat import CLOCK_TICKS, Stat
+from agent.procstat import CLOCK_TICKS, Stat, uptime_ticks
 from agent.redact import DEFAULT_REDACTOR, Redactor
 from agent.sockets import SocketReader
 
@@ -106,7 +106,7 @@ class DerivedRanks:
         for c in candidates:
             kids_of.setdefault(c.ppid, []).append(c)
         not_parents = excluded | {c.pid for c in candidates}
-        now_ticks = self._uptime_ticks() if candidates else None
+        now_ticks = uptime_ticks(self.proc_root) if candidates else None  # None: report at once
         self.sockets.new_sweep()
         out: dict[int, RankProcess] = {}
         for ppid, kids in kids_of.items():
@@ -202,13 +202,6 @@ class DerivedRanks:
             return None
         return _Parent(stat.pid, stat.ppid, stat.starttime, tuple(argv), self.redactor.cmdline(argv),
                        self.report_env(env, stat.pid), spawn_facts(env))
-
-    def _uptime_ticks(self) -> int | None:
-        try:
-            with open(f"{self.proc_root}/uptime") as f:
-                return int(float(f.read().split()[0]) * CLOCK_TICKS)
-        except (OSError, ValueError, IndexError):
-            return None  # no settling without a clock: report at once
 
     def _forget_gone(self, stats: Mapping[int, Stat]) -> None:
         if not (self._parents or self._torch or self._spawn):

@@ -27,7 +27,7 @@ from agent.identity import (  # noqa: F401 -- RankIdentity: re-exported
     rank_identity,
 )
 from agent.procinfo import is_python, parse_cmdline, parse_environ, read_exe  # noqa: F401 -- re-exported
-from agent.procstat import Stat, read_stat
+from agent.procstat import CLOCK_TICKS, Stat, read_stat, uptime_ticks
 from agent.redact import DEFAULT_REDACTOR, Redactor
 from agent.workload_names import read_pod_uid
 
@@ -96,6 +96,8 @@ ENV_ALLOWLIST = (
 )
 # torchrun reads any of its options from PET_<OPTION> when not on the command line.
 LAUNCHER_ENV_PREFIX = "PET_"
+# Processes younger than this are inspected again at every scan (Discovery._young).
+YOUNG_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,11 @@ class Discovery:
     # (pid, starttime, comm) -> what it is. comm is in the key because an exec (a wrapper
     # script exec'ing python) changes it.
     _cache: dict[tuple[int, int, str], _Seen] = field(default_factory=dict)
+    # Keys inspected while their process was younger than YOUNG_S: looked at again each scan.
+    # A child forked by python that execs python again (Lightning's and mp.spawn's ranks) keeps
+    # its pid, start time and comm, but between the fork and the exec it shows its parent's
+    # command line and environment: cached then, it would never be seen as a rank.
+    _young: set[tuple[int, int, str]] = field(default_factory=set)
     launchers: list[LauncherProcess] = field(default_factory=list)
     workers: dict[int, list[RankProcess]] = field(default_factory=dict)  # launcher pid -> ranks
     orphans: list[OrphanProcess] = field(default_factory=list)
@@ -278,10 +285,16 @@ class Discovery:
         candidates, launchers, orphans, other_ppid1 = {}, [], [], []
         unnamed: list[Candidate] = []  # ranks the environment does not name: the tree decides
         not_parents: set[int] = set()
+        self._young &= live_keys
+        now_ticks = uptime_ticks(self.proc_root)
         for pid, stat in stats.items():
             key = (pid, stat.starttime, stat.comm)
-            if key not in self._cache:
+            if key not in self._cache or key in self._young:
                 self._cache[key] = self._inspect(stat)
+                if now_ticks is not None and now_ticks - stat.starttime < YOUNG_S * CLOCK_TICKS:
+                    self._young.add(key)
+                else:
+                    self._young.discard(key)
             seen = self._cache[key]
             if pid == self.self_pid or (
                 (seen.rank or seen.launcher or seen.carries_rank or seen.candidate)

@@ -152,3 +152,12 @@ class CpuSampler:
 
     def forget(self, pid: int) -> None:
         self._prev.pop(pid, None)
+
+
+def uptime_ticks(proc_root: str = "/proc") -> int | None:
+    """Clock ticks since boot (the unit of a process's start time); None where it cannot be read."""
+    try:
+        with open(f"{proc_root}/uptime") as f:
+            return int(float(f.read().split()[0]) * CLOCK_TICKS)
+    except (OSError, ValueError, IndexError):
+        return None

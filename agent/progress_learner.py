@@ -100,6 +100,10 @@ class _Template:
     # For a heartbeat: whether it may be one, when each of its recent lines was read, whether
     # their measures moved (the same line again says nothing), and the beats counted so far.
     may_beat: bool = False
+    # Once a counter was read in it, a template never counts as a heartbeat: a fast job's many
+    # lines per read leave stretches where the kept lines all share one read and cannot show
+    # the counter, and those must not turn the step into a count of lines.
+    counted: bool = False
     beat_reads: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT_PER_TEMPLATE))
     last_measures: str = ""
     beats: int = 0
@@ -244,7 +248,8 @@ class ProgressLearner:
             template.seen.append((read_at, fields))
         counter = _counter(template) if fields else None
         if counter is None:
-            return self._beat(template, text, read_at) if template.may_beat else None
+            return self._beat(template, text, read_at) if template.may_beat and not template.counted else None
+        template.counted = True
         if not self._preferred(template, counter):
             return None
         self.learned = template_text

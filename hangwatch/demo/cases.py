@@ -34,6 +34,8 @@ def demo_cases(stall_step: int) -> dict[str, DemoCase]:
         "straggler-nolog": DemoCase("as straggler, in a job that logs no step lines at all",
                                     ("--log-format", "none", "--fail", "straggle", "--busy-seconds", "60", *at),
                                     "straggler", (1,)),
+        "deadlock-nolog": DemoCase("as deadlock, in a job that logs no progress at all",
+                                   ("--log-format", "none", "--fail", "linger", *at), "deadlock", (1,)),
         "deadlock-json": DemoCase("as deadlock, the steps logged as JSON lines ('{\"iter\": 40, ...}')",
                                   ("--log-format", "json", "--fail", "linger", *at), "deadlock", (1,)),
         "deadlock-hf": DemoCase("as deadlock, progress logged as transformers' Trainer does, with no step number "

@@ -16,6 +16,7 @@ import pytest
 from agent.discovery import Discovery, allowlisted_env
 from agent.redact import CMDLINE_MAX_CHARS, DEFAULT_REDACTOR, make_redactor
 from tests.agent.conftest import run_agent_once
+from tests.agent.fake_proc import fake_process
 
 R = DEFAULT_REDACTOR
 
@@ -122,35 +123,22 @@ def test_allowlisted_env_hides_url_credentials():
 # --- every path a command line takes, on a fake /proc ----------------------------------------
 
 
-def _fake_process(root: Path, pid: int, ppid: int, argv: list[str], env: dict[str, str], starttime: int = 1000):
-    base = root / str(pid)
-    base.mkdir()
-    # Fields 3.. of proc(5) stat: state, ppid, ..., starttime is field 22.
-    fields = ["S", str(ppid)] + ["0"] * 48
-    fields[22 - 3] = str(starttime)
-    (base / "stat").write_text(f"{pid} ({os.path.basename(argv[1] if len(argv) > 1 else argv[0])[:15]}) "
-                               + " ".join(fields) + "\n")
-    (base / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
-    (base / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
-    os.symlink("/usr/bin/python3", base / "exe")
-
-
 def test_every_reported_cmdline_is_redacted(tmp_path: Path):
     root = tmp_path / "proc"
     root.mkdir()
     (root / "uptime").write_text("100000.00 1.00\n")
     rank_env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "http://u:S-ENV@127.0.0.1", "MASTER_PORT": "29511"}
-    _fake_process(root, 100, 50, ["python3", "/usr/bin/torchrun", "--nproc-per-node=1",
+    fake_process(root, 100, 50, ["python3", "/usr/bin/torchrun", "--nproc-per-node=1",
                                   "--rdzv-endpoint=https://u:S-LAUNCHER@h:29400", "train.py", "--hf_token", "S-1"], {})
-    _fake_process(root, 101, 100, ["python3", "train.py", "--hf_token", "S-RANK"], rank_env)
-    _fake_process(root, 200, 1, ["python3", "-m", "torch.distributed.run", "--password=S-ORPHAN", "train.py"], {})
+    fake_process(root, 101, 100, ["python3", "train.py", "--hf_token", "S-RANK"], rank_env)
+    fake_process(root, 200, 1, ["python3", "-m", "torch.distributed.run", "--password=S-ORPHAN", "train.py"], {})
     # Lightning: the parent (local rank 0, no rank variables) and a child that runs it again
     # (the same arguments: the raw argv decides that, the redacted one is only reported).
-    _fake_process(root, 300, 50, ["python3", "fit.py", "--api-key", "S-LIGHTNING"], {})
-    _fake_process(root, 301, 300, ["python3", "/w/fit.py", "--api-key", "S-LIGHTNING"],
+    fake_process(root, 300, 50, ["python3", "fit.py", "--api-key", "S-LIGHTNING"], {})
+    fake_process(root, 301, 300, ["python3", "/w/fit.py", "--api-key", "S-LIGHTNING"],
                   {"LOCAL_RANK": "1", "NODE_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": "29512"})
-    _fake_process(root, 400, 1, ["python3", "server.py", "--secret-key=S-HOLDER"], {})
+    fake_process(root, 400, 1, ["python3", "server.py", "--secret-key=S-HOLDER"], {})
 
     discovery = Discovery(proc_root=str(root), self_pid=999999)
     ranks = discovery.scan()

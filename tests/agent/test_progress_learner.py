@@ -170,6 +170,20 @@ def test_a_fast_heartbeat_printed_many_times_per_read_is_learned_from_its_reads(
     assert got[-1].confidence == 6
 
 
+def test_a_fast_counter_is_never_taken_for_a_heartbeat() -> None:
+    """mmengine at 16 lines a read: the last lines of a read share it, and show no counter alone."""
+    learner = ProgressLearner()
+    got = []
+    for read in range(6):
+        for line in range(16):
+            step = 100 + read * 16 + line
+            got.append(learner.feed(f"Iter(train) [{step:>6}/40000]  lr: 1.0000e-02  time: 0.{line:02d}  "
+                                    f"loss: {2 - step / 1000:.4f}", read_at=1000.0 + read))
+    learned = [g for g in got if g is not None]
+    assert learned and all(g.kind == "counter" for g in learned), {g.kind for g in learned}
+    assert [g.step for g in learned] == sorted(g.step for g in learned)
+
+
 @pytest.mark.parametrize(
     ("name", "lines", "reads"),
     [
