@@ -174,6 +174,11 @@ class Monitor:
         node = report.node
         with self._lock:
             touched = self.state.apply(report, received_at)
+            if report.delta and node not in self._full_seen:
+                # A delta on a picture this process did not get from the agent (after a restart: an
+                # old snapshot and the outage's replays; fields that changed before the outage and
+                # not since are stale): not the node's present until its full report, a second away.
+                self.state.nodes[node].partial = True
             self._dirty |= touched
             self.reports_total += 1
             due = self._snapshot_due.get(node)

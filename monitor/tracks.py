@@ -194,5 +194,8 @@ class NodeTrack:
     # False while the node's latest report is one its agent kept through an outage: a picture of
     # the past however recent its time, never read as the node's present (monitor/views.is_fresh).
     live: bool = True
+    # True while the node's latest report is a delta this process cannot build on (no full report
+    # from the node since it started): parts of the picture may be older than the report.
+    partial: bool = False
     # (host report, its HostFacts) for monitor/views.host_facts: the facts change only with the host.
     facts_cache: tuple[HostReport, HostFacts] | None = None

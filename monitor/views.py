@@ -125,8 +125,9 @@ def is_fresh(node: NodeTrack, now: float) -> bool:
     """The node's last report says what is true at ``now``. One replayed from the agent's outage
     journal does only at its own time (the monitor judges it then, for the job's history); read
     later it is the past, however recent: after a short outage it can be seconds old and show a
-    job in the middle of failing, a false verdict until the node's first live report."""
-    if not node.live and now > node.last_report_at:
+    job in the middle of failing, a false verdict until the node's first live report. A delta the
+    monitor cannot build on (``NodeTrack.partial``) is not the present either, until the full report."""
+    if node.partial or (not node.live and now > node.last_report_at):
         return False
     return now - node.last_report_at <= max(NODE_FRESH_S, 3 * (node.agent.interval_s or 0.0))
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 from monitor.diagnosis.context import Context, ranks_text
 from monitor.diagnosis.model import Diagnosis
 
+# A node whose latest report is this recent and still not the present is being refreshed.
+REFRESHING_S = 10.0
+
 
 def agents_silent(ctx: Context) -> Diagnosis | None:
     silent = dict(ctx.job.silent_nodes)
@@ -24,9 +27,15 @@ def agents_silent(ctx: Context) -> Diagnosis | None:
     if not unknown and not launchers:
         return None
     started = ctx.job.monitor_started_at
-    replayed = [n for n, last in silent.items() if started is not None and last < started]
+    # Refreshing: nothing heard live since the restart, or heard only moments ago (its agent's
+    # kept reports, or a delta before its full report): not an agent gone quiet.
+    replayed = [n for n, last in silent.items()
+                if started is not None and (last < started or ctx.now - last < REFRESHING_S)]
     evidence = [f"node {n}: no report for {ctx.now - last:.0f}s" + (" (before the monitor restarted)"
-                                                                   if n in replayed else "")
+                                                                   if started is not None and last < started else "")
+                if n not in replayed or started is None or last < started else
+                f"node {n}: reports kept through an outage, or changes this monitor cannot build on yet; "
+                "its full report is on its way"
                 for n, last in sorted(silent.items())]
     here = "these nodes" if len(silent) > 1 else "it"
     if unknown:

@@ -167,3 +167,20 @@ def test_an_exit_is_diagnosed_at_once_on_a_healthy_job(ticking_client: TestClien
     post(ticking_client, body)
     [result] = monitor.results()  # a read, before any pass
     assert result.diagnosis.verdict == "rank_exited" and result.diagnosis.culprit_ranks == (1,)
+
+
+def test_a_delta_the_monitor_cannot_build_on_is_not_read_as_the_present(client: TestClient, clock: FakeClock) -> None:
+    """After a restart the agent's first reports are deltas on a picture this process does not hold
+    (an old snapshot at best): a rank whose stale fields say "busy, last step long ago" would read as
+    slow_compute. The job is refreshing until the full report it asks for arrives."""
+    stale = [(clock.now - 40.5, 2), (clock.now - 40, 3)]
+    busy = [delta_rank(cpu_percent=99.0, progress=progress(3, 3, stale)), dict(delta_rank(cpu_percent=99.0), rank=1)]
+    assert post(client, report(ranks=busy, sent_at=clock.now, host=None, delta=True))["send_full"] is True
+    job = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
+    assert job["verdict"] == "unknown", job["summary"]
+    assert "full report is on its way" in " ".join(job["evidence"]), job["evidence"]
+    clock.advance(1)
+    assert post(client, report(ranks=[full_rank(clock, cpu_percent=99.0, progress=progress(4, 4, [(clock.now, 4)])),
+                                      rank(rank=1, cpu_percent=99.0)], sent_at=clock.now))["send_full"] is False
+    job = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
+    assert job["verdict"] != "unknown", job["summary"]
