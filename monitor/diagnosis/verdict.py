@@ -29,7 +29,8 @@ PARKED_WITHOUT_PROGRESS_S = 10.0
 # to the warm-up grace. The time to the first step is not a pace: it holds imports,
 # rendezvous and compilation, and a job stuck right after a slow start must still be caught.
 STARTUP_FACTOR = 2.0
-# A job that logs no progress at all has a rhythm still: its ranks' CPU. Once its ranks were
+# A job whose log gives no pace (no progress line, or a single one such as "data exhausted at
+# step 40") has a rhythm still: its ranks' CPU. Once its ranks were
 # seen at work RHYTHM_SEEN_S before they parked, parked PAUSE_FACTOR times the longest pause
 # any rank came back from (RHYTHM_MIN_PARKED_S at least, about a logged job's shortest stall)
 # counts as stalled: a job with fast steps, whose ranks never showed a pause, is judged as
@@ -74,7 +75,7 @@ def _stall_window(ctx: Context) -> tuple[bool, float | None]:
 
 def startup_allowance_s(ctx: Context, parked_since: float | None = None) -> float:
     """How long ranks may sit parked while the job's pace is not yet known."""
-    if ctx.cadence.last_progress_at is None and parked_since is not None:
+    if ctx.cadence.median_interval_s is None and parked_since is not None:  # no pace from the log
         rhythm = rhythm_allowance_s(ctx.job.working_since, ctx.job.longest_pause_s, parked_since)
         if rhythm is not None:
             return rhythm
