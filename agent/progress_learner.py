@@ -67,9 +67,12 @@ EVAL_WORDS = re.compile(r"\b(?:eval|evaluat\w*|valid\w*|val|test\w*)\b", re.IGNO
 NOT_A_HEARTBEAT = re.compile(r"warn|error|exception|traceback|timeout|timed out|wait|retry|retrying|hang|stuck|"
                              r"heartbeat|watchdog|barrier|rendezvous|connect|alive|idle|health|nccl|gloo", re.IGNORECASE)
 # A heartbeat's lines: read in this many different reads, none further from the last than
-# HEARTBEAT_GAP_FACTOR times their usual spacing (a steady pace, not a burst now and then).
+# HEARTBEAT_GAP_FACTOR times their usual spacing (a steady pace, not a burst now and then) ...
 HEARTBEAT_READS = 3
 HEARTBEAT_GAP_FACTOR = 3.0
+# ... or two reads of this many moving lines each: a pace fast enough to show within one read
+# (a job that logs every step), learned as soon as a counter would be.
+FAST_BEAT_LINES = 3
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class _Template:
     # the counter, and those must not turn the step into a count of lines.
     counted: bool = False
     beat_reads: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT_PER_TEMPLATE))
+    beat_lines: deque[int] = field(default_factory=lambda: deque(maxlen=KEPT_PER_TEMPLATE))  # per read
     last_measures: str = ""
     beats: int = 0
 
@@ -280,13 +284,15 @@ class ProgressLearner:
         template.last_measures = measures
         if not template.beat_reads or template.beat_reads[-1] != read_at:
             template.beat_reads.append(read_at)  # reads, not lines: a fast job prints many per read
+            template.beat_lines.append(0)
+        template.beat_lines[-1] += 1
         template.beats += 1
         if self.learned is not None and self.learned != template.text:
             current = self._templates.get(self.learned)
             if current is None or not current.may_beat or _counter(current) is not None:
                 return None
         reads = list(template.beat_reads)
-        if len(reads) < HEARTBEAT_READS:
+        if len(reads) < 2 or (len(reads) < HEARTBEAT_READS and min(template.beat_lines) < FAST_BEAT_LINES):
             return None
         gaps = [b - a for a, b in zip(reads, reads[1:])]
         if max(gaps) > HEARTBEAT_GAP_FACTOR * sorted(gaps)[(len(gaps) - 1) // 2]:

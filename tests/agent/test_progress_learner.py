@@ -168,6 +168,8 @@ def test_a_fast_heartbeat_printed_many_times_per_read_is_learned_from_its_reads(
                                     read_at=1000.0 + read))
     assert got[-1] is not None and got[-1].kind == "heartbeat" and got[-1].step == 96
     assert got[-1].confidence == 6
+    # Learned as soon as a counter would be: in the second read, once it had three moving lines.
+    assert next(i for i, g in enumerate(got) if g is not None) == 16 + 2
 
 
 def test_a_fast_counter_is_never_taken_for_a_heartbeat() -> None:
