@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -128,11 +129,21 @@ def test_agent_keeps_running_when_monitor_unreachable(agent_process):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     agent = agent_process("--monitor", f"http://127.0.0.1:{port}", "--interval", "0.1", "--no-stacks")
-    time.sleep(1.5)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(agent.stderr), daemon=True)
+    reader.start()
+    # Its loop is running once it said the monitor is unreachable (a loaded machine starts it slowly).
+    deadline = time.monotonic() + 60
+    while not any("unreachable" in line for line in lines) and time.monotonic() < deadline:
+        assert agent.poll() is None, "".join(lines)
+        time.sleep(0.1)
+    time.sleep(1.0)  # ten more sends that fail
     assert agent.poll() is None
     agent.send_signal(signal.SIGINT)
-    _, err = agent.communicate(timeout=10)
-    assert agent.returncode == 0
+    agent.wait(timeout=10)
+    reader.join(timeout=10)
+    err = "".join(lines)
+    assert agent.returncode == 0, err
     assert err.count("unreachable") == 1, err  # logged once, not every retry
     assert "Traceback" not in err
 
