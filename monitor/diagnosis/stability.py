@@ -11,8 +11,9 @@ what /diagnose, the page, the metrics and the history show:
 - Ended, stopped and finished ranks are facts with their own confirmation upstream (exit
   records, a stop seen twice): they are published at once; so is an alarm built on such a
   fact (``Diagnosis.final``: a launcher that exited with its error).
-- Once raised, an alarm is refined at once (stalled -> deadlock as stacks arrive) and
-  cleared at once when the job progresses again; a raw "healthy" without progress must
+- Once raised, an alarm is refined at once (stalled -> deadlock as stacks arrive), falls back
+  to a bare stall only after ``CLEAR_S`` of such readings, and is cleared at once when the job
+  progresses again; a raw "healthy" without progress must
   last ``CLEAR_S`` first, so a single odd sample cannot silence a real alarm either.
 - A raw "unknown" (an agent silent, the monitor just restarted) holds a raised alarm.
 
@@ -90,8 +91,16 @@ def settle(
     if raw.final:
         return _through(raw, now)
     if held is not None and held.verdict in ALARMS:
-        # Already raised: the newest raw alarm is the best description of it.
         assert previous is not None
+        if raw.verdict == "stalled" and held.culprit_ranks and held.verdict != "stalled":
+            # A raised alarm that names its culprits does not fall back to a bare stall at one
+            # reading: that is the stacks going stale for a moment (a line read as progress, a
+            # restart's refresh), not news. It must last CLEAR_S, as a clearing does.
+            vague_since = previous.clearing_since if previous.clearing_since is not None else now
+            if now - vague_since < CLEAR_S:
+                shown = replace(held, summary=f"{held.summary} (checking a reading that names no culprit)")
+                return replace(previous, shown=shown, clearing_since=vague_since)
+        # Already raised: the newest raw alarm is the best description of it.
         return _through(raw, previous.alarm_since if previous.alarm_since is not None else now)
     # Any raw alarm continues the confirmation: a stall turning into a deadlock as the stacks
     # arrive is the same trouble seen more sharply.

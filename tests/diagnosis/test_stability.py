@@ -52,6 +52,12 @@ CASES = {
     # ... and clears once healthy readings last CLEAR_S.
     "a deadlock that clears without progress": (
         [(0, D, (1,)), (1, D, (1,)), (2, H, ()), (2 + CLEAR_S, H, ())], [H, D, D, H]),
+    # A deadlock does not fall back to a bare stall at one reading (stacks stale for a moment) ...
+    "one stalled reading inside a deadlock": (
+        [(0, D, (1,)), (1, D, (1,)), (2, S, ()), (3, D, (1,))], [H, D, D, D]),
+    # ... only once such readings last CLEAR_S.
+    "a deadlock that turns into a stall": (
+        [(0, D, (1,)), (1, D, (1,)), (2, S, ()), (2 + CLEAR_S, S, ())], [H, D, D, S]),
     # An exit during an alarm is news: published at once.
     "an exit during a deadlock": (
         [(0, D, (1,)), (1, D, (1,)), (2, "rank_exited", (1,))], [H, D, "rank_exited"]),
