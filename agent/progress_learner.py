@@ -100,15 +100,15 @@ class _Template:
     text: str
     seen: deque[tuple[float, tuple[_Field, ...]]] = field(default_factory=lambda: deque(maxlen=KEPT_PER_TEMPLATE))
     eval_like: bool = False
-    # For a heartbeat: whether it may be one, when each of its recent lines was read, whether
-    # their measures moved (the same line again says nothing), and the beats counted so far.
-    may_beat: bool = False
     # Once a counter was read in it, a template never counts as a heartbeat: a fast job's many
     # lines per read leave stretches where the kept lines all share one read and cannot show
     # the counter, and those must not turn the step into a count of lines.
     counted: bool = False
-    beat_reads: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT_PER_TEMPLATE))
-    beat_lines: deque[int] = field(default_factory=lambda: deque(maxlen=KEPT_PER_TEMPLATE))  # per read
+    # For a heartbeat: whether it may be one, its recent reads (when, and how many of its lines
+    # with moving values each held), the values of its last line (the same again says nothing),
+    # and the beats counted so far.
+    may_beat: bool = False
+    beat_reads: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=KEPT_PER_TEMPLATE))
     last_measures: str = ""
     beats: int = 0
 
@@ -282,17 +282,19 @@ class ProgressLearner:
         if measures == template.last_measures:
             return None  # the same values again: another rank's copy, or a status line that did not move
         template.last_measures = measures
-        if not template.beat_reads or template.beat_reads[-1] != read_at:
-            template.beat_reads.append(read_at)  # reads, not lines: a fast job prints many per read
-            template.beat_lines.append(0)
-        template.beat_lines[-1] += 1
+        # Reads, not lines: a fast job prints many per read.
+        if template.beat_reads and template.beat_reads[-1][0] == read_at:
+            template.beat_reads[-1] = (read_at, template.beat_reads[-1][1] + 1)
+        else:
+            template.beat_reads.append((read_at, 1))
         template.beats += 1
         if self.learned is not None and self.learned != template.text:
             current = self._templates.get(self.learned)
-            if current is None or not current.may_beat or _counter(current) is not None:
-                return None
-        reads = list(template.beat_reads)
-        if len(reads) < 2 or (len(reads) < HEARTBEAT_READS and min(template.beat_lines) < FAST_BEAT_LINES):
+            if current is None or not current.may_beat or current.counted:
+                return None  # a counter is learned (or a line that may not beat)
+        reads = [at for at, _ in template.beat_reads]
+        fewest_lines = min(lines for _, lines in template.beat_reads)
+        if len(reads) < 2 or (len(reads) < HEARTBEAT_READS and fewest_lines < FAST_BEAT_LINES):
             return None
         gaps = [b - a for a, b in zip(reads, reads[1:])]
         if max(gaps) > HEARTBEAT_GAP_FACTOR * sorted(gaps)[(len(gaps) - 1) // 2]:

@@ -73,15 +73,13 @@ class AnswerCache:
             self._asked_at[result.view.job_id] = self._clock()
         return self._job_bytes(result, track, view)
 
-    def render_ahead(self, result: JobResult, track: JobTrack | None) -> bool:
-        """Render a new diagnosis's full answer before anyone asks, if its job is watched; whether it did.
+    def render_ahead(self, result: JobResult, track: JobTrack | None) -> None:
+        """Render a new diagnosis's full answer before anyone asks, if its job is watched.
         For giant jobs, on the worker thread that ran their rules: a read then only copies bytes,
         instead of waiting ~0.1-1 s for 10,000 ranks to render on a busy monitor."""
         asked = self._asked_at.get(result.view.job_id)
-        if asked is None or self._clock() - asked > WATCHED_S:
-            return False
-        self._job_bytes(result, track, "full")
-        return True
+        if asked is not None and self._clock() - asked <= WATCHED_S:
+            self._job_bytes(result, track, "full")
 
     def _job_bytes(self, result: JobResult, track: JobTrack | None, view: str) -> bytes:
         cache = self._rendered[view]

@@ -157,7 +157,7 @@ class Monitor:
         self._full_seen: set[str] = set()
         # Run on a worker thread after a giant job's new diagnosis is stored (the app renders a
         # watched job's answer there, monitor/answers.py); pure work on the immutable result.
-        self.after_giant_diagnosis: Callable[[JobResult, JobTrack], object] | None = None
+        self.after_giant_diagnosis: Callable[[JobResult, JobTrack], None] | None = None
 
     # --- ingest ---
 

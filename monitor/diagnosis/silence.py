@@ -27,16 +27,8 @@ def agents_silent(ctx: Context) -> Diagnosis | None:
     if not unknown and not launchers:
         return None
     started = ctx.job.monitor_started_at
-    # Refreshing: nothing heard live since the restart, or heard only moments ago (its agent's
-    # kept reports, or a delta before its full report): not an agent gone quiet.
-    replayed = [n for n, last in silent.items()
-                if started is not None and (last < started or ctx.now - last < REFRESHING_S)]
-    evidence = [f"node {n}: no report for {ctx.now - last:.0f}s" + (" (before the monitor restarted)"
-                                                                   if started is not None and last < started else "")
-                if n not in replayed or started is None or last < started else
-                f"node {n}: reports kept through an outage, or changes this monitor cannot build on yet; "
-                "its full report is on its way"
-                for n, last in sorted(silent.items())]
+    refreshing = [n for n, last in silent.items() if _refreshing(last, started, ctx.now)]
+    evidence = [_silence_line(n, last, started, ctx.now) for n, last in sorted(silent.items())]
     here = "these nodes" if len(silent) > 1 else "it"
     if unknown:
         evidence.append(f"{ranks_text(unknown)} on {here}: state unknown")
@@ -45,7 +37,7 @@ def agents_silent(ctx: Context) -> Diagnosis | None:
                         f"{', '.join(f'pid {lv.pid}' for lv in launchers)}, state unknown")
     what = ranks_text(unknown) if unknown else "its launcher"
     nodes = ", ".join(sorted(silent))
-    if replayed and len(replayed) == len(silent) and started is not None:
+    if refreshing and len(refreshing) == len(silent) and started is not None:
         summary = (f"monitor restarted {ctx.now - started:.0f}s ago: refreshing from the agents "
                    f"(waiting for {nodes})")
         hints: tuple[str, ...] = ()
@@ -57,3 +49,18 @@ def agents_silent(ctx: Context) -> Diagnosis | None:
                  "running (systemctl status hangwatch-agent), can it reach the monitor?",)
     states = dict.fromkeys(unknown, "unknown")
     return ctx.diagnosis("unknown", (), min(silent.values()), summary, evidence, hints, states=states)
+
+
+def _refreshing(last: float, started: float | None, now: float) -> bool:
+    """Nothing heard live since the restart, or heard only moments ago (its agent's kept reports, or a
+    delta before its full report): a node being refreshed, not an agent gone quiet."""
+    return started is not None and (last < started or now - last < REFRESHING_S)
+
+
+def _silence_line(node: str, last: float, started: float | None, now: float) -> str:
+    if started is not None and last < started:
+        return f"node {node}: no report for {now - last:.0f}s (before the monitor restarted)"
+    if _refreshing(last, started, now):
+        return (f"node {node}: reports kept through an outage, or changes this monitor cannot build on yet; "
+                "its full report is on its way")
+    return f"node {node}: no report for {now - last:.0f}s"
