@@ -11,7 +11,8 @@ what /diagnose, the page, the metrics and the history show:
 - Ended, stopped and finished ranks are facts with their own confirmation upstream (exit
   records, a stop seen twice): they are published at once; so is an alarm built on such a
   fact (``Diagnosis.final``: a launcher that exited with its error).
-- Once raised, an alarm is refined at once (stalled -> deadlock as stacks arrive), falls back
+- Once raised, an alarm is refined at once (stalled -> deadlock as stacks arrive), turns into
+  another alarm (deadlock -> straggler) only once that is confirmed as a new alarm is, falls back
   to a bare stall only after ``CLEAR_S`` of such readings, and is cleared at once when the job
   progresses again; a raw "healthy" without progress must
   last ``CLEAR_S`` first, so a single odd sample cannot silence a real alarm either.
@@ -100,22 +101,47 @@ def settle(
             if now - vague_since < CLEAR_S:
                 shown = replace(held, summary=f"{held.summary} (checking a reading that names no culprit)")
                 return replace(previous, shown=shown, clearing_since=vague_since)
-        # Already raised: the newest raw alarm is the best description of it.
-        return _through(raw, previous.alarm_since if previous.alarm_since is not None else now)
-    # Any raw alarm continues the confirmation: a stall turning into a deadlock as the stacks
-    # arrive is the same trouble seen more sharply.
+        alarm_since = previous.alarm_since if previous.alarm_since is not None else now
+        if raw.verdict in (held.verdict, "stalled") or held.verdict == "stalled":
+            # The same alarm (its newest reading describes it best), or a stall seen sharper.
+            return _through(raw, alarm_since)
+        # Another alarm in place of a raised one is confirmed as a new alarm would be: one
+        # reading from a half-refreshed picture (the first present report after a restart,
+        # stacks not yet read) would otherwise swap a deadlock for a straggler and back.
+        confirmed = _confirming(previous, raw, now, confirm_s)
+        if isinstance(confirmed, Settled):
+            return replace(confirmed, alarm_since=alarm_since)
+        since, count = confirmed
+        shown = replace(held, summary=f"{held.summary} (checking a reading of {_words(raw.verdict)}: {raw.summary})")
+        return replace(previous, shown=shown, pending=raw.verdict, pending_since=since, pending_count=count)
+    confirmed = _confirming(previous, raw, now, confirm_s)
+    if isinstance(confirmed, Settled):
+        return confirmed
+    since, count = confirmed
+    basis = held if held is not None else Diagnosis("healthy", (), None, "first look at this job")
+    shown = replace(
+        raw,
+        verdict=basis.verdict,
+        culprit_ranks=basis.culprit_ranks,
+        summary=f"checking that a possible {_words(raw.verdict)} lasts before raising it: {raw.summary}",
+        hints=(),
+    )
+    return Settled(basis, shown, pending=raw.verdict, pending_since=since, pending_count=count)
+
+
+def _confirming(previous: Settled | None, raw: Diagnosis, now: float,
+                confirm_s: dict[str, float]) -> Settled | tuple[float, int]:
+    """``raw`` published (a Settled) once confirmed; else when its confirmation began and how
+    many readings it has. Any raw alarm continues a confirmation: a stall turning into a
+    deadlock as the stacks arrive is the same trouble seen more sharply."""
     if previous is not None and previous.pending is not None and previous.pending_since is not None:
         since, count = previous.pending_since, previous.pending_count + 1
     else:
         since, count = now, 1
     if count >= 2 and now - since >= confirm_s.get(raw.verdict, 0.0):
         return _through(raw, now)
-    basis = held if held is not None else Diagnosis("healthy", (), None, "first look at this job")
-    shown = replace(
-        raw,
-        verdict=basis.verdict,
-        culprit_ranks=basis.culprit_ranks,
-        summary=f"checking that a possible {raw.verdict.replace('_', ' ')} lasts before raising it: {raw.summary}",
-        hints=(),
-    )
-    return Settled(basis, shown, pending=raw.verdict, pending_since=since, pending_count=count)
+    return since, count
+
+
+def _words(verdict: str) -> str:
+    return verdict.replace("_", " ")

@@ -58,6 +58,17 @@ CASES = {
     # ... only once such readings last CLEAR_S.
     "a deadlock that turns into a stall": (
         [(0, D, (1,)), (1, D, (1,)), (2, S, ()), (2 + CLEAR_S, S, ())], [H, D, D, S]),
+    # A raised deadlock does not turn into another alarm at one reading (a half-refreshed
+    # picture after a restart read as a straggler) ...
+    "one straggler reading inside a deadlock": (
+        [(0, D, (1,)), (1, D, (1,)), (2, "straggler", (1,)), (2.3, D, (1,))], [H, D, D, D]),
+    # ... only once that alarm is confirmed.
+    "a deadlock that turns into slow compute": (
+        [(0, D, (1,)), (1, D, (1,)), (2, "slow_compute", (1,)), (3, "slow_compute", (1,))],
+        [H, D, D, "slow_compute"]),
+    # A bare stall is sharpened at once: the stacks arrived.
+    "a stall that turns into a straggler": (
+        [(0, S, ()), (1, S, ()), (2, "straggler", (1,))], [H, S, "straggler"]),
     # An exit during an alarm is news: published at once.
     "an exit during a deadlock": (
         [(0, D, (1,)), (1, D, (1,)), (2, "rank_exited", (1,))], [H, D, "rank_exited"]),
@@ -107,3 +118,11 @@ def test_an_alarm_built_on_an_ended_process_is_published_at_once() -> None:
     state = settle(None, raw(H), 0, None)
     state = settle(state, replace(raw("rendezvous_hang"), final=True), 1, None)
     assert state.shown.verdict == "rendezvous_hang"
+
+
+def test_an_alarm_confirmed_in_place_of_another_keeps_when_the_trouble_began() -> None:
+    state = None
+    for now, verdict in ((0, D), (1, D), (2, "straggler"), (3, "straggler")):
+        state = settle(state, raw(verdict, (1,)), now, None)
+    assert (state.shown.verdict, state.alarm_since) == ("straggler", 1)
+    assert "checking a reading of deadlock" in settle(state, raw(D, (1,)), 4, None).shown.summary
