@@ -132,9 +132,13 @@ def settle(
 def _confirming(previous: Settled | None, raw: Diagnosis, now: float,
                 confirm_s: dict[str, float]) -> Settled | tuple[float, int]:
     """``raw`` published (a Settled) once confirmed; else when its confirmation began and how
-    many readings it has. Any raw alarm continues a confirmation: a stall turning into a
-    deadlock as the stacks arrive is the same trouble seen more sharply."""
-    if previous is not None and previous.pending is not None and previous.pending_since is not None:
+    many readings it has. A reading of the same trouble continues a confirmation: the same
+    verdict, or a stall turning into a deadlock as the stacks arrive (the same trouble seen
+    more sharply) and back. Another verdict starts it again: a straggler reading then a slow
+    compute one (a half-refreshed picture read two ways) confirm neither."""
+    pending = previous.pending if previous is not None else None
+    if (pending is not None and previous is not None and previous.pending_since is not None
+            and (pending == raw.verdict or "stalled" in (pending, raw.verdict))):
         since, count = previous.pending_since, previous.pending_count + 1
     else:
         since, count = now, 1

@@ -66,6 +66,13 @@ CASES = {
     "a deadlock that turns into slow compute": (
         [(0, D, (1,)), (1, D, (1,)), (2, "slow_compute", (1,)), (3, "slow_compute", (1,))],
         [H, D, D, "slow_compute"]),
+    # Two readings of different alarms confirm neither (they read one odd picture two ways).
+    "a straggler reading then a slow compute one inside a deadlock": (
+        [(0, D, (1,)), (1, D, (1,)), (2, "straggler", (1,)), (3, "slow_compute", ()), (4, D, (1,))],
+        [H, D, D, D, D]),
+    "a straggler reading then a slow compute one": (
+        [(0, H, ()), (1, "straggler", (1,)), (2, "slow_compute", ()), (3, "slow_compute", ())],
+        [H, H, H, "slow_compute"]),
     # A bare stall is sharpened at once: the stacks arrived.
     "a stall that turns into a straggler": (
         [(0, S, ()), (1, S, ()), (2, "straggler", (1,))], [H, S, "straggler"]),
