@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from monitor.tracks import PROGRESS_HISTORY, PROGRESS_POINTS_KEPT, LauncherTrack, ProgressCursor, RankTrack
+from monitor.tracks import (
+    PROGRESS_HISTORY,
+    PROGRESS_POINTS_KEPT,
+    ClaimConflict,
+    LauncherTrack,
+    ProgressCursor,
+    RankTrack,
+)
 from monitor.wire import LauncherReport
 
 # Phase marks per job: one per phase episode is enough to tell what a silent stretch was.
@@ -56,6 +63,8 @@ class JobTrack:
     # when a rank was first seen at work, and the longest pause any rank came back from.
     working_since: float | None = None
     longest_pause_s: float = 0.0
+    # Claims by other nodes to this job's ranks, refused (monitor.rank_claims), by rank.
+    claim_conflicts: dict[int, ClaimConflict] = field(default_factory=dict)
 
     def mark_phase(self, at: float, phase: str) -> None:
         """Note the job in ``phase`` at ``at``; repeats within one silent stretch add nothing."""

@@ -182,10 +182,13 @@ def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
     dropped = Family("hangwatch_monitor_snapshots_dropped",
                      "Node snapshots not written (the database failing or far behind)", "counter")
     dropped.add("", float(health.snapshots_dropped))
+    claims = Family("hangwatch_monitor_rank_claims_refused",
+                    "Reported ranks ignored: another node that still reports runs them", "counter")
+    claims.add("", float(monitor.state.claims_refused))
     ranks = Family("hangwatch_monitor_ranks", "Ranks the monitor tracks")
     ranks.add("", float(sum(len(j.ranks) for j in monitor.state.jobs.values())))
     return [full, shed, lag, lag_probes, overloaded, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
-            in_memory, write_failures, unsaved, dropped, ranks]
+            in_memory, write_failures, unsaved, dropped, claims, ranks]
 
 
 def lag_histogram(guard: LoadGuard) -> Family:

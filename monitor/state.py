@@ -15,6 +15,7 @@ from monitor.diagnosis import stacks
 from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
 from monitor.job_identity import canonical_job_id, is_history, job_for, job_of_workers
 from monitor.job_track import JobTrack
+from monitor.rank_claims import note_conflict, rival_holder
 from monitor.rank_ingest import WaitSite, apply_launcher, apply_rank, learn_wait_sites, mark_vanished
 from monitor.tracks import NcclRasTrack, NodeTrack
 from monitor.wire import HostReport, Report
@@ -36,6 +37,8 @@ class MonitorState:
         self.aliases: dict[str, str] = {}
         # (node, pid) of forgotten jobs' processes, by id: a new run under the id skips them.
         self.forgotten_pids: dict[str, frozenset[tuple[str, int]]] = {}
+        # Ranks claimed by a node while another node holds them (monitor.rank_claims).
+        self.claims_refused = 0
 
     def apply(self, report: Report, received_at: float, wait_site: WaitSite = stacks.wait_site) -> set[str]:
         """Take in one accepted report; return the ids of the jobs it touched."""
@@ -76,6 +79,13 @@ class MonitorState:
             job = job_for(self.jobs, self.forgotten_pids, job_id, report.node, rank_report.pid, rank_report.alive)
             if not rank_report.alive and is_history(job, report.node, rank_report):
                 continue
+            if rank_report.alive:
+                holder = rival_holder(job, report.node, rank_report.rank, self.nodes, received_at)
+                if holder is not None:
+                    note_conflict(job, rank_report.rank, report.node, holder, received_at)
+                    self.claims_refused += 1
+                    continue
+                job.claim_conflicts.pop(rank_report.rank, None)
             apply_rank(job, report.node, rank_report, received_at, offset, wait_site, self.cpu_level_window_s)
             node.rank_keys.add((job_id, rank_report.rank))
             touched.add(job.job_id)

@@ -199,3 +199,15 @@ class NodeTrack:
     partial: bool = False
     # (host report, its HostFacts) for monitor/views.host_facts: the facts change only with the host.
     facts_cache: tuple[HostReport, HostFacts] | None = None
+
+
+@dataclass
+class ClaimConflict:
+    """A node's refused claim to a rank another node holds."""
+
+    rank: int
+    claimed_by: str
+    held_by: str
+    first_at: float
+    last_at: float
+    refused: int = 1

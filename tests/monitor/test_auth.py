@@ -21,6 +21,7 @@ from tests.tls_certs import make_tls_files
 
 SHARED = "shared-token-0123456789abcdef"
 NODE_A = "node-a-token-0123456789abcdef"
+NODE_B = "node-b-token-0123456789abcdef"
 READER = "reader-token-0123456789abcdef"
 SCRAPER = "scraper-token-0123456789abcdef"
 REPORTS = "/api/v1/reports"
@@ -151,6 +152,41 @@ def test_reports_need_a_token_and_a_node_token_speaks_only_for_its_node(tmp_path
         assert sorted(_jobs(monitor.base)) == ["forged", "job-a"]
         log = monitor.log_text()
     assert SHARED not in log and NODE_A not in log and "not-the-token-at-all" not in log
+
+
+def _job(base: str, job_id: str) -> dict:
+    answer = httpx.get(f"{base}/diagnose", params={"format": "json", "job": job_id}, timeout=5)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["jobs"][0]
+
+
+def test_a_node_token_cannot_claim_a_rank_another_node_runs(tmp_path: Path) -> None:
+    """node-a's own token, node-a's own name, but a rank node-b runs: ignored and shown, until
+    node-b says the rank ended (then the rank may move: an elastic restart)."""
+    tokens = _token_file(tmp_path, "agents.token", f"node-a {NODE_A}", f"node-b {NODE_B}")
+    with running_monitor(tmp_path, "--token-file", str(tokens)) as monitor:
+        url = monitor.base + REPORTS
+        held = [rank(job_id="job-x", rank=0, pid=2000), rank(job_id="job-x", rank=1, pid=2001, cpu_percent=1.0)]
+        assert httpx.post(url, json=report(node="node-b", ranks=held), headers=_bearer(NODE_B),
+                          timeout=5).status_code == 202
+        claim = report(node="node-a", ranks=[rank(job_id="job-x", rank=1, pid=5001, cpu_percent=99.0)])
+        answer = httpx.post(url, json=claim, headers=_bearer(NODE_A), timeout=5)
+        assert answer.status_code == 202, answer.text  # the rest of node-a's report is its own
+        job = _job(monitor.base, "job-x")
+        assert {r["rank"]: r["node"] for r in job["ranks"]} == {0: "node-b", 1: "node-b"}, job["ranks"]
+        assert [(c["rank"], c["claimed_by"], c["held_by"]) for c in job["rank_conflicts"]] == [(1, "node-a", "node-b")]
+        assert _metric(monitor.base, "hangwatch_monitor_rank_claims_refused_total") == 1
+        text = httpx.get(f"{monitor.base}/diagnose", params={"job": "job-x"}, timeout=5).text
+        assert "rank 1: claimed by node-a, run by node-b" in text, text
+
+        ended = [held[0], {**held[1], "alive": False, "exit": {"at": time.time(), "code": -15, "source": "proc"}}]
+        assert httpx.post(url, json=report(node="node-b", ranks=ended), headers=_bearer(NODE_B),
+                          timeout=5).status_code == 202
+        assert httpx.post(url, json={**claim, "sent_at": time.time()}, headers=_bearer(NODE_A),
+                          timeout=5).status_code == 202
+        job = _job(monitor.base, "job-x")
+        assert {r["rank"]: r["node"] for r in job["ranks"]} == {0: "node-b", 1: "node-a"}, job["ranks"]
+        assert job["rank_conflicts"] == []
 
 
 def test_reads_and_metrics_can_each_require_their_own_token(tmp_path: Path) -> None:

@@ -102,6 +102,9 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=int, default=0, help="eval mode: steps between passes (0: --fail-at-step)")
     p.add_argument("--first-step-seconds", type=float, default=0.0, help="extra compute in step 1 (warm-up)")
     p.add_argument("--step-seconds", type=float, default=0.0, help="compute time of every step")
+    p.add_argument("--compute-share", type=float, default=1.0,
+                   help="the share of a core --first-step-seconds and --step-seconds compute at (the rest "
+                        "asleep): a busy rank all the same, at a lighter load on a shared test machine")
     p.add_argument("--slow-factor", type=float, default=1.3, help="slow-rank mode: that rank's step compute, x")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--checkpoint-dir", default=None, help="checkpoint mode: where to write (default: $TMPDIR)")
@@ -167,15 +170,20 @@ def save_checkpoint(model: nn.Module, rank: int, op: str) -> None:
             torch.cuda.synchronize()  # NCCL queues it: wait here, as a real save would
 
 
-def busy_compute(seconds: float) -> None:
+def busy_compute(seconds: float, share: float = 1.0) -> None:
     """Heavy local work (no collective): evaluation, a slow data transform, ... On a GPU the
-    rank grinds there, synchronising each round so the time is real."""
+    rank grinds there, synchronising each round so the time is real. ``share`` < 1: computes
+    that share of each tenth of a second and sleeps the rest (see --compute-share)."""
     a = torch.randn(256, 256, dtype=DTYPE, device=DEVICE)
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        a = torch.tanh(a @ a)
-        if DEVICE.type == "cuda":
-            torch.cuda.synchronize()
+    while (now := time.monotonic()) < end:
+        burst_end = min(end, now + 0.1 * share) if share < 1.0 else end
+        while time.monotonic() < burst_end:
+            a = torch.tanh(a @ a)
+            if DEVICE.type == "cuda":
+                torch.cuda.synchronize()
+        if share < 1.0:
+            time.sleep(max(0.0, min(end, now + 0.1) - time.monotonic()))
 
 
 def write_checkpoint(model: nn.Module, rank: int, seconds: float, directory: str | None,
@@ -344,14 +352,14 @@ def main(argv=None) -> int:
             log(rank, args, f"eval step {step} | val loss {val:.4f}")
         if step == 1 and args.first_step_seconds > 0:
             mark_stall(rank, "first-step", step)
-            busy_compute(args.first_step_seconds)
+            busy_compute(args.first_step_seconds, args.compute_share)
         if args.step_seconds > 0:
             if step == 1 and args.fail != "slow-rank":  # there the slow-down is the failure to time
                 mark_stall(rank, "step-seconds", step)
             slow = fails_here and args.fail == "slow-rank" and step >= args.fail_at_step
             if slow and step == args.fail_at_step:
                 mark_stall(rank, args.fail, step)
-            busy_compute(args.step_seconds * (args.slow_factor if slow else 1.0))
+            busy_compute(args.step_seconds * (args.slow_factor if slow else 1.0), args.compute_share)
 
         x, y = load_batch(gen, args.batch)
         x, y = x.to(DTYPE).to(DEVICE), y.to(DTYPE).to(DEVICE)

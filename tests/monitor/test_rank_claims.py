@@ -1,0 +1,89 @@
+"""A node speaks only for its own ranks (monitor.rank_claims): MonitorState fed reports from two
+nodes, table-style; the real monitor with node-bound tokens in tests/monitor/test_auth.py."""
+
+from __future__ import annotations
+
+import pytest
+from monitor_reports import rank, report
+
+from monitor.rank_claims import CONFLICTS_KEPT
+from monitor.state import MonitorState
+from monitor.views import NODE_FRESH_S
+from monitor.wire import Report
+
+T0 = 1_700_000_000.0
+
+
+def post(state: MonitorState, node: str, at: float, *ranks: dict) -> None:
+    state.apply(Report.model_validate(report(node=node, ranks=list(ranks), sent_at=at)), at)
+
+
+def rank_on(node: str, rank_no: int = 1, **fields) -> dict:
+    pid = 2000 + rank_no if node == "node-b" else 5000 + rank_no
+    return rank(job_id="job-x", rank=rank_no, pid=pid, **fields)
+
+
+# (what node-b says of its rank 1 before node-a claims it, seconds until node-a's claim) ->
+# whose rank 1 is then.
+CASES = {
+    "node-b runs it and reports: node-a's claim is refused": ({}, 1.0, "node-b"),
+    "node-b said it ended: the rank moved (an elastic restart)": ({"alive": False}, 1.0, "node-a"),
+    "node-b went silent: the rank was launched elsewhere": ({}, NODE_FRESH_S + 1, "node-a"),
+}
+
+
+@pytest.mark.parametrize("held,after_s,owner", CASES.values(), ids=CASES.keys())
+def test_whose_rank_it_is(held: dict, after_s: float, owner: str) -> None:
+    state = MonitorState()
+    post(state, "node-b", T0, rank(job_id="job-x", rank=0, pid=2000), rank_on("node-b", **held))
+    post(state, "node-a", T0 + after_s, rank_on("node-a"))
+    job = state.jobs["job-x"]
+    assert job.ranks[1].node == owner
+    refused = owner == "node-b"
+    assert state.claims_refused == int(refused)
+    assert (1 in job.claim_conflicts) is refused
+
+
+def test_a_claim_on_its_own_node_and_a_new_rank_are_taken() -> None:
+    state = MonitorState()
+    post(state, "node-b", T0, rank_on("node-b", 0))
+    post(state, "node-a", T0 + 1, rank_on("node-a", 1))  # a rank nobody held
+    post(state, "node-b", T0 + 2, rank_on("node-b", 0, cpu_percent=1.0))  # node-b's own, again
+    job = state.jobs["job-x"]
+    assert (job.ranks[0].node, job.ranks[1].node, state.claims_refused) == ("node-b", "node-a", 0)
+
+
+def test_a_refused_claim_leaves_the_rank_as_its_node_reported_it() -> None:
+    state = MonitorState()
+    post(state, "node-b", T0, rank_on("node-b", cpu_percent=0.5, cpu_seconds=40.0))
+    for i in range(3):
+        post(state, "node-a", T0 + 1 + i, rank_on("node-a", cpu_percent=99.0, cpu_seconds=90.0 + i))
+    job = state.jobs["job-x"]
+    track = job.ranks[1]
+    assert (track.node, track.pid, track.latest.cpu_percent) == ("node-b", 2001, 0.5)
+    conflict = job.claim_conflicts[1]
+    assert (conflict.claimed_by, conflict.held_by, conflict.refused) == ("node-a", "node-b", 3)
+    assert (conflict.first_at, conflict.last_at) == (T0 + 1, T0 + 3)
+    assert ("job-x", 1) not in state.nodes["node-a"].rank_keys
+
+
+def test_the_conflict_goes_once_the_claim_is_taken() -> None:
+    state = MonitorState()
+    post(state, "node-b", T0, rank_on("node-b"))
+    post(state, "node-a", T0 + 1, rank_on("node-a"))
+    assert 1 in state.jobs["job-x"].claim_conflicts
+    post(state, "node-b", T0 + 2, rank_on("node-b", alive=False, exit={"at": T0 + 1.5, "code": -15, "source": "proc"}))
+    post(state, "node-a", T0 + 3, rank_on("node-a"))
+    job = state.jobs["job-x"]
+    assert job.ranks[1].node == "node-a" and job.claim_conflicts == {}
+
+
+def test_conflicts_kept_per_job_are_bounded() -> None:
+    state = MonitorState()
+    ranks = range(CONFLICTS_KEPT + 20)
+    post(state, "node-b", T0, *(rank_on("node-b", r) for r in ranks))
+    post(state, "node-a", T0 + 1, *(rank_on("node-a", r) for r in ranks))
+    job = state.jobs["job-x"]
+    assert len(job.claim_conflicts) == CONFLICTS_KEPT
+    assert state.claims_refused == len(ranks)
+    assert all(t.node == "node-b" for t in job.ranks.values())
