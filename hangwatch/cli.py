@@ -93,6 +93,21 @@ def _positive(text: str) -> float:
     return v
 
 
+def _duration(text: str) -> float:
+    """Seconds, or a number with a unit: 90s, 30m, 12h, 7d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    scale = units.get(text[-1:].lower(), None)
+    number = text[:-1] if scale is not None else text
+    try:
+        v = float(number) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration (seconds, or a number with s, m, h or d): {text!r}") \
+            from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return v
+
+
 def _port(text: str) -> int:
     try:
         v = int(text)
@@ -654,6 +669,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the verdicts: auto = only on a terminal (default)")
     add_access(s)
+
+    n = sub.add_parser("nodes", help="the nodes named as culprits in incidents of the most distinct jobs: "
+                                     "drain candidates")
+    n.add_argument("--monitor", type=_url, action="append", help=monitor_help)
+    n.add_argument("--window", type=_duration, default=7 * 86400.0, metavar="DURATION",
+                   help="how far back incidents count: seconds, or 90m, 12h, 7d (default 7d)")
+    n.add_argument("--json", action="store_true", help="JSON instead of a table")
+    n.set_defaults(job=None)
+    add_access(n)
     return p
 
 
@@ -675,7 +699,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"hangwatch: error: {e}", file=sys.stderr)
         return 2
     if args.command is None:
-        print("hangwatch: error: a command is required: demo, diagnose or status (see hangwatch --help)",
+        print("hangwatch: error: a command is required: demo, diagnose, status or nodes (see hangwatch --help)",
               file=sys.stderr)
         return 2
     if args.command == "demo":
@@ -695,6 +719,10 @@ def _main(argv: list[str] | None) -> int:
         return 2
     if args.command == "diagnose":
         return cmd_diagnose(args, ask)
+    if args.command == "nodes":
+        from hangwatch.nodes_command import cmd_nodes
+
+        return cmd_nodes(args, ask)
     return cmd_status(args, ask)
 
 

@@ -18,7 +18,7 @@ from monitor.auth import INGEST, METRICS, READ, AuthLayer, TokenFile
 from monitor.http_guard import HttpStats
 from monitor.limits import Limits
 from monitor.load import LoadGuard
-from monitor.routes import diagnose, metrics, page
+from monitor.routes import diagnose, metrics, nodes, page
 from monitor.routes.ingest import IngestLayer
 from monitor.security_headers import SecurityHeaders
 from monitor.service import Monitor
@@ -47,6 +47,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         tick_interval_s=settings.tick_interval_s,
         confirm_alarms=settings.confirm_alarms,
         straggler_window_s=settings.straggler_window_s,
+        suspect_window_s=settings.suspect_window_s,
         limits=Limits(settings.max_jobs, settings.max_nodes, settings.max_world_size),
     )
     guard = LoadGuard(shed_lag_s=settings.shed_lag_s, shed_keep_s=settings.shed_keep_s)
@@ -94,7 +95,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         app.add_middleware(AuthLayer, files=token_files, on_refused=refused)
     # Outermost of all: every answer, 401s included, carries the page's security headers.
     app.add_middleware(SecurityHeaders)
-    for module in (diagnose, metrics, page):
+    for module in (diagnose, metrics, nodes, page):
         app.include_router(module.router)
     return app
 

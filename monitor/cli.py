@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds between stored snapshots of a node (default 60)")
     parser.add_argument("--verdict-retention", dest="verdict_retention_s",
                         help="seconds verdict changes are kept (default 30 days)")
+    parser.add_argument("--suspect-window", dest="suspect_window_s",
+                        help="seconds over which a node's incidents make it a suspect, for /metrics and the "
+                             "drain-candidate alert (default 7 days)")
     parser.add_argument("--token-file", help="agents' tokens, one per line: TOKEN, or NODE TOKEN to bind it to a "
                         "node (env HANGWATCH_TOKEN_FILE; unset: reports are not authenticated)")
     parser.add_argument("--read-token-file", help="tokens for the page, /diagnose and /api (env "

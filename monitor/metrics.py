@@ -185,10 +185,20 @@ def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
     claims = Family("hangwatch_monitor_rank_claims_refused",
                     "Reported ranks ignored: another node that still reports runs them", "counter")
     claims.add("", float(monitor.state.claims_refused))
+    incidents = Family("hangwatch_node_incidents",
+                       "Incidents (an alarm, or a rank that ended or stopped) that named a rank of the node as a "
+                       "culprit, by the verdict that named it, since the monitor started", "counter")
+    for (node, verdict), count in sorted(monitor.node_incidents.items()):
+        incidents.add(labels(("node", "verdict"), (node, verdict)), float(count))
+    culprit_jobs = Family("hangwatch_node_culprit_jobs",
+                          "Distinct jobs whose incidents named the node as a culprit within the suspect window "
+                          "(HANGWATCH_SUSPECT_WINDOW_S, 7 days by default): a drain candidate when several")
+    for suspect in monitor.cached_suspect_nodes():
+        culprit_jobs.add(labels(("node",), (suspect.node,)), float(len(suspect.jobs)))
     ranks = Family("hangwatch_monitor_ranks", "Ranks the monitor tracks")
     ranks.add("", float(sum(len(j.ranks) for j in monitor.state.jobs.values())))
     return [full, shed, lag, lag_probes, overloaded, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
-            in_memory, write_failures, unsaved, dropped, claims, ranks]
+            in_memory, write_failures, unsaved, dropped, claims, incidents, culprit_jobs, ranks]
 
 
 def lag_histogram(guard: LoadGuard) -> Family:

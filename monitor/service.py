@@ -28,6 +28,7 @@ from monitor.job_track import JobTrack
 from monitor.limits import Limits, Refusal, check_report
 from monitor.rank_timeline import RankTimeline
 from monitor.state import MonitorState
+from monitor.incidents import ENDS_INCIDENT, INCIDENT_VERDICTS, Change, SuspectNode, incidents, suspect_nodes
 from monitor.store import Store, VerdictChange
 from monitor.views import job_view, rank_view
 
@@ -48,6 +49,10 @@ VIEW_CHUNK = 500
 # A report kept through an outage longer ago than this is not applied (its verdicts are history
 # nobody will page on, and the state it would set up is long gone).
 MAX_REPLAY_AGE_S = 3600.0
+# Suspect nodes (monitor/incidents.py) are counted over this window by default (the
+# suspect_window_s setting), and /metrics reads them again at most this often.
+SUSPECT_WINDOW_S = 7 * 86400.0
+SUSPECTS_REFRESH_S = 60.0
 REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema", "disconnected", "unauthorized",
                   "wrong_node", "world_size", "too_many_nodes", "too_many_jobs")
 
@@ -117,6 +122,7 @@ class Monitor:
         confirm_alarms: bool = True,
         limits: Limits | None = None,
         straggler_window_s: float = CPU_LEVEL_WINDOW_S,
+        suspect_window_s: float = SUSPECT_WINDOW_S,
     ) -> None:
         self.store = store
         self.limits = limits or Limits()
@@ -158,6 +164,13 @@ class Monitor:
         # Run on a worker thread after a giant job's new diagnosis is stored (the app renders a
         # watched job's answer there, monitor/answers.py); pure work on the immutable result.
         self.after_giant_diagnosis: Callable[[JobResult, JobTrack], None] | None = None
+        # Suspect nodes over this window for /metrics, and when they were last read (cached_suspect_nodes).
+        self.suspect_window_s = suspect_window_s
+        self._suspects: tuple[float, list[SuspectNode]] | None = None
+        # Incidents that named each node, by (node, verdict), since this process started; the nodes
+        # each job's open incident named so far.
+        self.node_incidents: dict[tuple[str, str], int] = {}
+        self._incident_nodes: dict[str, set[str]] = {}
 
     # --- ingest ---
 
@@ -419,12 +432,43 @@ class Monitor:
         job_id = result.view.job_id
         if self._last_verdicts.get(job_id) != key:
             self._last_verdicts[job_id] = key
-            self.store.add_verdict(VerdictChange(job_id, now, d.verdict, key[1], d.summary))
+            culprits = set(d.culprit_ranks)
+            nodes = tuple(sorted({r.node for r in result.view.ranks if r.rank in culprits})) if culprits else ()
+            self.store.add_verdict(VerdictChange(job_id, now, d.verdict, key[1], d.summary, nodes))
+            self._count_incident(job_id, d.verdict, nodes)
+
+    def _count_incident(self, job_id: str, verdict: str, nodes: tuple[str, ...]) -> None:
+        """hangwatch_node_incidents_total: once per node an incident of the job names."""
+        if verdict in ENDS_INCIDENT:
+            self._incident_nodes.pop(job_id, None)
+        elif verdict in INCIDENT_VERDICTS:
+            named = self._incident_nodes.setdefault(job_id, set())
+            for node in nodes:
+                if node not in named:
+                    named.add(node)
+                    self.node_incidents[node, verdict] = self.node_incidents.get((node, verdict), 0) + 1
 
     def history(self, job_id: str) -> list[VerdictChange]:
         with self._lock:
             job_id = self.state.resolve(job_id)
         return self.store.verdict_history(job_id)
+
+    def suspect_nodes(self, window_s: float) -> list[SuspectNode]:
+        """Nodes named as culprits in incidents within the last ``window_s``, most distinct jobs
+        first (monitor/incidents.py). A database read: call it off the event loop."""
+        since = self.clock() - window_s
+        changes = [Change(c.job_id, c.at, c.verdict, c.culprit_ranks, c.culprit_nodes)
+                   for c in self.store.changes_since(since)]
+        return suspect_nodes(incidents(changes), since)
+
+    def cached_suspect_nodes(self) -> list[SuspectNode]:
+        """``suspect_nodes`` over ``suspect_window_s``, read again at most every SUSPECTS_REFRESH_S
+        (for /metrics: a scrape every 15 s need not read a month of history each time)."""
+        now = self.clock()
+        cached = self._suspects
+        if cached is None or now - cached[0] >= SUSPECTS_REFRESH_S:
+            cached = self._suspects = (now, self.suspect_nodes(self.suspect_window_s))
+        return cached[1]
 
     def knows_job(self, job_id: str) -> bool:
         with self._lock:

@@ -55,6 +55,9 @@ class Settings:
     snapshots_per_node: int = 3
     # Verdict changes (each job's history) are kept this long.
     verdict_retention_s: float = 30 * 86400.0
+    # Suspect nodes (named as culprits in incidents of several jobs) are counted over this window
+    # for /metrics and the drain-candidate alert (monitor/incidents.py); at most the retention.
+    suspect_window_s: float = 7 * 86400.0
     # A read (/diagnose, /metrics) re-diagnoses the jobs that changed since the last pass
     # only while they hold at most this many ranks in all; past that it answers from the
     # pass of the background tick (at most one tick old), so reads cost the same at any scale.
@@ -147,7 +150,12 @@ class Settings:
             raise SettingsError(f"{named('port')} must be between 1 and 65535, not {self.port}")
         if self.max_body_bytes < 1024:
             raise SettingsError(f"{named('max_body_bytes')} must be at least 1024, not {self.max_body_bytes}")
-        for name in ("snapshot_interval_s", "snapshot_retention_s", "verdict_retention_s", "job_retention_s",
+        if self.suspect_window_s > self.verdict_retention_s:
+            raise SettingsError(f"{named('suspect_window_s')} ({self.suspect_window_s:g} s) must not be longer "
+                                f"than {named('verdict_retention_s')} ({self.verdict_retention_s:g} s): the "
+                                "incidents it counts are read from the verdict history")
+        for name in ("snapshot_interval_s", "snapshot_retention_s", "verdict_retention_s", "suspect_window_s",
+                     "job_retention_s",
                      "shed_lag_s", "shed_keep_s", "header_timeout_s", "body_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{named(name)} must be positive, not {getattr(self, name):g}")

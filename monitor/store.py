@@ -64,8 +64,11 @@ class VerdictChange:
     verdict: str
     culprit_ranks: tuple[int, ...]
     summary: str
+    # The nodes the culprit ranks ran on when the change was published (monitor/incidents.py).
+    culprit_nodes: tuple[str, ...] = ()
 
 
+_CHANGE_COLUMNS = "job_id, at, verdict, culprits, summary, culprit_nodes"
 _Write = Callable[[sqlite3.Connection], None]
 _STOP = object()
 
@@ -334,11 +337,10 @@ class Store:
         self.flush()
         rows = self._read(
             # By time, not by row: changes an agent delivered after an outage come in late.
-            "SELECT job_id, at, verdict, culprits, summary FROM verdicts WHERE job_id = ? "
-            "ORDER BY at DESC, id DESC LIMIT ?",
+            f"SELECT {_CHANGE_COLUMNS} FROM verdicts WHERE job_id = ? ORDER BY at DESC, id DESC LIMIT ?",
             (job_id, limit),
         )
-        stored = [VerdictChange(j, at, v, tuple(json.loads(c)), s) for j, at, v, c, s in rows]
+        stored = [_change(row) for row in rows]
         with self._unsaved_lock:
             held = [c for c in self._unsaved if c.job_id == job_id]
         return sorted(stored + held, key=lambda c: c.at)[-limit:]
@@ -347,14 +349,23 @@ class Store:
         """The last recorded verdict of every job, so a restart does not record it again."""
         self.flush()
         rows = self._read(
-            "SELECT job_id, at, verdict, culprits, summary FROM verdicts "
-            "WHERE id IN (SELECT MAX(id) FROM verdicts GROUP BY job_id)"
+            f"SELECT {_CHANGE_COLUMNS} FROM verdicts WHERE id IN (SELECT MAX(id) FROM verdicts GROUP BY job_id)"
         )
-        latest = {j: VerdictChange(j, at, v, tuple(json.loads(c)), s) for j, at, v, c, s in rows}
+        latest = {change.job_id: change for change in map(_change, rows)}
         with self._unsaved_lock:
             for change in self._unsaved:
                 latest[change.job_id] = change
         return latest
+
+    def changes_since(self, since: float, limit: int = 200_000) -> list[VerdictChange]:
+        """Every job's verdict changes at or after ``since`` (the newest ``limit``), oldest first."""
+        self.flush()
+        rows = self._read(
+            f"SELECT {_CHANGE_COLUMNS} FROM verdicts WHERE at >= ? ORDER BY at DESC, id DESC LIMIT ?", (since, limit))
+        stored = [_change(row) for row in rows]
+        with self._unsaved_lock:
+            held = [c for c in self._unsaved if c.at >= since]
+        return sorted(stored + held, key=lambda c: c.at)
 
     def count_snapshots(self) -> int:
         self.flush()
@@ -363,8 +374,15 @@ class Store:
 
 
 def _insert_verdict(conn: sqlite3.Connection, change: VerdictChange) -> None:
-    conn.execute("INSERT INTO verdicts (job_id, at, verdict, culprits, summary) VALUES (?, ?, ?, ?, ?)",
-                 (change.job_id, change.at, change.verdict, json.dumps(list(change.culprit_ranks)), change.summary))
+    conn.execute("INSERT INTO verdicts (job_id, at, verdict, culprits, summary, culprit_nodes) "
+                 "VALUES (?, ?, ?, ?, ?, ?)",
+                 (change.job_id, change.at, change.verdict, json.dumps(list(change.culprit_ranks)), change.summary,
+                  json.dumps(list(change.culprit_nodes))))
+
+
+def _change(row: tuple) -> VerdictChange:
+    job_id, at, verdict, culprits, summary, nodes = row
+    return VerdictChange(job_id, at, verdict, tuple(json.loads(culprits)), summary, tuple(json.loads(nodes)))
 
 
 def open_store(settings: Any, clock: Callable[[], float] = time.time) -> Store:

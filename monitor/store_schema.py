@@ -41,7 +41,10 @@ DROP TABLE reports;
 # Changes delivered late (after an agent's outage) are read in time order, not row order.
 _V2 = "CREATE INDEX IF NOT EXISTS verdicts_by_job_time ON verdicts (job_id, at);"
 
-SCHEMA_VERSION = 2
+# Version 3: each change names its culprits' nodes (monitor/incidents.py: suspect nodes).
+_V3 = "ALTER TABLE verdicts ADD COLUMN culprit_nodes TEXT NOT NULL DEFAULT '[]'"
+
+SCHEMA_VERSION = 3
 
 
 class NewerSchema(Exception):
@@ -65,7 +68,11 @@ def _v2(conn: sqlite3.Connection) -> None:
     conn.execute(_V2)
 
 
-MIGRATIONS = ((1, _v1), (2, _v2))
+def _v3(conn: sqlite3.Connection) -> None:
+    conn.execute(_V3)
+
+
+MIGRATIONS = ((1, _v1), (2, _v2), (3, _v3))
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

@@ -70,6 +70,26 @@ local lib = import 'lib.libsonnet';
         ],
       },
       {
+        // Across jobs: the machines that keep breaking them (monitor/incidents.py).
+        name: 'hangwatch-nodes',
+        rules: [
+          {
+            alert: 'HangwatchNodeCulpritInManyJobs',
+            expr: 'max by (%s) (hangwatch_node_culprit_jobs%s) >= %d' % [h.by(['node']), h.sel(), cfg.suspectNodeJobs],
+            'for': '1m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'Node {{ $labels.node }} was the culprit in {{ $value }} training jobs: a drain candidate' + h.inCluster,
+              description: std.join('\n', [
+                'hangwatch named a rank on node {{ $labels.node }} as the culprit of an incident (a deadlock, a straggler, a rank that ended or stopped...) in {{ $value }} distinct jobs within its suspect window (HANGWATCH_SUSPECT_WINDOW_S, 7 days by default).',
+                'One bad job explains one incident; several jobs failing on the same host point at the host: a flaky NIC, a GPU falling off the bus, a slow disk. `hangwatch nodes` lists the jobs; check the host, drain it if it keeps failing.',
+              ]),
+              runbook_url: h.runbook('suspect-node'),
+            },
+          },
+        ],
+      },
+      {
         name: 'hangwatch-agents',
         rules: [
           {

@@ -21,6 +21,9 @@
     // HangwatchReportsShed: the share of agents' reports a monitor may refuse with 503 (shedding
     // past capacity) over 5 minutes before it warns; it fires when that lasts 10 minutes.
     reportsShedShare: 0.05,
+    // HangwatchNodeCulpritInManyJobs: a node named as a culprit in incidents of this many distinct
+    // jobs within the monitor's suspect window (HANGWATCH_SUSPECT_WINDOW_S, 7 days) is a drain candidate.
+    suspectNodeJobs: 3,
     // Culprits named in one alert at most; the rest are counted.
     culpritsNamed: 10,
 

@@ -23,7 +23,7 @@ from monitor.diagnosis.slow_rank import slow_ranks
 from monitor.diagnosis.stall import comm_share_text, stall
 
 # Without a known pace, ranks parked this long in a collective count as stalled ...
-PARKED_WITHOUT_PROGRESS_S = 10.0
+PARKED_WITHOUT_PROGRESS_S = 7.0
 # ... or, once two steps were seen, this many times the slowest interval between them (a
 # job whose first steps take 12 s over a slow link is not stuck 10 s into its third), up
 # to the warm-up grace. The time to the first step is not a pace: it holds imports,

@@ -31,6 +31,10 @@ const timelines = new Map();  // job_id -> { key, fetchedAt, data, pending }
 // Jobs whose merged stack tree shows its native frames (folded by default).
 const nativeShown = new Set();
 let lastData = null;
+// Suspect nodes (/api/v1/nodes/suspects): read again at most this often; the nodes shown.
+const SUSPECTS_REFRESH_MS = 15000;
+const SUSPECTS_SHOWN = 10;
+const suspects = { fetchedAt: 0, pending: false };
 
 function pad(n) {
   return String(n).padStart(2, "0");
@@ -524,6 +528,40 @@ async function fetchJobs() {
   return [summary, detailed];
 }
 
+// The nodes named as culprits in incidents of the most distinct jobs this week: drain candidates.
+async function refreshSuspects() {
+  if (suspects.pending || Date.now() - suspects.fetchedAt < SUSPECTS_REFRESH_MS) return;
+  suspects.pending = true;
+  try {
+    const answer = await fetchJson(`/api/v1/nodes/suspects?limit=${SUSPECTS_SHOWN}`);
+    patch(document.getElementById("suspects"), suspectsBlock(answer));
+  } catch (err) {
+    // Keep what was shown; the next poll tries again.
+  } finally {
+    suspects.pending = false;
+    suspects.fetchedAt = Date.now();
+  }
+}
+
+function suspectsBlock(answer) {
+  if (!answer.nodes || answer.nodes.length === 0) return [];
+  const days = Math.round(answer.window_s / 86400);
+  const rows = answer.nodes.map((n) => el("tr", { key: n.node },
+    el("td", { class: "node" }, n.node),
+    el("td", {}, String(n.jobs_total)),
+    el("td", {}, String(n.incidents)),
+    el("td", {}, ...Object.entries(n.verdicts).sort((a, b) => b[1] - a[1])
+      .map(([verdict, count]) => el("span", { key: verdict }, verdictBadge(verdict), ` ${count} `))),
+    el("td", { class: "meta" }, clock(n.last_at)),
+    el("td", { class: "meta jobs" }, n.jobs.slice(0, 5).join(", ") + (n.jobs.length > 5 ? ` (+${n.jobs.length - 5})` : ""))));
+  return [
+    el("h2", { key: "title" }, `Suspect nodes: culprits in the most jobs (last ${days} ${days === 1 ? "day" : "days"})`),
+    el("table", { key: "table", class: "suspects" },
+      el("thead", {}, el("tr", {}, ...["node", "jobs", "incidents", "verdicts", "last", "job ids"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, ...rows)),
+  ];
+}
+
 function setStatus(text, isError) {
   const status = document.getElementById("status");
   patch(status, [text]);
@@ -535,6 +573,7 @@ async function poll() {
     const [summary, detailed] = await fetchJobs();
     render(summary, detailed);
     refreshSideData(detailed);
+    refreshSuspects();
     const note = monitorNote(summary.monitor);
     setStatus(`updated ${clock(Date.now() / 1000)}${note}`, Boolean(note));
   } catch (err) {

@@ -7,6 +7,7 @@ import signal
 import pytest
 
 from monitor.diagnosis import VERDICTS, ExitView, JobView, diagnose
+from monitor.diagnosis.verdict import PARKED_WITHOUT_PROGRESS_S
 from tests.diagnosis.builders import (
     NOW,
     async_wait_native,
@@ -264,7 +265,7 @@ def test_the_evidence_says_when_the_pace_comes_from_a_heartbeat() -> None:
         (NOW - 3, 0.0, NOW, None),          # at work 3 s before parking: too short to know
         (NOW - 60, 0.0, NOW, 4.0),          # fast steps, never a pause: the floor
         (NOW - 60, 2.0, NOW, 6.0),          # pauses of 2 s came and went: three times that
-        (NOW - 60, 5.0, NOW, 10.0),         # long pauses: never more than without a rhythm
+        (NOW - 60, 5.0, NOW, PARKED_WITHOUT_PROGRESS_S),  # long pauses: never more than without a rhythm
     ],
 )
 def test_the_rhythm_of_a_job_without_step_logs(working_since, longest_pause, parked_since, allowance) -> None:

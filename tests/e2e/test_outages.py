@@ -9,14 +9,16 @@ restarted on the same port and database. And the other way round: the agent fall
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import time
 from urllib.parse import urlsplit
 
 import pytest
 
-from hangwatch.demo.harness import STALL_MARKER, MonitorClient, Observation, Reaper, Service, start_monitor
+from hangwatch.demo.harness import STALL_MARKER, MonitorClient, Observation, Reaper, Service, start_monitor, tool
 
 # 20 s covers the same path as minutes: the agent's retry backoff is capped at 4 s (agent/sender.py), so it
 # retries at its cap for most of the outage either way. benchmarks/README.md runs it for 2 and 10 minutes.
@@ -69,6 +71,16 @@ def test_a_rank_that_exits_and_one_that_stalls_during_an_outage_reach_the_histor
     deadlock_change = _change(client.history(lingers.job_id) or [], "deadlock")
     assert lingered_at <= deadlock_change["at"] < back, (deadlock_change, lingered_at, back)
     assert deadlock_change["at"] - lingered_at < 30
+    # Both incidents named a rank on the agent's node: it is a suspect with the two jobs, read by
+    # `hangwatch nodes` from the history the restarted monitor keeps.
+    node = client.job(lingers.job_id)["ranks"][0]["node"]
+    listed = subprocess.run([tool("hangwatch"), "nodes", "--monitor", monitor.url, "--json"],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    suspects = {n["node"]: n for n in json.loads(listed.stdout)["nodes"]}
+    assert node in suspects, listed.stdout
+    assert {exits.job_id, lingers.job_id} <= set(suspects[node]["jobs"]), listed.stdout
+    assert {"rank_exited", "deadlock"} <= set(suspects[node]["verdicts"]), listed.stdout
     print(f"outage {OUTAGE_S:.0f}s: verdicts right {right_after_s:.1f}s after the restart; "
           f"exit recorded {exit_change['at'] - exited_at:+.1f}s, deadlock {deadlock_change['at'] - lingered_at:+.1f}s "
           "from when they happened")

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from monitor.app import create_app
 from monitor.diagnosis import VERDICTS
 from monitor.settings import Settings
-from monitor.store import open_store
+from monitor.store import VerdictChange, open_store
 from hangwatch.demo.harness import LOOPBACK, Reaper, free_port, wait_until_ready
 from tests.monitor.monitor_reports import progress, rank, report, stack
 from tests.monitor.monitor_testkit import TestClient
@@ -114,6 +114,8 @@ def test_rules_use_only_metrics_the_monitor_exports(tmp_path: Path) -> None:
     """Every series the rules read is in a real scrape of a monitor with a job and a node."""
     settings = Settings.from_raw({"db": tmp_path / "m.db", "tick_interval_s": 0})
     store = open_store(settings)
+    # An incident in the history that named node-a (hangwatch_node_culprit_jobs is read from it).
+    store.add_verdict(VerdictChange("earlier-job", time.time() - 60, "deadlock", (1,), "stuck", ("node-a",)))
     try:
         with TestClient(create_app(settings, store)) as client:
             body = report(ranks=[rank(rank=0, progress=progress(1, 10, [(time.time(), 10)]),

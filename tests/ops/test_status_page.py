@@ -260,3 +260,16 @@ def test_page_stays_on_loopback(live_hang: LiveHang) -> None:
               and e != "Failed to load resource: the server responded with a status of 404 (Not Found)"]
     assert not errors, live.page_errors
     assert all(e.endswith("/favicon.ico") for e in live.page_errors if e.startswith("HTTP ")), live.page_errors
+
+
+def test_the_deadlocked_jobs_node_is_listed_as_a_suspect(live_hang: LiveHang) -> None:
+    """The incident named rank 1's node: the page lists it under suspect nodes, with the job."""
+    live, page = live_hang, live_hang.page
+    shown_deadlock(live)
+    node = next(r["node"] for r in live.diagnosis["ranks"] if r["rank"] == 1)
+    row = page.locator("#suspects table.suspects tbody tr", has_text=node)
+    row.wait_for(timeout=30_000)  # read again every 15 s
+    cells = row.locator("td").all_inner_texts()
+    assert cells[0] == node and int(cells[1]) >= 1, cells
+    assert "DEADLOCK" in cells[3] and live.job.job_id in cells[5], cells
+    assert "Suspect nodes" in page.locator("#suspects h2").inner_text()

@@ -1,0 +1,111 @@
+"""``hangwatch nodes``: the nodes named as culprits in incidents of the most distinct jobs within
+a window (the monitor's /api/v1/nodes/suspects), from every monitor given, merged: the machines
+to look at, or drain, first."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from hangwatch_common.safe_text import one_line
+
+SUSPECTS_PATH = "/api/v1/nodes/suspects"
+# Nodes asked of each monitor: the merge ranks them again.
+ASKED_LIMIT = 10_000
+
+
+def fetch_suspects(monitor: str, ask: Any, window_s: float) -> list[dict[str, Any]]:
+    """One monitor's suspect nodes; raises the CLI's MonitorFailure kinds (hangwatch.cli)."""
+    import httpx
+
+    from hangwatch.cli import MonitorFailure, NoAnswer, NotFound, Refused, Unreachable, Unreadable
+
+    headers = {"authorization": f"Bearer {ask.access.token}"} if ask.access.token else {}
+    try:
+        r = httpx.get(monitor + SUSPECTS_PATH, params={"window_s": window_s, "limit": ASKED_LIMIT},
+                      headers=headers, verify=ask.access.verify, timeout=ask.timeout)
+    except httpx.TimeoutException:
+        raise NoAnswer(monitor, ask.timeout, ask.timeout_named) from None
+    except httpx.HTTPError as e:
+        raise Unreachable(monitor, e) from None
+    if r.status_code in (401, 403):
+        raise Refused(monitor, r.status_code, ask.access)
+    if r.status_code == 404:
+        raise NotFound(monitor)
+    if not r.is_success:
+        raise MonitorFailure(monitor, f"answered HTTP {r.status_code} {r.reason_phrase}")
+    try:
+        nodes = r.json()["nodes"]
+        return [_checked(n) for n in nodes]
+    except (ValueError, KeyError, TypeError) as e:
+        raise Unreadable(monitor, f"not a suspect-nodes answer ({type(e).__name__}: {e})") from None
+
+
+def _checked(node: Any) -> dict[str, Any]:
+    jobs, verdicts = node["jobs"], node["verdicts"]
+    if not (isinstance(node["node"], str) and isinstance(jobs, list) and isinstance(verdicts, dict)):
+        raise TypeError("a node without name, jobs or verdicts")
+    return {"node": node["node"], "jobs": [str(j) for j in jobs], "incidents": int(node["incidents"]),
+            "verdicts": {str(v): int(c) for v, c in verdicts.items()}, "last_at": float(node["last_at"])}
+
+
+def merge(answers: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Sharded monitors each know their jobs' incidents: a node's jobs and counts add up."""
+    merged: dict[str, dict[str, Any]] = {}
+    for nodes in answers:
+        for n in nodes:
+            into = merged.setdefault(n["node"], {"node": n["node"], "jobs": [], "incidents": 0, "verdicts": {},
+                                                 "last_at": 0.0})
+            into["jobs"] += [j for j in n["jobs"] if j not in into["jobs"]]
+            into["incidents"] += n["incidents"]
+            for verdict, count in n["verdicts"].items():
+                into["verdicts"][verdict] = into["verdicts"].get(verdict, 0) + count
+            into["last_at"] = max(into["last_at"], n["last_at"])
+    return sorted(merged.values(), key=lambda n: (-len(n["jobs"]), -n["incidents"], -n["last_at"], n["node"]))
+
+
+def render(nodes: list[dict[str, Any]], window_s: float, now: float) -> str:
+    span = _span(window_s)
+    if not nodes:
+        return f"no node was named as a culprit in the last {span}\n"
+    rows = [("NODE", "JOBS", "INCIDENTS", "VERDICTS", "LAST", "JOB IDS")]
+    for n in nodes:
+        verdicts = ", ".join(f"{v} {c}" for v, c in sorted(n["verdicts"].items(), key=lambda vc: -vc[1]))
+        jobs = ", ".join(n["jobs"][:5]) + (f" (+{len(n['jobs']) - 5})" if len(n["jobs"]) > 5 else "")
+        rows.append((n["node"], str(len(n["jobs"])), str(n["incidents"]), verdicts,
+                     f"{_span(max(0.0, now - n['last_at']))} ago", jobs))
+    rows = [tuple(one_line(cell) for cell in row) for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1] for row in rows]
+    return f"nodes named as culprits in the last {span}, most distinct jobs first:\n" + "\n".join(lines) + "\n"
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def cmd_nodes(args: Any, ask: Any) -> int:
+    """0: every monitor answered; 2 (as for diagnose): one or more did not (each named on stderr)."""
+    import json
+
+    from hangwatch.cli import EXIT_OK, EXIT_UNREACHABLE, MonitorFailure
+
+    answers, failed = [], []
+    for monitor in ask.monitors:
+        try:
+            answers.append(fetch_suspects(monitor, ask, args.window))
+        except MonitorFailure as e:
+            failed.append(e)
+    nodes = merge(answers)
+    if args.json:
+        print(json.dumps({"window_s": args.window, "nodes": nodes,
+                          "unanswered": [{"monitor": f.monitor, "error": str(f)} for f in failed]}, indent=2))
+    elif answers:
+        sys.stdout.write(render(nodes, args.window, time.time()))
+    for failure in failed:
+        print(f"hangwatch: {one_line(str(failure))}", file=sys.stderr)
+    return EXIT_UNREACHABLE if failed else EXIT_OK
