@@ -242,19 +242,21 @@ class LogFollower:
         return writers, names
 
     @staticmethod
-    def _learned(entry: _File, writer: tuple, text: str, now: float) -> Progress | None:
+    def _learned(entry: _File, writer: tuple, text: str, now: float) -> list[tuple[Progress, float]]:
         """The step of a line in a format no built-in pattern knows, once the writer's lines showed
-        which field counts (``--step-regex`` given: the user's pattern alone decides)."""
+        which field counts (``--step-regex`` given: the user's pattern alone decides), with when it
+        was read; on the line that taught the counter, first the steps of earlier reads."""
         learner = entry.learners.get(writer)
         if learner is None:
             if len(entry.learners) >= LEARNERS_PER_FILE:
-                return None
+                return []
             learner = entry.learners[writer] = ProgressLearner()
         found = learner.feed(text, now)
         if found is None or found.step is None:
-            return None
-        return Progress(found.step, found.total, f"learned ({found.kind}, {found.confidence} lines agree): "
-                                                 f"{found.template}"[:LEARNED_PATTERN_MAX])
+            return []
+        pattern = f"learned ({found.kind}, {found.confidence} lines agree): {found.template}"[:LEARNED_PATTERN_MAX]
+        return [*((Progress(step, found.total, pattern), at) for at, step in found.earlier),
+                (Progress(found.step, found.total, pattern), now)]
 
     def _route(self, entry, line, file_ranks, all_ranks, now, live) -> list[LauncherFailure]:
         p = split_prefixes(line)
@@ -274,14 +276,17 @@ class LogFollower:
 
         writer = (p.rank, p.local_rank)
         progress = match_progress(p.text, self.user_pattern)
+        points = [(progress, now)] if progress else []
         if progress is None and self.user_pattern is None:
-            progress = self._learned(entry, writer, p.text, now)
-        if progress:
+            points = self._learned(entry, writer, p.text, now)
+        if points:
+            progress = points[-1][0]
             for proc in targets:
                 state = self._ranks.setdefault(proc.pid, _RankLog())
                 tracker = state.progress.setdefault(scope, ProgressTracker(scope))
                 known = {t.step for t in state.progress.values() if t.events}
-                tracker.add(progress, now, entry.tailer.path, p.text, live)
+                for point, at in points:
+                    tracker.add(point, at, entry.tailer.path, p.text, live)
                 if progress.step not in known:
                     # A new step number (even on a line that also prints "val_loss"): no
                     # phase now. "eval step 40 batch 3" repeats the step, so it stays.

@@ -85,6 +85,10 @@ class LearnedStep:
     # How many lines of the template agreed with the counter (or the heartbeat's pace).
     confidence: int
     kind: str  # "counter", "json" or "heartbeat"
+    # When a counter (or heartbeat) is first learned: the steps its lines showed in earlier reads
+    # (the beats counted by then), as (read_at, step), oldest first. Learning takes a second read, and without these a job that stalls
+    # right after it would show one read's steps, all at one time: no pace, as if it logged nothing.
+    earlier: tuple[tuple[float, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -256,9 +260,15 @@ class ProgressLearner:
         template.counted = True
         if not self._preferred(template, counter):
             return None
-        self.learned = template_text
         value = fields[counter.position]
-        return LearnedStep(value.value, value.total, template_text, counter.agreeing, "counter")
+        earlier: list[tuple[float, int]] = []
+        if self.learned != template_text:
+            for at, kept in template.seen:
+                step = kept[counter.position].value
+                if at < read_at and step < value.value and (not earlier or step > earlier[-1][1]):
+                    earlier.append((at, step))
+        self.learned = template_text
+        return LearnedStep(value.value, value.total, template_text, counter.agreeing, "counter", tuple(earlier))
 
     def _preferred(self, template: _Template, counter: _Counter) -> bool:
         """Whether this template is the step line: the learned one stays until another counts
@@ -299,8 +309,15 @@ class ProgressLearner:
         gaps = [b - a for a, b in zip(reads, reads[1:])]
         if max(gaps) > HEARTBEAT_GAP_FACTOR * sorted(gaps)[(len(gaps) - 1) // 2]:
             return None  # bursts now and then, not a pace
+        earlier: list[tuple[float, int]] = []
+        if self.learned != template.text:  # first learned: the beats of the earlier reads too
+            count = template.beats - sum(lines for _, lines in template.beat_reads)
+            for at, lines in template.beat_reads:
+                count += lines
+                if at < read_at:
+                    earlier.append((at, count))
         self.learned = template.text
-        return LearnedStep(template.beats, None, template.text, len(reads), "heartbeat")
+        return LearnedStep(template.beats, None, template.text, len(reads), "heartbeat", tuple(earlier))
 
     def _forget_one(self) -> None:
         oldest = min((t for t in self._templates.values() if t.text != self.learned),

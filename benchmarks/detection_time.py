@@ -54,7 +54,8 @@ DEFAULT_CASES = ("deadlock", "collective", "ddp", "async", "exit", "exit-plain",
 ALL_CASES = CASE_NAMES + tuple(MULTINODE_CASES)
 
 
-def run_multinode(name: str, wd: Path, timeout: float, poll: float) -> tuple[CaseRun, object]:
+def run_multinode(name: str, wd: Path, timeout: float, poll: float,
+                  train_args: tuple[str, ...] = ()) -> tuple[CaseRun, object]:
     """One multi-node case on a fresh fabric; returns (run, case)."""
     import time
 
@@ -63,7 +64,7 @@ def run_multinode(name: str, wd: Path, timeout: float, poll: float) -> tuple[Cas
     case = MULTINODE_CASES[name]
     with Fabric(wd) as fabric:
         fabric.start_monitor()
-        jobs, job_id = start_multinode_case(name, fabric)
+        jobs, job_id = start_multinode_case(name, fabric, train_args)
         client = MonitorClient(fabric.monitor_url, uds=fabric.monitor_uds)
         try:
             if case.quiet:
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=60.0, help="per run, from the launch")
     p.add_argument("--json", dest="json_out", default=None, help="also write the raw results here")
     p.add_argument("--log-format", choices=("plain", "mmengine", "json", "hf", "none"),
-                   help="every single-node case's workload logs its progress this way (e.g. the quiet cases in a "
+                   help="every case's workload logs its progress this way (e.g. the quiet cases in a "
                         "format only the learner reads)")
     args = p.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                     if name in MULTINODE_CASES:
                         sub = wd / f"{name}-{i}"
                         sub.mkdir()
-                        run, case = run_multinode(name, sub, args.timeout, 0.2)
+                        extra = ("--log-format", args.log_format) if args.log_format else ()
+                        run, case = run_multinode(name, sub, args.timeout, 0.2, extra)
                     else:
                         case = table[name]
                         with Reaper() as reaper:

@@ -151,11 +151,12 @@ MULTINODE_CASES: dict[str, MultiNodeCase] = {
 MASTER_HOST, WORKER_HOST, MASTER_PORT = 20, 10, 29500
 
 
-def start_multinode_case(name: str, fabric) -> tuple[list, str]:
+def start_multinode_case(name: str, fabric, train_args: tuple[str, ...] = ()) -> tuple[list, str]:
     """Set up the nodes of a multi-node case on a created Fabric (monitor started) and launch.
 
     node-a (10.231.0.20) is the master, node-b (10.231.0.10) the worker: the master has the
-    larger address, so it is the side of the gloo pair that dials. Returns (jobs, job id).
+    larger address, so it is the side of the gloo pair that dials. ``train_args`` go to the
+    workload after the case's own (``--log-format mmengine``). Returns (jobs, job id).
     """
     a = fabric.add_node("a", host=MASTER_HOST)
     b = fabric.add_node("b", host=WORKER_HOST)
@@ -177,6 +178,7 @@ def start_multinode_case(name: str, fabric) -> tuple[list, str]:
             node.tc("qdisc", "add", "dev", node.ifname, "root", "tbf", "rate", rate, "burst", "32kbit",
                     "latency", "400ms")
         args += ["--hidden", hidden, "--step-sleep", "0"]
+    args += list(train_args)
     common = dict(nnodes=2, master_addr=a.addr, master_port=MASTER_PORT)
     jobs = [a.torchrun(args, node_rank=0, env={"GLOO_SOCKET_IFNAME": "eth0"}, **common)]
     if name != "mn-missing-node":

@@ -22,7 +22,9 @@ from monitor.diagnosis.silence import agents_silent
 from monitor.diagnosis.slow_rank import slow_ranks
 from monitor.diagnosis.stall import comm_share_text, stall
 
-# Without a known pace, ranks parked this long in a collective count as stalled ...
+# Without a known pace, ranks parked this long in a collective count as stalled (at 10 s a rank
+# spinning 1 s into a job that logs nothing was named after 11-12 s, past the 10 s people wait;
+# at 7 s, 9 s, with no alarm on the slow-start cases: benchmarks/README.md) ...
 PARKED_WITHOUT_PROGRESS_S = 7.0
 # ... or, once two steps were seen, this many times the slowest interval between them (a
 # job whose first steps take 12 s over a slow link is not stuck 10 s into its third), up
@@ -34,8 +36,10 @@ STARTUP_FACTOR = 2.0
 # seen at work RHYTHM_SEEN_S before they parked, parked PAUSE_FACTOR times the longest pause
 # any rank came back from (RHYTHM_MIN_PARKED_S at least, about a logged job's shortest stall)
 # counts as stalled: a job with fast steps, whose ranks never showed a pause, is judged as
-# soon as one that logs its steps, not PARKED_WITHOUT_PROGRESS_S later.
-RHYTHM_SEEN_S = 5.0
+# soon as one that logs its steps, not PARKED_WITHOUT_PROGRESS_S later. RHYTHM_SEEN_S is about
+# a logged job's warm-up (its first three steps read) at one report a second; at 5 s a job
+# stalling 3 s into its work took 8.5 s against 5.8 s for the same job logging its steps.
+RHYTHM_SEEN_S = 2.5
 RHYTHM_MIN_PARKED_S = 4.0
 PAUSE_FACTOR = 3.0
 # How long past the stall threshold the verdict waits for fresh stacks before "stalled".

@@ -281,3 +281,26 @@ def test_a_new_line_format_takes_over_when_the_learned_one_stops() -> None:
     got = [learner.feed(f"[phase 2] update {10 + i} of 500", read_at=1010.0 + i) for i in range(5)]
     assert [g.step for g in got if g is not None] == [12, 13, 14]
     assert learner.learned is not None and "update" in learner.learned
+
+
+def test_a_counter_learned_on_its_second_read_brings_the_steps_of_the_first() -> None:
+    """A fast job prints many steps a read: the first read's steps count once the second read
+    shows the counter, at the time they were read (the pace is known at once)."""
+    learner = ProgressLearner()
+    fed = [learner.feed(f"Iter(train) [{step:>5}/40000]  loss: 0.{step}", 10.0) for step in range(1, 6)]
+    assert fed == [None] * 5  # one read: time was not seen to pass
+    found = learner.feed("Iter(train) [    6/40000]  loss: 0.6", 11.0)
+    assert (found.step, found.total) == (6, 40000)
+    assert found.earlier == ((10.0, 1), (10.0, 2), (10.0, 3), (10.0, 4), (10.0, 5))
+    # Only the line that taught the counter brings them: the next ones are steps of their own.
+    assert learner.feed("Iter(train) [    7/40000]  loss: 0.7", 11.0).earlier == ()
+
+
+def test_a_heartbeat_learned_on_its_second_read_brings_the_beats_of_the_first() -> None:
+    learner = ProgressLearner()
+    line = "{{'loss': 0.{n}1, 'grad_norm': 1.{n}2, 'learning_rate': 4.{n}e-05, 'epoch': 0.0{n}}}"
+    assert [learner.feed(line.format(n=n), 10.0) for n in range(1, 5)] == [None] * 4
+    fed = [learner.feed(line.format(n=n), 11.0) for n in range(5, 8)]
+    learned = [f for f in fed if f is not None]
+    assert learned and learned[0].kind == "heartbeat" and learned[0].earlier == ((10.0, 4),)
+    assert all(f.earlier == () for f in learned[1:])

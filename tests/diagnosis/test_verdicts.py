@@ -262,7 +262,8 @@ def test_the_evidence_says_when_the_pace_comes_from_a_heartbeat() -> None:
     ("working_since", "longest_pause", "parked_since", "allowance"),
     [
         (None, 0.0, NOW, None),             # never seen at work: no rhythm
-        (NOW - 3, 0.0, NOW, None),          # at work 3 s before parking: too short to know
+        (NOW - 2, 0.0, NOW, None),          # at work 2 s before parking: too short to know
+        (NOW - 3, 0.0, NOW, 4.0),           # 3 s (a logged job's first three steps): known
         (NOW - 60, 0.0, NOW, 4.0),          # fast steps, never a pause: the floor
         (NOW - 60, 2.0, NOW, 6.0),          # pauses of 2 s came and went: three times that
         (NOW - 60, 5.0, NOW, PARKED_WITHOUT_PROGRESS_S),  # long pauses: never more than without a rhythm
