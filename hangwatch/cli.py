@@ -392,23 +392,28 @@ class Ask:
     timeout_named: str  # what set the timeout, for the message of a silent monitor
 
 
-def _answer(monitor: str, ask: Ask) -> dict:
-    """The monitor's one answer, ``GET /diagnose?format=json``: its jobs (every field the text
-    report needs) and its own status. ``?job=`` of a job it does not hold answers 404 with an
-    answer of no jobs (and ``job`` echoing the id): that is an answer. Raises a MonitorFailure."""
+def get_from_monitor(monitor: str, path: str, params: dict, ask: Ask):
+    """``GET monitor+path`` with the run's token, certificate check and timeout: the response
+    (any status but 401/403), or the MonitorFailure of a monitor that gave none or refused."""
     import httpx
 
     headers = {"authorization": f"Bearer {ask.access.token}"} if ask.access.token else {}
-    params = {"format": "json", **({"job": ask.job} if ask.job else {})}
     try:
-        r = httpx.get(monitor + "/diagnose", params=params, headers=headers, verify=ask.access.verify,
-                      timeout=ask.timeout)
+        r = httpx.get(monitor + path, params=params, headers=headers, verify=ask.access.verify, timeout=ask.timeout)
     except httpx.TimeoutException:
         raise NoAnswer(monitor, ask.timeout, ask.timeout_named) from None
     except httpx.HTTPError as e:
         raise Unreachable(monitor, e) from None
     if r.status_code in (401, 403):
         raise Refused(monitor, r.status_code, ask.access)
+    return r
+
+
+def _answer(monitor: str, ask: Ask) -> dict:
+    """The monitor's one answer, ``GET /diagnose?format=json``: its jobs (every field the text
+    report needs) and its own status. ``?job=`` of a job it does not hold answers 404 with an
+    answer of no jobs (and ``job`` echoing the id): that is an answer. Raises a MonitorFailure."""
+    r = get_from_monitor(monitor, "/diagnose", {"format": "json", **({"job": ask.job} if ask.job else {})}, ask)
     if r.status_code == 404:
         answer = _no_such_job(r, ask.job)
         if answer is None:

@@ -17,22 +17,12 @@ ASKED_LIMIT = 10_000
 
 def fetch_suspects(monitor: str, ask: Any, window_s: float) -> list[dict[str, Any]]:
     """One monitor's suspect nodes; raises the CLI's MonitorFailure kinds (hangwatch.cli)."""
-    import httpx
+    from hangwatch.cli import MonitorFailure, Unreadable, get_from_monitor
 
-    from hangwatch.cli import MonitorFailure, NoAnswer, NotFound, Refused, Unreachable, Unreadable
-
-    headers = {"authorization": f"Bearer {ask.access.token}"} if ask.access.token else {}
-    try:
-        r = httpx.get(monitor + SUSPECTS_PATH, params={"window_s": window_s, "limit": ASKED_LIMIT},
-                      headers=headers, verify=ask.access.verify, timeout=ask.timeout)
-    except httpx.TimeoutException:
-        raise NoAnswer(monitor, ask.timeout, ask.timeout_named) from None
-    except httpx.HTTPError as e:
-        raise Unreachable(monitor, e) from None
-    if r.status_code in (401, 403):
-        raise Refused(monitor, r.status_code, ask.access)
+    r = get_from_monitor(monitor, SUSPECTS_PATH, {"window_s": window_s, "limit": ASKED_LIMIT}, ask)
     if r.status_code == 404:
-        raise NotFound(monitor)
+        raise MonitorFailure(monitor, f"answered HTTP 404 for {SUSPECTS_PATH}: not a hangwatch monitor's base URL, "
+                                      "or a monitor older than this hangwatch (upgrade it)")
     if not r.is_success:
         raise MonitorFailure(monitor, f"answered HTTP {r.status_code} {r.reason_phrase}")
     try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from monitor.diagnosis.stability import ALARMS
 
@@ -28,9 +29,8 @@ INCIDENT_VERDICTS = ALARMS | {"rank_exited", "rank_stopped"}
 ENDS_INCIDENT = frozenset({"healthy", "finished"})
 
 
-@dataclass(frozen=True)
-class Change:
-    """One published verdict change of a job (``monitor.store.VerdictChange`` has these fields)."""
+class Change(Protocol):
+    """One published verdict change of a job (``monitor.store.VerdictChange``)."""
 
     job_id: str
     at: float

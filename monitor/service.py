@@ -28,7 +28,7 @@ from monitor.job_track import JobTrack
 from monitor.limits import Limits, Refusal, check_report
 from monitor.rank_timeline import RankTimeline
 from monitor.state import MonitorState
-from monitor.incidents import ENDS_INCIDENT, INCIDENT_VERDICTS, Change, SuspectNode, incidents, suspect_nodes
+from monitor.incidents import ENDS_INCIDENT, INCIDENT_VERDICTS, SuspectNode, incidents, suspect_nodes
 from monitor.store import Store, VerdictChange
 from monitor.views import job_view, rank_view
 
@@ -457,9 +457,7 @@ class Monitor:
         """Nodes named as culprits in incidents within the last ``window_s``, most distinct jobs
         first (monitor/incidents.py). A database read: call it off the event loop."""
         since = self.clock() - window_s
-        changes = [Change(c.job_id, c.at, c.verdict, c.culprit_ranks, c.culprit_nodes)
-                   for c in self.store.changes_since(since)]
-        return suspect_nodes(incidents(changes), since)
+        return suspect_nodes(incidents(self.store.changes_since(since)), since)
 
     def cached_suspect_nodes(self) -> list[SuspectNode]:
         """``suspect_nodes`` over ``suspect_window_s``, read again at most every SUSPECTS_REFRESH_S

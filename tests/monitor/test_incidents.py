@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.incidents import Change, Incident, incidents, suspect_nodes
+from monitor.incidents import Incident, incidents, suspect_nodes
+from monitor.store import VerdictChange
 
 
-def c(job: str, at: float, verdict: str, ranks: tuple[int, ...] = (), nodes: tuple[str, ...] = ()) -> Change:
-    return Change(job, at, verdict, ranks, nodes)
+def c(job: str, at: float, verdict: str, ranks: tuple[int, ...] = (), nodes: tuple[str, ...] = ()) -> VerdictChange:
+    return VerdictChange(job, at, verdict, ranks, f"raw {verdict}", nodes)
 
 
 INCIDENTS = {
@@ -38,7 +39,7 @@ INCIDENTS = {
 
 
 @pytest.mark.parametrize("changes,expected", INCIDENTS.values(), ids=INCIDENTS.keys())
-def test_incidents(changes: list[Change], expected: list[Incident]) -> None:
+def test_incidents(changes: list[VerdictChange], expected: list[Incident]) -> None:
     assert incidents(changes) == expected
 
 
