@@ -56,6 +56,11 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
                         "Share of the rank's recent stack samples waiting in a collective (0-1)")
     rank_state = Family("hangwatch_rank_state", "1 for the rank's current state, 0 for the others")
     ranks_by_state = Family("hangwatch_job_ranks", "Ranks of the job in each state (the rank states of hangwatch_rank_state)")
+    lost_rank = Family("hangwatch_job_lost_rank_seconds",
+                       "Seconds the job spent under each alarm verdict, times its live ranks (rank-seconds lost)",
+                       "counter")
+    lost_gpu = Family("hangwatch_job_lost_gpu_seconds",
+                      "GPU-seconds the job lost under each alarm verdict (its live ranks with GPUs known)", "counter")
     culprit = Family("hangwatch_rank_culprit", "1 if the diagnosis names this rank as a culprit; node: where it runs")
     for result in results:
         view, d = result.view, result.diagnosis
@@ -69,6 +74,10 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
         names = result.names
         info.add(labels(JOB_INFO_LABELS, (job, *(str(names.get(k, "")) for k in JOB_INFO_LABELS[1:]))), 1.0)
         culprits.add(job_l, float(len(d.culprit_ranks)))
+        for word, seconds in sorted(result.lost_rank_seconds.items()):
+            lost_rank.add(labels(("job_id", "verdict"), (job, word)), seconds)
+        for word, seconds in sorted(result.lost_gpu_seconds.items()):
+            lost_gpu.add(labels(("job_id", "verdict"), (job, word)), seconds)
         world.add(job_l, float(view.world_size))
         job_last = view.job_progress_times[-1] if view.job_progress_times else None
         states = {rd.rank: rd.state for rd in d.ranks}
@@ -132,7 +141,7 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
     for reason, count in sorted(monitor.rejected.items()):
         rejected.add(labels(("reason",), (reason,)), float(count))
 
-    families = [build_info(), verdict, info, last_progress, culprits, world, ranks_by_state, cpu_total, cpu_ratio, step, up,
+    families = [build_info(), verdict, info, last_progress, culprits, lost_rank, lost_gpu, world, ranks_by_state, cpu_total, cpu_ratio, step, up,
                 rank_progress, wait_ratio, rank_state, culprit, last_report, collector_up, collector_errors,
                 dump_failures, agent_cpu, agent_memory, reports, rejected]
     return render([*families, *own_families(monitor, guard), *http_families(http), *process_families()])
@@ -190,6 +199,12 @@ def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
                        "culprit, by the verdict that named it, since the monitor started", "counter")
     for (node, verdict), count in sorted(monitor.node_incidents.items()):
         incidents.add(labels(("node", "verdict"), (node, verdict)), float(count))
+    node_lost = Family("hangwatch_node_lost_gpu_seconds",
+                       "GPU-seconds jobs lost to incidents whose culprits ran on the node (split among the "
+                       "culprits' nodes; node=\"unattributed\": no culprit named), since the monitor started",
+                       "counter")
+    for (node, verdict), seconds in sorted(dict(monitor.node_lost_gpu_seconds).items()):
+        node_lost.add(labels(("node", "verdict"), (node, verdict)), seconds)
     culprit_jobs = Family("hangwatch_node_culprit_jobs",
                           "Distinct jobs whose incidents named the node as a culprit within the suspect window "
                           "(HANGWATCH_SUSPECT_WINDOW_S, 7 days by default): a drain candidate when several")
@@ -198,7 +213,7 @@ def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
     ranks = Family("hangwatch_monitor_ranks", "Ranks the monitor tracks")
     ranks.add("", float(sum(len(j.ranks) for j in monitor.state.jobs.values())))
     return [full, shed, lag, lag_probes, overloaded, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
-            in_memory, write_failures, unsaved, dropped, claims, incidents, culprit_jobs, ranks]
+            in_memory, write_failures, unsaved, dropped, claims, incidents, node_lost, culprit_jobs, ranks]
 
 
 def lag_histogram(guard: LoadGuard) -> Family:

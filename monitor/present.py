@@ -105,6 +105,8 @@ def job_dict(result: JobResult, track: JobTrack | None = None, ranks_offset: int
             result, "stack_tree", lambda: stack_tree(view.ranks, view.world_size)),
         "launchers": [launcher_dict(launcher) for launcher in view.launchers],
         "orphans": [orphan_dict(o) for o in view.orphans],
+        # Time the job spent under each alarm, times its live ranks (and GPUs): monitor/hang_cost.py.
+        "lost": {"rank_seconds": result.lost_rank_seconds, "gpu_seconds": result.lost_gpu_seconds},
         # Ranks another node claimed while their own node runs them: ignored, shown (monitor.rank_claims).
         "rank_conflicts": [] if track is None else [
             {"rank": c.rank, "claimed_by": c.claimed_by, "held_by": c.held_by, "first_at": c.first_at,

@@ -54,6 +54,9 @@ def render_job(job: dict[str, Any], now: float) -> str:
                      "(another spelling of the master address)")
     if job.get("stacks_unavailable_reason"):
         lines.append(f"  stacks unavailable: {one_line(job['stacks_unavailable_reason'])}")
+    lost = _lost_line(job.get("lost") or {})
+    if lost:
+        lines.append(f"  {lost}")
     found = _found_by(job["ranks"])
     if found:
         lines.append(f"  ranks found by {found}")
@@ -79,6 +82,13 @@ def render_job(job: dict[str, Any], now: float) -> str:
         lines.append("  no rank has started yet")
     lines.append("")
     return "\n".join(lines)
+
+
+def _lost_line(lost: dict[str, Any]) -> str | None:
+    from monitor.hang_cost import JobCost, lost_text
+
+    return lost_text(JobCost(rank_seconds=dict(lost.get("rank_seconds") or {}),
+                             gpu_seconds=dict(lost.get("gpu_seconds") or {})))
 
 
 def _found_by(ranks: list[dict[str, Any]]) -> str:

@@ -11,7 +11,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -28,6 +28,7 @@ from monitor.job_track import JobTrack
 from monitor.limits import Limits, Refusal, check_report
 from monitor.rank_timeline import RankTimeline
 from monitor.state import MonitorState
+from monitor.hang_cost import JobCost, account
 from monitor.incidents import ENDS_INCIDENT, INCIDENT_VERDICTS, SuspectNode, incidents, suspect_nodes
 from monitor.store import Store, VerdictChange
 from monitor.views import job_view, rank_view
@@ -64,6 +65,9 @@ class JobResult:
     last_report_at: float
     last_progress_at: float | None
     cpu_seconds: dict[int, float | None]
+    # What hangs cost the job so far, by verdict (monitor/hang_cost.py): rank-seconds, GPU-seconds.
+    lost_rank_seconds: dict[str, float] = field(default_factory=dict)
+    lost_gpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @cached_property
     def names(self) -> dict[str, Any]:
@@ -170,6 +174,9 @@ class Monitor:
         # Incidents that named each node, by (node, verdict), since this process started; the nodes
         # each job's open incident named so far.
         self.node_incidents: dict[tuple[str, str], int] = {}
+        # What hangs cost (monitor/hang_cost.py): per job, and GPU-seconds by (culprit node, verdict).
+        self.costs: dict[str, JobCost] = {}
+        self.node_lost_gpu_seconds: dict[tuple[str, str], float] = {}
         self._incident_nodes: dict[str, set[str]] = {}
 
     # --- ingest ---
@@ -320,6 +327,8 @@ class Monitor:
                 self._revisions.pop(gone, None)
             for gone in set(self._settled) - set(self.state.jobs):
                 del self._settled[gone]
+            for gone in set(self.costs) - set(self.state.jobs):
+                del self.costs[gone]
             self.timeline.forget(self.state.jobs)
             self._dirty &= set(self.state.jobs)
             # A node silent past the job retention (its jobs forgotten) starts over with a full report.
@@ -404,18 +413,35 @@ class Monitor:
         if self.confirm_alarms:
             settled = self._settled[job_id] = settle(self._settled.get(job_id), found, now, job.last_progress_at)
             found = settled.shown
+        self._account_cost(job_id, view, found, now)
         result = JobResult(
             view=view,
             diagnosis=found,
             last_report_at=job.last_report_at,
             last_progress_at=job.last_progress_at,
             cpu_seconds={r: t.latest.cpu_seconds for r, t in job.ranks.items()},
+            lost_rank_seconds=dict(self.costs[job_id].rank_seconds),
+            lost_gpu_seconds=dict(self.costs[job_id].gpu_seconds),
         )
         self._results[job_id] = result
         self._revisions[job_id] = revision
         if clear_dirty:
             self._dirty.discard(job_id)
         self._record_change(result, now)
+
+    def _account_cost(self, job_id: str, view: JobView, published: Diagnosis, now: float) -> None:
+        """The time since the job's last diagnosis, at the verdict then in force (monitor/hang_cost.py)."""
+        cost = self.costs.setdefault(job_id, JobCost())
+        ranks = gpus = 0
+        nodes: tuple[str, ...] = ()
+        if published.verdict in INCIDENT_VERDICTS:  # counted only while it costs: a giant job has 10,000 ranks
+            for r in view.ranks:
+                if r.alive:
+                    ranks += 1
+                    gpus += r.gpu_utilization_percent is not None
+            culprits = set(published.culprit_ranks)
+            nodes = tuple(sorted({r.node for r in view.ranks if r.rank in culprits}))
+        account(cost, now, published.verdict, ranks, gpus, nodes, self.node_lost_gpu_seconds)
 
     def _run_diagnosis(self, view: JobView) -> Diagnosis:
         diagnose = self._diagnose or diagnosis.diagnose

@@ -147,16 +147,37 @@ local at(x, y, w, h) = { x: x, y: y, w: w, h: h };
         target('sum(rate(hangwatch_monitor_reports_shed_total%s[$__rate_interval]))' % raw(), 'shed', 'C'),
       ], at(16, 47, 8, 8)),
 
-      row('Monitor', 55),
+      row('Cost of hangs', 55),
+      // Instant over the dashboard's range: counters reset with the monitor and go with their
+      // jobs, so increase() over the range adds them up right; `or vector(0)`: a CPU-only cluster has no GPU time.
+      panel('bargauge', 'Rank-hours and GPU-hours lost to hangs, by verdict',
+            'Time jobs spent under each alarm verdict over the selected range, times their live ranks (rank-hours) and their ranks with GPUs (GPU-hours, one GPU a rank): what hangs cost. `hangwatch nodes` names the hosts behind them.',
+            [
+              { datasource: datasource, refId: 'A', instant: true, range: false, format: 'time_series',
+                expr: 'sum by (verdict) (increase(hangwatch_job_lost_rank_seconds_total%s[$__range])) / 3600' % raw(jobs),
+                legendFormat: 'rank-hours, {{verdict}}' },
+              { datasource: datasource, refId: 'B', instant: true, range: false, format: 'time_series',
+                expr: 'sum by (verdict) (increase(hangwatch_job_lost_gpu_seconds_total%s[$__range])) / 3600 or vector(0)' % raw(jobs),
+                legendFormat: 'GPU-hours, {{verdict}}' },
+            ], at(0, 56, 12, 7)) { fieldConfig: { defaults: { unit: 'h', decimals: 2 } }, options: { orientation: 'horizontal' } },
+      panel('bargauge', 'GPU-hours lost to hangs, by culprit node',
+            'GPU time lost to incidents over the selected range, put on the nodes their culprit ranks ran on (split among them; "unattributed": no culprit named). A host high here in many jobs is a drain candidate (HangwatchNodeCulpritInManyJobs).',
+            [
+              { datasource: datasource, refId: 'A', instant: true, range: false, format: 'time_series',
+                expr: 'sum by (node) (increase(hangwatch_node_lost_gpu_seconds_total%s[$__range])) / 3600 or vector(0)' % raw(),
+                legendFormat: '{{node}}' },
+            ], at(12, 56, 12, 7)) { fieldConfig: { defaults: { unit: 'h', decimals: 2 } }, options: { orientation: 'horizontal' } },
+
+      row('Monitor', 63),
       stateTimeline('Monitor up', 'Whether Prometheus reaches the monitor (HangwatchMonitorDown fires after 2 minutes down).',
                     okEntries('down', 'up'),
-                    [target('max by (instance) (up%s)' % raw(), '{{instance}}')], at(0, 56, 8, 6)),
+                    [target('max by (instance) (up%s)' % raw(), '{{instance}}')], at(0, 64, 8, 6)),
       timeseries('Monitor CPU', "The monitor process's CPU use (1 = one core).", 'none',
                  [target('sum by (instance) (rate(process_cpu_seconds_total%s[$__rate_interval]))' % raw(), '{{instance}}')],
-                 at(8, 56, 8, 6)),
+                 at(8, 64, 8, 6)),
       timeseries('Monitor memory', "The monitor process's resident memory.", 'bytes',
                  [target('max by (instance) (process_resident_memory_bytes%s)' % raw(), '{{instance}}')],
-                 at(16, 56, 8, 6)),
+                 at(16, 64, 8, 6)),
     ],
 
     hangwatch: {
