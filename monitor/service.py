@@ -322,15 +322,13 @@ class Monitor:
         started = time.perf_counter()
         with self._lock:
             self.state.prune(now, self.job_retention_s)
-            for gone in set(self._results) - set(self.state.jobs):
-                del self._results[gone]
-                self._revisions.pop(gone, None)
-            for gone in set(self._settled) - set(self.state.jobs):
-                del self._settled[gone]
-            for gone in set(self.costs) - set(self.state.jobs):
-                del self.costs[gone]
+            known = set(self.state.jobs)
+            # What the monitor keeps per job goes with the job.
+            for per_job in (self._results, self._revisions, self._settled, self.costs, self._incident_nodes):
+                for gone in set(per_job) - known:
+                    del per_job[gone]
             self.timeline.forget(self.state.jobs)
-            self._dirty &= set(self.state.jobs)
+            self._dirty &= known
             # A node silent past the job retention (its jobs forgotten) starts over with a full report.
             self._full_seen &= {n for n, t in self.state.nodes.items() if now - t.last_report_at <= self.job_retention_s}
             ids = list(self.state.jobs)
@@ -413,7 +411,8 @@ class Monitor:
         if self.confirm_alarms:
             settled = self._settled[job_id] = settle(self._settled.get(job_id), found, now, job.last_progress_at)
             found = settled.shown
-        self._account_cost(job_id, view, found, now)
+        culprit_nodes = _culprit_nodes(view, found.culprit_ranks)
+        self._account_cost(job_id, view, found, culprit_nodes, now)
         result = JobResult(
             view=view,
             diagnosis=found,
@@ -427,21 +426,19 @@ class Monitor:
         self._revisions[job_id] = revision
         if clear_dirty:
             self._dirty.discard(job_id)
-        self._record_change(result, now)
+        self._record_change(result, now, culprit_nodes)
 
-    def _account_cost(self, job_id: str, view: JobView, published: Diagnosis, now: float) -> None:
+    def _account_cost(self, job_id: str, view: JobView, published: Diagnosis, culprit_nodes: tuple[str, ...],
+                      now: float) -> None:
         """The time since the job's last diagnosis, at the verdict then in force (monitor/hang_cost.py)."""
         cost = self.costs.setdefault(job_id, JobCost())
         ranks = gpus = 0
-        nodes: tuple[str, ...] = ()
         if published.verdict in INCIDENT_VERDICTS:  # counted only while it costs: a giant job has 10,000 ranks
             for r in view.ranks:
                 if r.alive:
                     ranks += 1
                     gpus += r.gpu_utilization_percent is not None
-            culprits = set(published.culprit_ranks)
-            nodes = tuple(sorted({r.node for r in view.ranks if r.rank in culprits}))
-        account(cost, now, published.verdict, ranks, gpus, nodes, self.node_lost_gpu_seconds)
+        account(cost, now, published.verdict, ranks, gpus, culprit_nodes, self.node_lost_gpu_seconds)
 
     def _run_diagnosis(self, view: JobView) -> Diagnosis:
         diagnose = self._diagnose or diagnosis.diagnose
@@ -452,16 +449,14 @@ class Monitor:
             log.exception("diagnosis failed for job %r", view.job_id)
             return Diagnosis("stalled", (), None, "diagnosis failed inside the monitor (see its log)")
 
-    def _record_change(self, result: JobResult, now: float) -> None:
+    def _record_change(self, result: JobResult, now: float, culprit_nodes: tuple[str, ...]) -> None:
         d = result.diagnosis
         key = (d.verdict, tuple(d.culprit_ranks))
         job_id = result.view.job_id
         if self._last_verdicts.get(job_id) != key:
             self._last_verdicts[job_id] = key
-            culprits = set(d.culprit_ranks)
-            nodes = tuple(sorted({r.node for r in result.view.ranks if r.rank in culprits})) if culprits else ()
-            self.store.add_verdict(VerdictChange(job_id, now, d.verdict, key[1], d.summary, nodes))
-            self._count_incident(job_id, d.verdict, nodes)
+            self.store.add_verdict(VerdictChange(job_id, now, d.verdict, key[1], d.summary, culprit_nodes))
+            self._count_incident(job_id, d.verdict, culprit_nodes)
 
     def _count_incident(self, job_id: str, verdict: str, nodes: tuple[str, ...]) -> None:
         """hangwatch_node_incidents_total: once per node an incident of the job names."""
@@ -512,6 +507,14 @@ class Monitor:
                 )
                 for n in sorted(self.state.nodes.values(), key=lambda n: n.node)
             ]
+
+
+def _culprit_nodes(view: JobView, culprit_ranks: Iterable[int]) -> tuple[str, ...]:
+    """The nodes the culprit ranks run on, sorted; none without culprits (no walk over the ranks)."""
+    culprits = set(culprit_ranks)
+    if not culprits:
+        return ()
+    return tuple(sorted({r.node for r in view.ranks if r.rank in culprits}))
 
 
 def _spread(node: str) -> float:
