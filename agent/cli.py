@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -173,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep what changes while the monitor is unreachable in files in DIR too, so an agent "
                         "restarted during an outage still delivers it (default: $HANGWATCH_OUTAGE_JOURNAL; "
                         "unset: kept in memory)")
+    p.add_argument("--allow-signals", action="store_true", default=None,
+                   help="let the monitor's opt-in actions signal this node's culprit ranks (SIGTERM, SIGABRT, ...; "
+                        "only live ranks this agent tracks; default: $HANGWATCH_ALLOW_SIGNALS, else refused)")
     p.add_argument("--once", action="store_true",
                    help="sample twice one interval apart, print the report JSON and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -213,6 +216,7 @@ def parse_config(
             args.dump_other_users if args.dump_other_users is not None
             else _env_flag(environ, "HANGWATCH_DUMP_OTHER_USERS")
         ),
+        allow_signals=args.allow_signals or _env_flag(environ, "HANGWATCH_ALLOW_SIGNALS"),
         max_rss_mb=args.max_rss_mb,
         max_cpu_percent=args.max_cpu_percent,
         nice=args.nice,
@@ -229,7 +233,8 @@ def setting_names(args: argparse.Namespace) -> dict[str, str]:
     }
 
 
-def make_sender(config: Config, named: Mapping[str, str] | None = None) -> ShardedSender:
+def make_sender(config: Config, named: Mapping[str, str] | None = None,
+                on_orders: Callable[[object], None] | None = None) -> ShardedSender:
     """The monitors' sender with the token and CA; an unusable token file or CA bundle is a
     UsageError (exit 2 at start) naming the setting as ``named`` says (setting_names)."""
     named = {"token_file": "--token-file", "ca_file": "--ca-file", "outage_journal": "--outage-journal",
@@ -248,7 +253,7 @@ def make_sender(config: Config, named: Mapping[str, str] | None = None) -> Shard
             journal_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as e:
             raise UsageError(f"{named['outage_journal']} {journal_dir}: {e.strerror or e}") from None
-    return ShardedSender(config.monitors, token=token, verify=verify, journal_dir=journal_dir)
+    return ShardedSender(config.monitors, token=token, verify=verify, journal_dir=journal_dir, on_orders=on_orders)
 
 
 def run_once(agent: Agent, config: Config) -> dict:
@@ -281,11 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         log.warning("%s", unknown)
     try:
-        sender = make_sender(config, setting_names(args)) if config.monitors else None
+        agent = Agent(config)
+        sender = make_sender(config, setting_names(args), agent.orders.take) if config.monitors else None
     except UsageError as e:
         print(f"hangwatch-agent: error: {e}", file=sys.stderr)
         return 2
-    agent = Agent(config)
     agent.start()
     try:
         if args.once:

@@ -105,8 +105,9 @@ def build_report(
     launchers: list[dict] = (),
     orphans: list[dict] = (),
     nccl_ras: dict | None = None,
+    order_results: list[dict] = (),
 ) -> dict:
-    return {
+    report = {
         "schema_version": SCHEMA_VERSION,
         "node": node,
         "sent_at": now,
@@ -119,3 +120,6 @@ def build_report(
         # NCCL's RAS service's view of this node's ranks (agent/nccl_ras.py); null when not polled.
         "nccl_ras": nccl_ras,
     }
+    if order_results:  # the outcome of the monitor's signal orders (agent/signal_orders.py)
+        report["order_results"] = list(order_results)
+    return report

@@ -26,6 +26,7 @@ from agent.procstat import CLOCK_TICKS, CpuSampler, ProcessSample
 from agent.redact import make_redactor
 from agent.report import build_report, orphan_report, rank_report
 from hangwatch_common.sdnotify import Notifier
+from agent.signal_orders import RankTarget, SignalOrders
 from agent.selfwatch import (
     DEFAULT_MAX_CPU_PERCENT,
     DEFAULT_MAX_RSS_MB,
@@ -86,6 +87,8 @@ class Config:
     max_rss_mb: int | None = DEFAULT_MAX_RSS_MB
     max_cpu_percent: float | None = DEFAULT_MAX_CPU_PERCENT
     nice: int = 0  # the loop's nice value at least (agent/cli.py run_loop); 0: as started
+    # Carry out the monitor's signal orders to culprit ranks (agent/signal_orders.py); off: refused.
+    allow_signals: bool = False
 
     @property
     def monitor(self) -> str | None:
@@ -189,6 +192,7 @@ class Agent:
         self.nccl_ras = NcclRasPoller(clock) if config.nccl_ras else None
         self._nccl_ras_at: float | None = None
         self.flight_recorder = FlightRecorderReader(root) if config.flight_recorder else None
+        self.orders = SignalOrders(config.allow_signals, self._rank_target, root)
 
     def start(self) -> None:
         self.exits.start()
@@ -519,6 +523,13 @@ class Agent:
         if self.flight_recorder is not None:
             self.flight_recorder.forget(pid)
 
+    def _rank_target(self, pid: int) -> RankTarget | None:
+        """The live rank with ``pid``, for a signal order (called from the sending thread)."""
+        t = self.tracked.get(pid)
+        if t is None or not t.alive:
+            return None
+        return RankTarget(pid, t.proc.identity.rank, t.proc.starttime, t.started_at)
+
     # --- the report ------------------------------------------------------------------
 
     def report(self, now: float) -> dict:
@@ -558,6 +569,7 @@ class Agent:
             launchers=self.launchers.reports(),
             orphans=self.orphans,
             nccl_ras=self.nccl_ras.result() if self.nccl_ras else None,
+            order_results=self.orders.results(),
         )
 
     # --- the loop --------------------------------------------------------------------

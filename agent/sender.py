@@ -78,8 +78,10 @@ class Sender:
 
     def __init__(self, monitor: str, client: httpx.Client | None = None,
                  token: Callable[[], str] | None = None, verify: ssl.SSLContext | bool = True,
-                 journal: OutageJournal | None = None):
+                 journal: OutageJournal | None = None, on_orders: Callable[[object], None] | None = None):
         self.url = reports_url(monitor)
+        # Gets the signal orders of the monitor's answers (agent/signal_orders.py).
+        self.on_orders = on_orders
         # What changed while the monitor could not be reached (agent/outage_journal.py).
         self.journal = journal if journal is not None else OutageJournal()
         self._down = len(self.journal) > 0  # a journal left from before a restart: deliver it first
@@ -128,12 +130,16 @@ class Sender:
             return False
         if response.status_code >= 400:
             return True  # refused as malformed (logged): retrying the same shape would not help
-        self.delta.delivered(baseline, _json_or_none(response))
+        answer = _json_or_none(response)
+        self.delta.delivered(baseline, answer)
         self._note_up()
+        if answer and answer.get("orders") and self.on_orders is not None:
+            self.on_orders(answer["orders"])
         return True
 
     def deliver_journal(self) -> bool:
         """Send what the journal kept, oldest first; True once it is empty (False: the monitor is down)."""
+        delivered = 0
         while True:
             with self._cond:  # the sampling thread adds to the journal while this sends
                 kept = self.journal.oldest()
@@ -153,6 +159,10 @@ class Sender:
                     break
                 self.journal.delivered_oldest()
             self.replayed += 1
+            delivered += 1
+        if delivered:
+            log.info("delivered %d reports kept through the outage (%d delivered since start)",
+                     delivered, self.replayed)
         # The monitor's picture of this node is now the last kept report: the next one is full.
         self.delta.reset()
         return True
@@ -278,9 +288,11 @@ class ShardedSender:
     """One ``Sender`` per monitor; each report is split by job owner (agent/shards.py)."""
 
     def __init__(self, monitors: list[str] | tuple[str, ...], token: Callable[[], str] | None = None,
-                 verify: ssl.SSLContext | bool = True, journal_dir: Path | None = None) -> None:
+                 verify: ssl.SSLContext | bool = True, journal_dir: Path | None = None,
+                 on_orders: Callable[[object], None] | None = None) -> None:
         self.monitors = list(monitors)
-        self.senders = {m: Sender(m, token=token, verify=verify, journal=OutageJournal(journal_path(journal_dir, m)))
+        self.senders = {m: Sender(m, token=token, verify=verify, journal=OutageJournal(journal_path(journal_dir, m)),
+                                  on_orders=on_orders)
                         for m in self.monitors}
 
     def start(self) -> None:

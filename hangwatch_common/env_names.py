@@ -33,17 +33,22 @@ MONITOR = frozenset({
     "HANGWATCH_MAX_CONNECTIONS", "HANGWATCH_HEADER_TIMEOUT_S", "HANGWATCH_BODY_TIMEOUT_S",
     "HANGWATCH_TOKEN_FILE", "HANGWATCH_READ_TOKEN_FILE", "HANGWATCH_METRICS_TOKEN_FILE",
     "HANGWATCH_SSL_CERTFILE", "HANGWATCH_SSL_KEYFILE", "HANGWATCH_GRAFANA_URL", "HANGWATCH_RUNBOOK_URL",
+    "HANGWATCH_ACTIONS_FILE",
 })
 # The agent (agent/cli.py).
 AGENT = frozenset({"HANGWATCH_TOKEN_FILE", "HANGWATCH_CA_FILE", "HANGWATCH_OUTAGE_JOURNAL",
-                   "HANGWATCH_DUMP_OTHER_USERS"})
+                   "HANGWATCH_DUMP_OTHER_USERS", "HANGWATCH_ALLOW_SIGNALS"})
 # The hangwatch command (hangwatch/cli.py).
 CLI = frozenset({"HANGWATCH_MONITOR", "HANGWATCH_READ_TOKEN_FILE", "HANGWATCH_CA_FILE", "HANGWATCH_TIMEOUT_S"})
 # Read by the deployment files rather than a program: the systemd unit's and the DaemonSet's
 # command lines are made of them (deploy/), and the set-up scripts' venv (scripts/).
 DEPLOYMENT = frozenset({"HANGWATCH_MONITOR", "HANGWATCH_AGENT_ARGS", "HANGWATCH_INTERVAL", "HANGWATCH_VENV"})
 
-KNOWN = MONITOR | AGENT | CLI | DEPLOYMENT
+# Set by the monitor for an action's command (monitor/actions/execute.py), read by that command.
+ACTION_COMMAND = frozenset({"HANGWATCH_JOB_ID", "HANGWATCH_VERDICT", "HANGWATCH_CULPRIT_RANKS",
+                            "HANGWATCH_CULPRIT_NODES"})
+
+KNOWN = MONITOR | AGENT | CLI | DEPLOYMENT | ACTION_COMMAND
 # How alike (difflib's ratio of the parts after the prefix) a known name must be to be suggested:
 # TOKEN_FLE -> TOKEN_FILE (0.95), MAXJOBS -> MAX_JOBS (0.93); FOO -> DB (0) is no suggestion.
 CLOSE_ENOUGH = 0.75

@@ -9,16 +9,19 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
+import httpx
 from fastapi import FastAPI
 
 from hangwatch_common.sdnotify import Notifier
 from monitor import openapi
+from monitor.actions.config import load_actions
+from monitor.actions.engine import ActionEngine
 from monitor.answers import AnswerCache
 from monitor.auth import INGEST, METRICS, READ, AuthLayer, TokenFile
 from monitor.http_guard import HttpStats
 from monitor.limits import Limits
 from monitor.load import LoadGuard
-from monitor.routes import diagnose, metrics, nodes, page
+from monitor.routes import actions, diagnose, metrics, nodes, page
 from monitor.routes.ingest import IngestLayer
 from monitor.security_headers import SecurityHeaders
 from monitor.service import Monitor
@@ -31,6 +34,8 @@ FULL_GC_EVERY_S = 600.0
 NO_AUTOMATIC_FULL_GC = 1_000_000
 # The most of the event loop's time the background diagnosis passes may take.
 PASS_SHARE = 0.4
+# How often decided actions are picked up (they follow verdicts that held for seconds at least).
+ACTIONS_POLL_S = 0.25
 
 
 def create_app(settings: Settings, store: Store, clock: Callable[[], float] = time.time) -> FastAPI:
@@ -50,6 +55,11 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         suspect_window_s=settings.suspect_window_s,
         limits=Limits(settings.max_jobs, settings.max_nodes, settings.max_world_size),
     )
+    if settings.actions_file is not None:
+        config = load_actions(settings.actions_file)
+        monitor.actions = ActionEngine(config, store, clock=clock)
+        log.warning("actions on verdicts are on (%s): %d rules%s", settings.actions_file, len(config.rules),
+                    ", dry run: nothing runs, every decision is logged" if config.dry_run else "")
     guard = LoadGuard(shed_lag_s=settings.shed_lag_s, shed_keep_s=settings.shed_keep_s)
     replayed = monitor.replay()
     if replayed:
@@ -60,6 +70,8 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         tasks = [asyncio.create_task(guard.watch_loop())]
         if settings.tick_interval_s > 0:
             tasks.append(asyncio.create_task(_tick_forever(monitor, guard, settings.tick_interval_s)))
+        if monitor.actions is not None:
+            tasks.append(asyncio.create_task(_act_forever(monitor.actions)))
         notifier = Notifier.from_env()
         if notifier.enabled:
             tasks.append(asyncio.create_task(_keep_watchdog_fed(notifier)))
@@ -95,7 +107,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         app.add_middleware(AuthLayer, files=token_files, on_refused=refused)
     # Outermost of all: every answer, 401s included, carries the page's security headers.
     app.add_middleware(SecurityHeaders)
-    for module in (diagnose, metrics, nodes, page):
+    for module in (actions, diagnose, metrics, nodes, page):
         app.include_router(module.router)
     return app
 
@@ -107,6 +119,18 @@ def _token_files(settings: Settings) -> dict[str, TokenFile]:
     if INGEST not in files:
         log.warning("no token file: any client that reaches the monitor can post reports (see --token-file)")
     return files
+
+
+async def _act_forever(engine: ActionEngine) -> None:
+    """Carry out decided actions off the diagnosis pass: a slow command or webhook delays the next
+    action, never a verdict."""
+    async with httpx.AsyncClient() as client:
+        while True:
+            try:
+                await engine.run_pending(client)
+            except Exception:
+                log.exception("carrying out actions failed")
+            await asyncio.sleep(ACTIONS_POLL_S)
 
 
 async def _keep_watchdog_fed(notifier: Notifier) -> None:

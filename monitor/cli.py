@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--suspect-window", dest="suspect_window_s",
                         help="seconds over which a node's incidents make it a suspect, for /metrics and the "
                              "drain-candidate alert (default 7 days)")
+    parser.add_argument("--actions", dest="actions_file",
+                        help="opt-in actions on verdicts: a TOML file of rules (command, webhook, or signals the "
+                             "agents send); dry run unless it says dry_run = false (env HANGWATCH_ACTIONS_FILE; "
+                             "see docs/runbook.md, Acting on verdicts)")
     parser.add_argument("--token-file", help="agents' tokens, one per line: TOKEN, or NODE TOKEN to bind it to a "
                         "node (env HANGWATCH_TOKEN_FILE; unset: reports are not authenticated)")
     parser.add_argument("--read-token-file", help="tokens for the page, /diagnose and /api (env "

@@ -212,8 +212,14 @@ def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
         culprit_jobs.add(labels(("node",), (suspect.node,)), float(len(suspect.jobs)))
     ranks = Family("hangwatch_monitor_ranks", "Ranks the monitor tracks")
     ranks.add("", float(sum(len(j.ranks) for j in monitor.state.jobs.values())))
+    actions = Family("hangwatch_actions",
+                     "Decisions of the opt-in actions' rules (--actions), by rule, kind and outcome (ok, failed, "
+                     "dry_run, rate_limited, unattributed, skipped), since the monitor started", "counter")
+    if monitor.actions is not None:
+        for (rule, kind, outcome), count in sorted(dict(monitor.actions.counts).items()):
+            actions.add(labels(("rule", "kind", "outcome"), (rule, kind, outcome)), float(count))
     return [full, shed, lag, lag_probes, overloaded, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
-            in_memory, write_failures, unsaved, dropped, claims, incidents, node_lost, culprit_jobs, ranks]
+            in_memory, write_failures, unsaved, dropped, claims, incidents, node_lost, culprit_jobs, ranks, actions]
 
 
 def lag_histogram(guard: LoadGuard) -> Family:

@@ -22,6 +22,8 @@ from monitor.views import is_fresh
 
 # Conflicts kept per job: an attacker claiming every rank of a giant job must not grow it unbounded.
 CONFLICTS_KEPT = 64
+# A conflict this recent makes the job's verdicts unattributable: no opt-in action acts on them.
+CONFLICT_RECENT_S = 120.0
 
 
 def rival_holder(job: JobTrack, node: str, rank: int, nodes: Mapping[str, NodeTrack], at: float) -> str | None:
@@ -34,6 +36,11 @@ def rival_holder(job: JobTrack, node: str, rank: int, nodes: Mapping[str, NodeTr
     if holder is None or not is_fresh(holder, at):
         return None
     return held.node
+
+
+def recent_conflict(job: JobTrack, now: float) -> ClaimConflict | None:
+    """A claim refused within CONFLICT_RECENT_S, if any (monitor/actions/: nothing acts then)."""
+    return next((c for c in job.claim_conflicts.values() if now - c.last_at <= CONFLICT_RECENT_S), None)
 
 
 def note_conflict(job: JobTrack, rank: int, claimed_by: str, held_by: str, at: float) -> None:

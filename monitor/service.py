@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pydantic
@@ -30,7 +30,12 @@ from monitor.rank_timeline import RankTimeline
 from monitor.state import MonitorState
 from monitor.hang_cost import JobCost, account
 from monitor.incidents import ENDS_INCIDENT, INCIDENT_VERDICTS, SuspectNode, incidents, suspect_nodes
+from monitor.actions.policy import Culprit, JobFacts
+from monitor.rank_claims import recent_conflict
 from monitor.store import Store, VerdictChange
+
+if TYPE_CHECKING:
+    from monitor.actions.engine import ActionEngine
 from monitor.views import job_view, rank_view
 
 log = logging.getLogger("hangwatch.monitor")
@@ -178,22 +183,27 @@ class Monitor:
         self.costs: dict[str, JobCost] = {}
         self.node_lost_gpu_seconds: dict[tuple[str, str], float] = {}
         self._incident_nodes: dict[str, set[str]] = {}
+        # Opt-in actions (monitor/actions/): set by the app when an actions file is given.
+        self.actions: ActionEngine | None = None
 
     # --- ingest ---
 
-    def ingest(self, report: Any, received_at: float | None = None) -> IngestAnswer:
+    def ingest(self, report: Any, received_at: float | None = None, attributed: bool = False) -> IngestAnswer:
         """Apply one decoded report (``monitor.fastwire``); it is kept as a snapshot when due.
 
         The snapshot is the validated report encoded again, never the body as received: fields
         validation drops (unknown keys, padding) are not stored, so the database holds only what
         the schema bounds (an 8 MiB padded report once grew it by gigabytes).
+        ``attributed``: it came with a token bound to its node (monitor/auth.py), so no other node
+        could have sent it; opt-in actions act only on jobs whose nodes all report so.
         """
         received_at = self.clock() if received_at is None else received_at
         if report.replayed:
-            return self._ingest_replayed(report, received_at)
+            return self._ingest_replayed(report, received_at, attributed)
         node = report.node
         with self._lock:
             touched = self.state.apply(report, received_at)
+            self.state.nodes[node].attributed = attributed
             if report.delta and node not in self._full_seen:
                 # A delta on a picture this process did not get from the agent (after a restart: an
                 # old snapshot and the outage's replays; fields that changed before the outage and
@@ -214,7 +224,7 @@ class Monitor:
             missing_full = node not in self._full_seen
         return IngestAnswer(send_full=bool(report.delta) and (missing_full or snapshot_due))
 
-    def _ingest_replayed(self, report: Any, received_at: float) -> IngestAnswer:
+    def _ingest_replayed(self, report: Any, received_at: float, attributed: bool = False) -> IngestAnswer:
         """Apply a report the agent kept through an outage at the time it was taken, and record
         the verdicts it leads to at that time: the job's history gets what happened meanwhile."""
         with self._lock:
@@ -228,10 +238,11 @@ class Monitor:
                 self.replayed_dropped += 1
                 return IngestAnswer(send_full=False)
             touched = self.state.apply(report, at)
+            self.state.nodes[report.node].attributed = attributed
             self.reports_total += 1
             self.replayed_total += 1
             jobs = sorted(j for j in touched if j in self.state.jobs)
-            self._diagnose_jobs(jobs, at)
+            self._diagnose_jobs(jobs, at, live=False)
             # Those diagnoses are of the past: the next read judges these jobs again, at its own time.
             for job_id in jobs:
                 self._results.pop(job_id, None)
@@ -327,6 +338,8 @@ class Monitor:
             for per_job in (self._results, self._revisions, self._settled, self.costs, self._incident_nodes):
                 for gone in set(per_job) - known:
                     del per_job[gone]
+            if self.actions is not None:
+                self.actions.keep_only(known)
             self.timeline.forget(self.state.jobs)
             self._dirty &= known
             # A node silent past the job retention (its jobs forgotten) starts over with a full report.
@@ -393,17 +406,18 @@ class Monitor:
         if follow_up is not None:
             yield Offload(lambda: follow_up(result, job))
 
-    def _diagnose_jobs(self, ids: Iterable[str], now: float) -> None:
+    def _diagnose_jobs(self, ids: Iterable[str], now: float, live: bool = True) -> None:
         for job_id in ids:
             job = self.state.jobs[job_id]
             view = job_view(job, self.state.nodes, now, self.started_at,
                             cpu_level_window_s=self.state.cpu_level_window_s)
-            self._store(job, view, self._run_diagnosis(view), job.lifecycle_revision, now)
+            self._store(job, view, self._run_diagnosis(view), job.lifecycle_revision, now, live=live)
 
     def _store(self, job: JobTrack, view: JobView, found: Diagnosis, revision: int, now: float,
-               clear_dirty: bool = True) -> None:
+               clear_dirty: bool = True, live: bool = True) -> None:
         """Keep a job's new diagnosis: its timeline, the published (settled) verdict, its history.
-        ``clear_dirty``: no report came since ``view`` was taken (else the job stays due for reads)."""
+        ``clear_dirty``: no report came since ``view`` was taken (else the job stays due for reads).
+        ``live``: judged at the present (not a report replayed after an outage): actions may follow."""
         job_id = job.job_id
         # Each rank's state as observed, whatever verdict is published while an alarm confirms.
         self.timeline.record(job_id, now, ((r.rank, r.state) for r in found.ranks),
@@ -427,6 +441,29 @@ class Monitor:
         if clear_dirty:
             self._dirty.discard(job_id)
         self._record_change(result, now, culprit_nodes)
+        actions = self.actions
+        if live and actions is not None and (found.verdict in actions.verdicts or found.verdict in ENDS_INCIDENT):
+            actions.observe(self._facts(job, found, now), now)
+
+    def _facts(self, job: JobTrack, found: Diagnosis, now: float) -> JobFacts:
+        """What an action needs of a published verdict (monitor/actions/policy.py)."""
+        culprits = []
+        for rank in found.culprit_ranks:
+            track = job.ranks.get(rank)
+            if track is not None:
+                culprits.append(Culprit(rank, track.node, track.pid if track.alive else None, track.latest.started_at))
+        unattributed = None
+        conflict = recent_conflict(job, now)
+        if conflict is not None:
+            unattributed = (f"node {conflict.claimed_by} claimed rank {conflict.rank}, which node {conflict.held_by} "
+                            "holds: the job's evidence may not come from the nodes it names")
+        else:
+            unbound = sorted(n for n in job.nodes if n in self.state.nodes and not self.state.nodes[n].attributed)
+            if unbound:
+                unattributed = (f"node {unbound[0]}{f' and {len(unbound) - 1} more' if len(unbound) > 1 else ''} "
+                                "reports with a shared token (or none): another client could have spoken for it")
+        return JobFacts(job.job_id, found.verdict, found.summary, tuple(culprits), self._results[job.job_id].names,
+                        unattributed)
 
     def _account_cost(self, job_id: str, view: JobView, published: Diagnosis, culprit_nodes: tuple[str, ...],
                       now: float) -> None:

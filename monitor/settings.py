@@ -78,6 +78,8 @@ class Settings:
     # Off (false), every single reading is published: for tests of one reading, not for paging.
     confirm_alarms: bool = True
     log_level: str = "info"
+    # Opt-in actions on verdicts (monitor/actions/config.py); None: the monitor never acts.
+    actions_file: Path | None = None
     # What one monitor takes in (monitor/limits.py): reports past these are refused (429, 422).
     max_jobs: int = 2000
     max_nodes: int = 10000
@@ -180,6 +182,13 @@ class Settings:
             # Only web addresses: the page puts them in links, where javascript: would run.
             if url is not None and not url.lower().startswith(("http://", "https://")):
                 raise SettingsError(f"{named(name)} must be an http:// or https:// address, not {url[:64]!r}")
+        if self.actions_file is not None:
+            from monitor.actions.config import ActionConfigError, load_actions  # only when acting
+
+            try:
+                load_actions(self.actions_file)
+            except ActionConfigError as exc:
+                raise SettingsError(f"{named('actions_file')}: {exc}") from None
         if self.log_level not in LOG_LEVELS:
             raise SettingsError(f"{named('log_level')} must be one of {', '.join(LOG_LEVELS)}, "
                                 f"not {self.log_level!r}")

@@ -85,7 +85,9 @@ class MonitorState:
                     note_conflict(job, rank_report.rank, report.node, holder, received_at)
                     self.claims_refused += 1
                     continue
-                job.claim_conflicts.pop(rank_report.rank, None)
+                conflict = job.claim_conflicts.get(rank_report.rank)
+                if conflict is not None and conflict.claimed_by == report.node:
+                    del job.claim_conflicts[rank_report.rank]  # the claim is taken now: the rank moved
             apply_rank(job, report.node, rank_report, received_at, offset, wait_site, self.cpu_level_window_s)
             node.rank_keys.add((job_id, rank_report.rank))
             touched.add(job.job_id)

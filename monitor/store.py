@@ -68,14 +68,33 @@ class VerdictChange:
     culprit_nodes: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class ActionRecord:
+    """One entry of the actions' audit log (monitor/actions/): what a rule did about an incident."""
+
+    at: float
+    job_id: str
+    incident_started_at: float
+    rule: str
+    kind: str  # command, webhook, signal
+    verdict: str
+    culprit_ranks: tuple[int, ...]
+    culprit_nodes: tuple[str, ...]
+    target: str  # the command line, the webhook, the signal
+    outcome: str  # ok, failed, dry_run, rate_limited, unattributed, skipped
+    detail: str
+
+
 _CHANGE_COLUMNS = "job_id, at, verdict, culprits, summary, culprit_nodes"
+_ACTION_COLUMNS = ("at, job_id, incident_started_at, rule, kind, verdict, culprits, culprit_nodes, target, outcome, "
+                   "detail")
 _Write = Callable[[sqlite3.Connection], None]
 _STOP = object()
 
 
 @dataclass(frozen=True)
 class _Queued:
-    kind: str  # "snapshot", "verdict", "prune"
+    kind: str  # "snapshot", "verdict", "action", "prune"
     write: _Write
     change: VerdictChange | None = None
 
@@ -176,6 +195,15 @@ class Store:
 
     def add_verdict(self, change: VerdictChange) -> None:
         self._submit(_Queued("verdict", lambda c: _insert_verdict(c, change), change))
+
+    def add_action(self, record: ActionRecord) -> None:
+        def write(c: sqlite3.Connection) -> None:
+            c.execute(f"INSERT INTO actions ({_ACTION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (record.at, record.job_id, record.incident_started_at, record.rule, record.kind, record.verdict,
+                       json.dumps(list(record.culprit_ranks)), json.dumps(list(record.culprit_nodes)), record.target,
+                       record.outcome, record.detail))
+
+        self._submit(_Queued("action", write))
 
     def prune(self, now: float | None = None) -> None:
         now = self._clock() if now is None else now
@@ -304,6 +332,7 @@ class Store:
             (self.snapshots_per_node,),
         )
         conn.execute("DELETE FROM verdicts WHERE at < ?", (now - self.verdict_retention_s,))
+        conn.execute("DELETE FROM actions WHERE at < ?", (now - self.verdict_retention_s,))
 
     @property
     def last_error(self) -> BaseException | None:
@@ -366,6 +395,15 @@ class Store:
         with self._unsaved_lock:
             held = [c for c in self._unsaved if c.at >= since]
         return sorted(stored + held, key=lambda c: c.at)
+
+    def actions(self, job_id: str | None = None, limit: int = 500) -> list[ActionRecord]:
+        """The audit log, newest last: one job's entries, or every job's."""
+        self.flush()
+        where, params = ("WHERE job_id = ?", (job_id, limit)) if job_id is not None else ("", (limit,))
+        rows = self._read(f"SELECT {_ACTION_COLUMNS} FROM actions {where} ORDER BY at DESC, id DESC LIMIT ?", params)
+        return [ActionRecord(at, job, started, rule, kind, verdict, tuple(json.loads(ranks)), tuple(json.loads(nodes)),
+                             target, outcome, detail)
+                for at, job, started, rule, kind, verdict, ranks, nodes, target, outcome, detail in reversed(rows)]
 
     def count_snapshots(self) -> int:
         self.flush()

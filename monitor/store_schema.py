@@ -44,7 +44,27 @@ _V2 = "CREATE INDEX IF NOT EXISTS verdicts_by_job_time ON verdicts (job_id, at);
 # Version 3: each change names its culprits' nodes (monitor/incidents.py: suspect nodes).
 _V3 = "ALTER TABLE verdicts ADD COLUMN culprit_nodes TEXT NOT NULL DEFAULT '[]'"
 
-SCHEMA_VERSION = 3
+# Version 4: the audit log of opt-in actions (monitor/actions/): what each rule did, or why not.
+_V4 = """
+CREATE TABLE IF NOT EXISTS actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    job_id TEXT NOT NULL,
+    incident_started_at REAL NOT NULL,
+    rule TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    culprits TEXT NOT NULL,
+    culprit_nodes TEXT NOT NULL,
+    target TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS actions_by_job ON actions (job_id, at);
+CREATE INDEX IF NOT EXISTS actions_by_time ON actions (at)
+"""
+
+SCHEMA_VERSION = 4
 
 
 class NewerSchema(Exception):
@@ -72,7 +92,13 @@ def _v3(conn: sqlite3.Connection) -> None:
     conn.execute(_V3)
 
 
-MIGRATIONS = ((1, _v1), (2, _v2), (3, _v3))
+def _v4(conn: sqlite3.Connection) -> None:
+    for statement in _V4.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+MIGRATIONS = ((1, _v1), (2, _v2), (3, _v3), (4, _v4))
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

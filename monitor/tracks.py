@@ -197,6 +197,8 @@ class NodeTrack:
     # True while the node's latest report is a delta this process cannot build on (no full report
     # from the node since it started): parts of the picture may be older than the report.
     partial: bool = False
+    # The latest report came with a token bound to this node (monitor/auth.py): no other node sent it.
+    attributed: bool = False
     # (host report, its HostFacts) for monitor/views.host_facts: the facts change only with the host.
     facts_cache: tuple[HostReport, HostFacts] | None = None
 

@@ -323,6 +323,14 @@ class AgentInfo(_Strict):
     rss_bytes: Int | None = None
 
 
+class OrderResult(_Strict):
+    """What became of one of the monitor's signal orders (agent/signal_orders.py, monitor/actions/)."""
+
+    id: Annotated[str, Field(min_length=1, max_length=64)]
+    ok: bool
+    detail: LineStr = ""
+
+
 class Report(_Strict):
     schema_version: Literal[1]
     node: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")]
@@ -345,3 +353,5 @@ class Report(_Strict):
     # and always full: the monitor applies it at the time it was taken (its ``sent_at``) and
     # records the verdicts it leads to at that time (agent/outage_journal.py).
     replayed: bool = False
+    # The outcome of the signal orders the monitor's answers carried, once each.
+    order_results: Annotated[list[OrderResult], Field(max_length=64)] = []

@@ -19,6 +19,7 @@ from monitor.answers import answer_bytes, dumps, select, summary_dict
 from monitor.page_links import page_links
 from monitor.present import RANKS_LISTED_BY_DEFAULT, job_dict
 from monitor.render_text import render_monitor_status, render_text
+from monitor.routes.actions import job_actions
 from monitor.routes.deps import MonitorDep
 from hangwatch_common.safe_text import one_line, text_block
 from monitor.service import GIANT_JOB_RANKS, JobResult, Monitor
@@ -165,7 +166,9 @@ def render_summary_text(jobs: list[dict[str, Any]]) -> str:
 
 @router.get("/api/v1/jobs/{job_id:job_id}/history")
 async def get_history(job_id: str, monitor: MonitorDep) -> JSONResponse:
-    return JSONResponse({"job_id": job_id, "history": await _history(job_id, monitor)})
+    # The actions taken (or not) on its incidents ride along: monitor/actions/, routes/actions.py.
+    return JSONResponse({"job_id": job_id, "history": await _history(job_id, monitor),
+                         "actions": await job_actions(monitor, monitor.state.resolve(job_id))})
 
 
 async def _history(job_id: str, monitor: Monitor) -> list[dict[str, Any]]:
@@ -226,6 +229,7 @@ async def get_evidence(request: Request, job_id: str, monitor: MonitorDep) -> Re
         "job": await asyncio.to_thread(job_dict, result, monitor.state.jobs.get(result.view.job_id), 0,
                                        max(1, len(result.view.ranks))),
         "history": await _history(job_id, monitor),
+        "actions": await job_actions(monitor, result.view.job_id),
         "rank_timeline": _timeline(result, monitor, now),
         "monitor": monitor_status(request, monitor),
     }

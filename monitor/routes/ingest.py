@@ -107,12 +107,21 @@ class IngestLayer:
         if refusal is not None:
             monitor.reject(refusal.reason)
             raise _refuse(refusal.status, refusal.detail)
-        answer = monitor.ingest(report)
+        answer = monitor.ingest(report, attributed=bound_node is not None)
         self.guard.accepted(report.node, time.monotonic())
         # "delta": this monitor takes delta reports (agent/delta.py); "send_full": make the next one full.
         # "replay": this monitor applies reports kept through an outage at their own times.
-        return {"accepted": True, "ranks": len(report.ranks), "delta": True, "send_full": answer.send_full,
-                "replay": True}
+        out = {"accepted": True, "ranks": len(report.ranks), "delta": True, "send_full": answer.send_full,
+               "replay": True}
+        actions = monitor.actions
+        if actions is not None:
+            if report.order_results:
+                actions.orders.answered(report.order_results)
+            # Signal orders for this node's ranks (monitor/actions/orders.py), to its own agent only.
+            orders = actions.orders.take(report.node) if not report.replayed else []
+            if orders:
+                out["orders"] = orders
+        return out
 
     async def _read_body(self, receive: Receive, limit: int) -> bytes:
         # Content-Length may be absent (chunked) or lie: count what actually arrives.

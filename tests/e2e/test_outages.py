@@ -35,6 +35,15 @@ def _change(history: list[dict], verdict: str) -> dict:
     return found[0]
 
 
+def _evidence(history: list[dict], happened_at: float, back: float, agent: Service) -> str:
+    """What a failure needs to be understood from CI's output alone: the whole history (times
+    relative to the fault) and what the agent said about the outage and the ranks."""
+    changes = [f"{h['at'] - happened_at:+.1f}s {h['verdict']} {h['culprit_ranks']}: {h['summary']}" for h in history]
+    agent_lines = agent.log.read_text(errors="replace").splitlines()[-15:]
+    return "\n".join([f"restart at {back - happened_at:+.1f}s from the fault; history:", *changes,
+                      "agent log:", *agent_lines])
+
+
 def test_a_rank_that_exits_and_one_that_stalls_during_an_outage_reach_the_history(
         monitor: Service, agent: Service, client: MonitorClient, session_reaper: Reaper, e2e_dir,
         torchrun_job, wait_for_verdict) -> None:
@@ -65,11 +74,13 @@ def test_a_rank_that_exits_and_one_that_stalls_during_an_outage_reach_the_histor
     # the jobs healthy (or anything else) from the picture it had before the outage.
     assert {o.verdict for o in seen} <= {None, "unknown", "rank_exited", "deadlock"}, seen
 
-    exit_change = _change(client.history(exits.job_id) or [], "rank_exited")
+    exit_history = client.history(exits.job_id) or []
+    exit_change = _change(exit_history, "rank_exited")
     assert exit_change["culprit_ranks"] == [1]
-    assert exited_at - 1 <= exit_change["at"] <= exited_at + 8, (exit_change, exited_at)
-    deadlock_change = _change(client.history(lingers.job_id) or [], "deadlock")
-    assert lingered_at <= deadlock_change["at"] < back, (deadlock_change, lingered_at, back)
+    assert exited_at - 1 <= exit_change["at"] <= exited_at + 8, _evidence(exit_history, exited_at, back, agent)
+    linger_history = client.history(lingers.job_id) or []
+    deadlock_change = _change(linger_history, "deadlock")
+    assert lingered_at <= deadlock_change["at"] < back, _evidence(linger_history, lingered_at, back, agent)
     assert deadlock_change["at"] - lingered_at < 30
     # Both incidents named a rank on the agent's node: it is a suspect with the two jobs, read by
     # `hangwatch nodes` from the history the restarted monitor keeps.

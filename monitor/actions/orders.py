@@ -1,0 +1,94 @@
+"""Signal orders for agents: a signal action becomes one order per culprit rank, handed to the
+rank's node in the answer to its next report, and answered in a later report (order_results).
+
+The monitor never reaches into a node: the agent that reports a rank is the only one that can
+signal it, and only if its operator allowed that (agent/signal_orders.py). An order not taken or
+not answered within ``ANSWER_S`` is failed: its node stopped reporting (or its agent is too old).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+ANSWER_S = 30.0
+
+
+@dataclass
+class _Batch:
+    """The orders of one signal action, and what the agents said of each."""
+
+    key: Any  # the caller's (the engine's) handle for the action
+    created_at: float
+    waiting: set[str]
+    said: dict[str, tuple[bool, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Finished:
+    key: Any
+    ok: bool
+    detail: str
+
+
+class AgentOrders:
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._pending: dict[str, list[dict[str, Any]]] = {}  # node -> orders not yet handed over
+        self._batches: dict[str, _Batch] = {}  # order id -> its batch
+        self._finished: list[Finished] = []
+
+    def order(self, key: Any, signal: str, targets: Iterable[tuple[str, int, int, float | None]], now: float) -> int:
+        """Queue ``signal`` for each (node, rank, pid, started_at); returns how many orders."""
+        batch = _Batch(key, now, set())
+        with self._lock:
+            for node, rank, pid, started_at in targets:
+                order_id = f"{now:.0f}-{next(self._ids)}"
+                batch.waiting.add(order_id)
+                self._batches[order_id] = batch
+                self._pending.setdefault(node, []).append(
+                    {"id": order_id, "signal": signal, "rank": rank, "pid": pid, "started_at": started_at})
+        return len(batch.waiting)
+
+    def take(self, node: str) -> list[dict[str, Any]]:
+        """The orders for ``node``'s agent, once (put in the answer to its report)."""
+        if not self._pending:  # the common case, without the lock
+            return []
+        with self._lock:
+            return self._pending.pop(node, [])
+
+    def answered(self, results: Iterable[Any]) -> None:
+        """Results from a report (``order_results``): ids this monitor did not issue are ignored."""
+        with self._lock:
+            for result in results:
+                batch = self._batches.pop(result.id, None)
+                if batch is None:
+                    continue
+                batch.waiting.discard(result.id)
+                batch.said[result.id] = (result.ok, result.detail)
+                if not batch.waiting:
+                    self._finish(batch)
+
+    def finished(self, now: float) -> list[Finished]:
+        """Actions whose orders are all answered, or past ANSWER_S (then failed for the rest), once."""
+        with self._lock:
+            for order_id, batch in list(self._batches.items()):
+                if now - batch.created_at >= ANSWER_S and order_id in batch.waiting:
+                    batch.waiting.discard(order_id)
+                    batch.said[order_id] = (False, f"no answer from the rank's agent within {ANSWER_S:.0f}s")
+                    del self._batches[order_id]
+                    for orders in self._pending.values():
+                        orders[:] = [o for o in orders if o["id"] != order_id]
+                    if not batch.waiting:
+                        self._finish(batch)
+            out, self._finished = self._finished, []
+        return out
+
+    def _finish(self, batch: _Batch) -> None:
+        results = [batch.said[k] for k in sorted(batch.said)]
+        ok = all(r[0] for r in results)
+        self._finished.append(Finished(batch.key, ok, "; ".join(detail for _, detail in results)))

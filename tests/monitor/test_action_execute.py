@@ -1,0 +1,118 @@
+"""Carrying out an action (monitor/actions/execute.py): real commands, a real HTTP server for webhooks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from monitor.actions.config import ActionRule
+from monitor.actions.execute import command_line, payload, post_webhook, run_command
+from monitor.actions.policy import ACT, Culprit, Decision, JobFacts
+
+RULE = ActionRule("cancel", frozenset({"deadlock"}), 1.0, "command", command=("scancel", "{slurm_job}", "--signal={rule}"))
+
+
+def decision(names: dict | None = None) -> Decision:
+    facts = JobFacts("job-a", "deadlock", "rank 0 waits in all_reduce; rank 1 never reached it",
+                     (Culprit(1, "node-b", 4242, 100.0),), {"slurm_job": "77.0", "display": "slurm job 77.0"}
+                     if names is None else names)
+    return Decision(RULE, facts, 1000.0, 12.5, ACT)
+
+
+def test_the_payload_names_the_job_the_culprits_and_the_evidence() -> None:
+    body = payload(decision(), "http://monitor:8787/?job=job-a", dry_run=False)
+    assert body["job_id"] == "job-a" and body["job"] == "slurm job 77.0" and body["slurm_job"] == "77.0"
+    assert body["culprit_ranks"] == [1] and body["culprit_nodes"] == ["node-b"]
+    assert body["culprits"] == [{"rank": 1, "node": "node-b", "pid": 4242}]
+    assert body["evidence_url"] == "http://monitor:8787/?job=job-a" and body["held_s"] == 12.5
+    assert "display" not in body
+
+
+def test_placeholders_are_filled_and_a_missing_one_skips_the_command() -> None:
+    assert command_line(RULE, payload(decision(), None, False)) == ["scancel", "77.0", "--signal=cancel"]
+    assert command_line(RULE, payload(decision(names={}), None, False)) == \
+        "the job has no slurm_job for '{slurm_job}'"
+
+
+def _run(argv: list[str], timeout: float = 10.0) -> tuple[bool, str]:
+    return asyncio.run(run_command(argv, payload(decision(), None, False), timeout))
+
+
+def test_a_command_gets_the_json_on_stdin_and_the_job_in_its_environment() -> None:
+    script = ("import json, os, sys; body = json.load(sys.stdin); "
+              "print(body['job_id'], body['culprit_ranks'], os.environ['HANGWATCH_CULPRIT_NODES'])")
+    assert _run([sys.executable, "-c", script]) == (True, "exit 0: job-a [1] node-b")
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    ([sys.executable, "-c", "import sys; print('no such job'); sys.exit(3)"], (False, "exit 3: no such job")),
+    (["/nonexistent/scancel"], (False, "could not start /nonexistent/scancel: No such file or directory")),
+])
+def test_a_failing_command_is_an_outcome_not_an_exception(argv: list[str], expected: tuple[bool, str]) -> None:
+    assert _run(argv) == expected
+
+
+def test_a_command_that_hangs_is_killed_at_its_timeout() -> None:
+    ok, detail = _run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=1.0)
+    assert not ok and detail == "still running after 1s: killed"
+
+
+class _Hook:
+    def __init__(self, status: int) -> None:
+        self.bodies: list[dict] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 -- http.server's name
+                hook.bodies.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+                self.send_response(status)
+                self.end_headers()
+                self.wfile.write(b"gone")
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def hook_factory() -> Iterator:
+    made: list[_Hook] = []
+
+    def make(status: int) -> _Hook:
+        made.append(_Hook(status))
+        return made[-1]
+
+    yield make
+    for hook in made:
+        hook.server.shutdown()
+        hook.server.server_close()
+
+
+async def _post(url: str) -> tuple[bool, str]:
+    async with httpx.AsyncClient() as client:
+        return await post_webhook(client, url, payload(decision(), None, False), 5.0)
+
+
+def test_a_webhook_gets_the_json(hook_factory) -> None:
+    hook = hook_factory(204)
+    assert asyncio.run(_post(hook.url)) == (True, "HTTP 204")
+    assert hook.bodies[0]["job_id"] == "job-a" and hook.bodies[0]["verdict"] == "deadlock"
+
+
+def test_a_webhook_that_refuses_or_is_down_is_a_failed_outcome(hook_factory) -> None:
+    assert asyncio.run(_post(hook_factory(410).url)) == (False, "HTTP 410: gone")
+    hook = hook_factory(200)
+    hook.server.shutdown()
+    hook.server.server_close()
+    ok, detail = asyncio.run(_post(hook.url))
+    assert not ok and detail.startswith("ConnectError"), detail

@@ -1,0 +1,111 @@
+"""Opt-in actions in a real monitor (uvicorn on loopback), driven by reports: who gets a signal
+order, what the audit log says, and when the monitor refuses to act (shared tokens, a claimed
+rank, dry run). tests/e2e/test_actions.py runs the whole loop on a real job."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from monitor_reports import rank, report
+from real_monitor import running_monitor
+
+pytestmark = pytest.mark.live
+REPORTS = "/api/v1/reports"
+NODE_A, NODE_B = "node-a-token-0123456789abcdef", "node-b-token-0123456789abcdef"
+RULE = '[[rule]]\nname = "stop-culprits"\nverdicts = ["rank_stopped"]\nafter_s = 0\nsignal = "SIGTERM"\n'
+
+
+def _files(tmp_path: Path, dry_run: bool, bound: bool = True) -> list[str]:
+    actions = tmp_path / "actions.toml"
+    actions.write_text(f"dry_run = {str(dry_run).lower()}\n{RULE}")
+    tokens = tmp_path / "agents.tokens"
+    tokens.write_text(f"node-a {NODE_A}\nnode-b {NODE_B}\n" if bound else f"{NODE_A}\n")
+    tokens.chmod(0o600)
+    return ["--actions", str(actions), "--token-file", str(tokens)]
+
+
+def _post(base: str, node: str, token: str, ranks: list[dict], **fields) -> dict:
+    answer = httpx.post(base + REPORTS, json=report(node=node, ranks=ranks, sent_at=time.time(), **fields),
+                        headers={"authorization": f"Bearer {token}"}, timeout=5)
+    assert answer.status_code == 202, answer.text
+    return answer.json()
+
+
+def _ranks(state: str) -> list[dict]:
+    return [rank(job_id="job-s", rank=0, pid=2000, cpu_percent=0.0),
+            rank(job_id="job-s", rank=1, pid=2001, state=state, cpu_percent=0.0, started_at=123.0)]
+
+
+def _audit(base: str, timeout: float = 15) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = httpx.get(base + "/api/v1/actions", params={"job": "job-s"}, timeout=5).json()["actions"]
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError("no audit entry")
+
+
+def _stop_rank_1(base: str, token: str = NODE_A) -> list[dict]:
+    """Report rank 1 stopped until the audit log has a decision; the answers' orders, if any."""
+    orders: list[dict] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        orders += _post(base, "node-a", token, _ranks("T")).get("orders", [])
+        if httpx.get(base + "/api/v1/actions", params={"job": "job-s"}, timeout=5).json()["actions"] or orders:
+            break
+        time.sleep(0.5)
+    orders += _post(base, "node-a", token, _ranks("T")).get("orders", [])
+    return orders
+
+
+def test_a_signal_order_goes_to_the_culprits_node_and_its_answer_lands_in_the_audit_log(tmp_path: Path) -> None:
+    with running_monitor(tmp_path, *_files(tmp_path, dry_run=False)) as monitor:
+        orders = _stop_rank_1(monitor.base)
+        assert [(o["signal"], o["rank"], o["pid"], o["started_at"]) for o in orders] == [("SIGTERM", 1, 2001, 123.0)]
+        # The agent says what it did in its next report; the action is then recorded with it.
+        results = [{"id": orders[0]["id"], "ok": True, "detail": "sent SIGTERM to rank 1 (pid 2001)"}]
+        _post(monitor.base, "node-a", NODE_A, _ranks("T"), order_results=results)
+        [entry] = _audit(monitor.base)
+        assert (entry["rule"], entry["kind"], entry["outcome"]) == ("stop-culprits", "signal", "ok"), entry
+        assert entry["detail"] == "sent SIGTERM to rank 1 (pid 2001)"
+        assert entry["target"] == "SIGTERM to rank 1 (pid 2001 on node-a)"
+        assert (entry["verdict"], entry["culprit_ranks"], entry["culprit_nodes"]) == ("rank_stopped", [1], ["node-a"])
+        # Once per incident: the verdict holds, nothing more is ordered.
+        assert all("orders" not in _post(monitor.base, "node-a", NODE_A, _ranks("T")) for _ in range(3))
+        assert len(httpx.get(monitor.base + "/api/v1/actions", timeout=5).json()["actions"]) == 1
+
+
+def test_dry_run_records_what_it_would_do_and_orders_nothing(tmp_path: Path) -> None:
+    with running_monitor(tmp_path, *_files(tmp_path, dry_run=True)) as monitor:
+        assert _stop_rank_1(monitor.base) == []
+        [entry] = _audit(monitor.base)
+        assert entry["outcome"] == "dry_run" and entry["detail"] == "would send SIGTERM to rank 1 (pid 2001 on node-a)"
+        body = httpx.get(monitor.base + "/api/v1/actions", timeout=5).json()
+        assert body["enabled"] and body["dry_run"] and body["rules"][0]["name"] == "stop-culprits"
+
+
+def test_no_action_on_reports_sent_with_a_shared_token(tmp_path: Path) -> None:
+    with running_monitor(tmp_path, *_files(tmp_path, dry_run=False, bound=False)) as monitor:
+        assert _stop_rank_1(monitor.base) == []
+        [entry] = _audit(monitor.base)
+        assert entry["outcome"] == "unattributed" and "shared token" in entry["detail"], entry
+
+
+def test_no_action_while_another_node_claims_a_rank_of_the_job(tmp_path: Path) -> None:
+    with running_monitor(tmp_path, *_files(tmp_path, dry_run=False)) as monitor:
+        _post(monitor.base, "node-a", NODE_A, _ranks("S"))
+        _post(monitor.base, "node-b", NODE_B, [rank(job_id="job-s", rank=1, pid=9001)])
+        assert _stop_rank_1(monitor.base) == []
+        [entry] = _audit(monitor.base)
+        assert entry["outcome"] == "unattributed" and "node node-b claimed rank 1" in entry["detail"], entry
+
+
+def test_actions_are_off_without_the_file(tmp_path: Path) -> None:
+    with running_monitor(tmp_path) as monitor:
+        assert httpx.get(monitor.base + "/api/v1/actions", timeout=5).json() == \
+            {"enabled": False, "dry_run": None, "actions": []}
+        assert "orders" not in httpx.post(monitor.base + REPORTS, json=report(ranks=_ranks("T")), timeout=5).json()
