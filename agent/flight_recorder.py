@@ -22,6 +22,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 from dataclasses import dataclass
 
 from agent.flight_recorder_dump import parse_dump
@@ -32,6 +33,8 @@ BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 DEFAULT_BUFFER_SIZE = 2000
 LEGACY_PREFIX = "/tmp/nccl_trace_rank_"
 CHECK_EVERY_S = 2.0
+# A stuck rank's worker server is asked for its live trace this often.
+LIVE_EVERY_S = 5.0
 MAX_DUMP_BYTES = 64 * 1024 * 1024
 # Reading stops for this tick once this much time went on dumps (the rest wait a tick).
 READ_BUDGET_S = 0.25
@@ -82,6 +85,7 @@ class _RankDump:
     checked_at: float | None = None
     key: tuple[str, int, int] | None = None  # (file, mtime_ns, size) last read
     report: dict | None = None
+    live_at: float | None = None  # when the rank's worker server was last asked
 
 
 class FlightRecorderReader:
@@ -96,8 +100,13 @@ class FlightRecorderReader:
         max_bytes: int = MAX_DUMP_BYTES,
         budget_s: float = READ_BUDGET_S,
         monotonic: Callable[[], float] = time.monotonic,
+        live: Callable[[int], Any] | None = None,
     ) -> None:
         self.proc_root = proc_root
+        # A rank's torch worker server (agent/torch_worker_server.py): its trace read live while it
+        # looks stuck, every LIVE_EVERY_S (it serializes the ring buffer in the rank's process).
+        self.live = live
+        self._stuck: set[int] = set()
         self.every_s = every_s
         self.max_bytes = max_bytes
         self.budget_s = budget_s
@@ -107,11 +116,14 @@ class FlightRecorderReader:
         # A collection that raised (a bug, not a bad file): for the collector's health entry.
         self.failure: str | None = None
 
-    def collect_soon(self, ranks: list[tuple[int, int, Mapping[str, str], float | None]], now: float) -> None:
+    def collect_soon(self, ranks: list[tuple[int, int, Mapping[str, str], float | None]], now: float,
+                     stuck: set[int] | None = None) -> None:
         """``collect`` on a worker thread, one at a time: a dump under a hung NFS home must
-        stall this thread, never the agent's loop (which reads ``latest`` meanwhile)."""
+        stall this thread, never the agent's loop (which reads ``latest`` meanwhile).
+        ``stuck``: the pids that look stuck, whose worker servers are asked for their trace."""
         if self._worker is not None and self._worker.is_alive():
             return
+        self._stuck = set(stuck or ())
         self._worker = threading.Thread(target=self._collect_noting, args=(list(ranks), now),
                                         name="flight-recorder", daemon=True)
         self._worker.start()
@@ -138,10 +150,27 @@ class FlightRecorderReader:
             state = self._ranks.get(pid)
             if state is None:
                 state = self._ranks[pid] = _RankDump(dump_paths(env, rank, self._home_env(pid, env)))
+            if pid in self._stuck and self.live is not None:
+                self._ask_live(pid, state, now)
             if not state.paths or (state.checked_at is not None and now - state.checked_at < self.every_s):
                 continue
             state.checked_at = now
             self._look(pid, state, started_at, now)
+
+    def _ask_live(self, pid: int, state: _RankDump, now: float) -> None:
+        if state.live_at is not None and now - state.live_at < LIVE_EVERY_S:
+            return
+        state.live_at = now
+        server = self.live(pid) if self.live is not None else None
+        if server is None:
+            return
+        try:
+            report = server.flight_recorder(now)
+        except Exception as e:  # noqa: BLE001 -- StackError from the server; the file dump still counts
+            logging.getLogger("hangwatch.agent").debug("live Flight Recorder of pid %d: %s", pid, e)
+            return
+        # A dump file written since (NCCL's watchdog on a timeout) is read by _look as before.
+        state.report = report
 
     def latest(self, pid: int) -> dict | None:
         state = self._ranks.get(pid)

@@ -27,6 +27,7 @@ from agent.redact import make_redactor
 from agent.report import build_report, orphan_report, rank_report
 from hangwatch_common.sdnotify import Notifier
 from agent.signal_orders import RankTarget, SignalOrders
+from agent.torch_worker_server import WorkerServerFinder
 from agent.selfwatch import (
     DEFAULT_MAX_CPU_PERCENT,
     DEFAULT_MAX_RSS_MB,
@@ -164,8 +165,12 @@ class Agent:
         self.exits = ExitWatcher(root, clock)
         self.logs = LogFollower(root, config.logs, config.step_regex)
         py_spy = find_py_spy(config.py_spy) if config.stacks else None
+        self.tracked: dict[int, Tracked] = {}
+        # Ranks' torch worker servers (agent/torch_worker_server.py): stacks without ptrace, live Flight Recorder.
+        self.worker_servers = WorkerServerFinder(root, self._env_of)
         self.stacks = (
-            StackSampler(py_spy, root, dumper=Dumper.current(config.dump_other_users)) if config.stacks else None
+            StackSampler(py_spy, root, dumper=Dumper.current(config.dump_other_users),
+                         worker_server=self.worker_servers) if config.stacks else None
         )
         self.selfwatch = SelfWatch(Limits(
             max_rss_bytes=config.max_rss_mb * 2**20 if config.max_rss_mb else None,
@@ -183,7 +188,6 @@ class Agent:
         with self.health.run("host"):  # host facts do not change: collected once
             self.host = collect_host(root)
         self._host_health = self.health.entries["host"]
-        self.tracked: dict[int, Tracked] = {}
         self.gpu_reports: dict[int, list[dict]] = {}
         self.orphans: list[dict] = []
         self._orphans_at: float | None = None
@@ -191,7 +195,8 @@ class Agent:
         self._interfaces_at: float | None = None
         self.nccl_ras = NcclRasPoller(clock) if config.nccl_ras else None
         self._nccl_ras_at: float | None = None
-        self.flight_recorder = FlightRecorderReader(root) if config.flight_recorder else None
+        self.flight_recorder = (FlightRecorderReader(root, live=self.worker_servers) if config.flight_recorder
+                                else None)
         self.orders = SignalOrders(config.allow_signals, self._rank_target, root)
 
     def start(self) -> None:
@@ -274,7 +279,9 @@ class Agent:
             with self.health.run("flight_recorder"):
                 # Ended ranks too: NCCL's watchdog writes the dump as the rank gives up.
                 self.flight_recorder.collect_soon(
-                    [(t.proc.pid, t.proc.identity.rank, t.proc.env, t.started_at) for t in self.tracked.values()], now
+                    [(t.proc.pid, t.proc.identity.rank, t.proc.env, t.started_at) for t in self.tracked.values()], now,
+                    stuck={t.proc.pid for t in alive
+                           if looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since)},
                 )
                 if self.flight_recorder.failure:
                     raise RuntimeError(self.flight_recorder.failure)
@@ -522,6 +529,12 @@ class Agent:
             self.stacks.forget(pid)
         if self.flight_recorder is not None:
             self.flight_recorder.forget(pid)
+        self.worker_servers.forget(pid)
+
+    def _env_of(self, pid: int) -> dict[str, str] | None:
+        """A tracked live rank's allowlisted environment (called from worker threads)."""
+        t = self.tracked.get(pid)
+        return t.proc.env if t is not None and t.alive else None
 
     def _rank_target(self, pid: int) -> RankTarget | None:
         """The live rank with ``pid``, for a signal order (called from the sending thread)."""

@@ -18,8 +18,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from agent.procstat import read_stat
 from agent.targets import Dumper, dump_refusal, read_target
@@ -259,9 +261,13 @@ class StackSampler:
     """Runs dumps on a small pool (bounded py-spy concurrency); keeps the latest per rank."""
 
     def __init__(
-        self, py_spy: str | None, proc_root: str = "/proc", workers: int = 2, dumper: Dumper | None = None
+        self, py_spy: str | None, proc_root: str = "/proc", workers: int = 2, dumper: Dumper | None = None,
+        worker_server: Callable[[int], Any] | None = None,
     ):
         self.py_spy = py_spy
+        # A rank's torch worker server (agent/torch_worker_server.py): its stacks without ptrace,
+        # where py-spy is missing, not permitted, or fails on the rank.
+        self.worker_server = worker_server
         self.proc_root = proc_root
         self.dumper = dumper or Dumper.current()
         self.status = check_py_spy(py_spy)
@@ -275,7 +281,7 @@ class StackSampler:
 
     def schedule(self, pid: int, now: float, stuck: bool, state: str | None) -> None:
         plan = self._plans.setdefault(pid, DumpPlan(discovered_at=now))
-        if self.status != "ok":
+        if self.status != "ok" and self.worker_server is None:
             with self._lock:
                 self._errors[pid] = self.status
             return
@@ -309,7 +315,7 @@ class StackSampler:
 
     def dump_now(self, pid: int, native: bool = False) -> None:
         """Synchronous dump (for --once)."""
-        if self.status != "ok":
+        if self.status != "ok" and self.worker_server is None:
             with self._lock:
                 self._errors[pid] = self.status
             return
@@ -317,12 +323,9 @@ class StackSampler:
 
     def _dump(self, pid: int, native: bool) -> None:
         try:
-            refusal = dump_refusal(read_target(self.proc_root, pid), self.dumper)
-            if refusal is not None:
-                with self._lock:
-                    self._errors[pid] = refusal  # the rules said no: not a failed dump
+            stack = self._take(pid, native)
+            if stack is None:
                 return
-            stack = take_stack(self.py_spy, self.proc_root, pid, native)
         except (StackError, OSError, ValueError) as e:
             with self._lock:
                 self._errors[pid] = str(e)[:2048]
@@ -335,6 +338,27 @@ class StackSampler:
         finally:
             with self._lock:
                 self._busy.discard(pid)
+
+    def _take(self, pid: int, native: bool) -> dict | None:
+        """py-spy's dump of the rank, else its worker server's; None when the rules said no."""
+        py_spy_failed: StackError | None = None
+        if self.status == "ok":
+            refusal = dump_refusal(read_target(self.proc_root, pid), self.dumper)
+            if refusal is None:
+                try:
+                    return take_stack(self.py_spy, self.proc_root, pid, native)
+                except StackError as e:
+                    py_spy_failed = e
+        server = self.worker_server(pid) if self.worker_server is not None else None
+        if server is None:
+            if py_spy_failed is not None:
+                raise py_spy_failed
+            if self.status == "ok":
+                with self._lock:
+                    self._errors[pid] = refusal  # the rules said no: not a failed dump
+                return None
+            raise StackError(self.status)
+        return server.stack()
 
     def latest(self, pid: int) -> tuple[dict | None, str | None]:
         with self._lock:

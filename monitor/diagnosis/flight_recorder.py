@@ -29,6 +29,7 @@ VERDICTS_HELPED = ("deadlock", "stalled")
 COUNTERS = (("last_enqueued", "enqueued"), ("last_completed", "completed"), ("last_started", "started"))
 MAX_LINES = 8
 PREFIX = "Flight Recorder"
+LIVE_PATH = "torch worker server "
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,10 @@ def with_flight_recorder(
     if dumps:
         ages = sorted({round(job.now - d.dumped_at) for d in dumps.values()})
         span = f"{ages[0]}s" if len(ages) == 1 else f"{ages[0]}s to {ages[-1]}s"
-        evidence.append(f"{PREFIX} dumps of {ranks_text(dumps)} written {span} ago")
+        # A trace the agent read from a rank's torch worker server (agent/torch_worker_server.py) is live.
+        live = all(d.path.startswith(LIVE_PATH) for d in dumps.values())
+        how = "read live from their torch worker servers" if live else "written"
+        evidence.append(f"{PREFIX} {'traces' if live else 'dumps'} of {ranks_text(dumps)} {how} {span} ago")
     evidence += unused[:MAX_LINES]
     strongest = max((f.strength for f in found), default=0)
     kept = tuple(h for h in result.hints if h not in superseded) if strongest else result.hints

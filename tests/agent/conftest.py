@@ -159,14 +159,17 @@ class Receiver:
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
-    def wait_for(self, predicate, timeout: float = 15.0) -> dict:
+    def wait_for(self, predicate, timeout: float = 15.0, describe=None) -> dict:
+        """The newest report ``predicate`` accepts; on timeout, ``describe(last report)`` says what it held."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             for report in reversed(list(self.reports)):
                 if predicate(report):
                     return report
             time.sleep(0.05)
-        raise AssertionError(f"no matching report in {len(self.reports)} received")
+        last = self.reports[-1] if self.reports else None
+        shown = f"; the last: {describe(last)}" if describe is not None and last is not None else ""
+        raise AssertionError(f"no matching report in {len(self.reports)} received{shown}")
 
     def close(self) -> None:
         self.server.shutdown()

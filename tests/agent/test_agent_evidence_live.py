@@ -370,6 +370,9 @@ def test_stale_orphan_holds_master_port_and_torchrun_fails_eaddrinuse(rank_env, 
             lambda r: any(lr["pid"] == launcher.pid and not lr["alive"] and lr["log_errors"] for lr in r["launchers"])
             and any(o["pid"] == pid for o in r["orphans"]),
             timeout=30,
+            describe=lambda r: (f"launchers {[(lr['pid'], lr['alive'], lr['log_errors']) for lr in r['launchers']]}, "
+                                f"orphans {[o['pid'] for o in r['orphans']]} (want launcher {launcher.pid}, orphan "
+                                f"{pid}); torchrun said: {(tmp_path / 'torchrun.log').read_text()[-600:]!r}"),
         )
         Report.model_validate(report)
         lr = next(lr for lr in report["launchers"] if lr["pid"] == launcher.pid)

@@ -140,3 +140,10 @@ def test_compare(what, groups, named, strength, text):
 
 def test_a_group_one_rank_dumped_is_not_compared():
     assert compare("0", {0: group(41)}) is None
+
+
+def test_traces_read_live_from_worker_servers_are_said_so():
+    live = [waiting(r, replace(dump("stop_rank1", r), path=f"torch worker server /tmp/w{r}.sock")) for r in (0, 1, 2)]
+    result = diagnose(job(*live, progress=STALLED))
+    assert "Flight Recorder traces of ranks 0, 1, 2 read live from their torch worker servers 3s ago" in result.evidence
+    assert result.culprit_ranks == (1,), result.evidence

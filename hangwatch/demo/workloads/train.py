@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -112,6 +113,9 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint-pause", type=float, default=0.02, help="checkpoint mode: pause after each fsync (s)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: NCCL on the GPU (several ranks may share one GPU, each posing as its own host)")
+    p.add_argument("--worker-server", action="store_true",
+                   help="run under torch's worker_main with a worker server socket (stacks and Flight Recorder "
+                        "over a unix socket, no ptrace)")
     p.add_argument("--fr-dump-every", type=float, default=0.0,
                    help="write the Flight Recorder dump to $TORCH_FR_DUMP_TEMP_FILE<rank> every S seconds (0: never)")
     return p.parse_args(argv)
@@ -291,8 +295,22 @@ def init_distributed(device: str) -> torch.device:
 
 @record
 def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not args.worker_server:
+        return train(args)
+    # torch's worker server on a unix socket of this rank's own (the variable set here, after the
+    # rank started, so an agent finds the socket by what the rank listens on, not by its environment).
+    os.environ.setdefault("TORCH_WORKER_SERVER_SOCKET",
+                          os.path.join(tempfile.gettempdir(), f"hangwatch-worker-{os.getpid()}.sock"))
+    from torch.distributed.elastic.control_plane import worker_main
+
+    with worker_main():
+        return train(args)
+
+
+def train(args) -> int:
     global ARGS, DTYPE, DEVICE
-    args = ARGS = parse_args(argv)
+    ARGS = args
     DTYPE = DTYPES[args.dtype]
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
