@@ -234,7 +234,7 @@ def setting_names(args: argparse.Namespace) -> dict[str, str]:
 
 
 def make_sender(config: Config, named: Mapping[str, str] | None = None,
-                on_orders: Callable[[object], None] | None = None) -> ShardedSender:
+                on_orders: Callable[[object, object], None] | None = None) -> ShardedSender:
     """The monitors' sender with the token and CA; an unusable token file or CA bundle is a
     UsageError (exit 2 at start) naming the setting as ``named`` says (setting_names)."""
     named = {"token_file": "--token-file", "ca_file": "--ca-file", "outage_journal": "--outage-journal",
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("%s", unknown)
     try:
         agent = Agent(config)
-        sender = make_sender(config, setting_names(args), agent.orders.take) if config.monitors else None
+        sender = make_sender(config, setting_names(args), agent.take_orders) if config.monitors else None
     except UsageError as e:
         print(f"hangwatch-agent: error: {e}", file=sys.stderr)
         return 2

@@ -192,6 +192,10 @@ class LogFollower:
         state = self._ranks.get(pid)
         return state.dtype if state else None
 
+    def files_of(self, pid: int) -> list[str]:
+        """The log files the rank wrote, as the follower knows them (for an evidence capture)."""
+        return [self._files[k].tailer.path for k in self._rank_files.get(pid, []) if k in self._files]
+
     def forget(self, pid: int) -> None:
         self._ranks.pop(pid, None)
         self._rank_files.pop(pid, None)

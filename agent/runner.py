@@ -9,6 +9,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from hangwatch_common.version import version
 from agent.discovery import Discovery, OrphanProcess, RankProcess
@@ -28,6 +29,7 @@ from agent.report import build_report, orphan_report, rank_report
 from hangwatch_common.sdnotify import Notifier
 from agent.signal_orders import RankTarget, SignalOrders
 from agent.torch_worker_server import WorkerServerFinder
+from agent.capture import Capturer
 from agent.selfwatch import (
     DEFAULT_MAX_CPU_PERCENT,
     DEFAULT_MAX_RSS_MB,
@@ -36,7 +38,7 @@ from agent.selfwatch import (
     SelfWatch,
 )
 from agent.sockets import SocketReader, listening_ports, socket_inodes
-from agent.stacks import LOW_CPU_PERCENT, StackSampler, find_py_spy, looks_stuck
+from agent.stacks import LOW_CPU_PERCENT, StackError, StackSampler, find_py_spy, looks_stuck
 from agent.targets import Dumper
 
 log = logging.getLogger(__name__)
@@ -198,6 +200,9 @@ class Agent:
         self.flight_recorder = (FlightRecorderReader(root, live=self.worker_servers) if config.flight_recorder
                                 else None)
         self.orders = SignalOrders(config.allow_signals, self._rank_target, root)
+        self.capturer = Capturer(root, self._capture_facts, self._capture_stack, self._capture_flight_recorder,
+                                 self.logs.files_of, lambda: self.nccl_ras.result() if self.nccl_ras else None,
+                                 config.node)
 
     def start(self) -> None:
         self.exits.start()
@@ -530,6 +535,41 @@ class Agent:
         if self.flight_recorder is not None:
             self.flight_recorder.forget(pid)
         self.worker_servers.forget(pid)
+
+    def take_orders(self, orders: object, sender: Any) -> None:
+        """The orders in a monitor's answer (from the sending thread): captures, signals."""
+        if not isinstance(orders, list):
+            return
+        signals = []
+        for order in orders:
+            if isinstance(order, dict) and isinstance(order.get("id"), str) and "capture" in order:
+                self.capturer.take(order, sender.upload)
+            else:
+                signals.append(order)
+        if signals:
+            self.orders.take(signals)
+
+    def _capture_facts(self, pid: int) -> dict | None:
+        t = self.tracked.get(pid)
+        if t is None:
+            return None
+        return {"rank": t.proc.identity.rank, "pid": pid, "job_id": t.proc.identity.job_id, "alive": t.alive,
+                "state": t.sample.state if t.sample else None,
+                "cpu_percent": t.sample.cpu_percent if t.sample else None, "exit": self.exits.exit_of(pid)}
+
+    def _capture_stack(self, pid: int) -> dict:
+        if self.stacks is None:
+            raise StackError("stacks are off (--no-stacks)")
+        return self.stacks.take_now(pid, native=True)
+
+    def _capture_flight_recorder(self, pid: int) -> dict | None:
+        server = self.worker_servers(pid)
+        if server is not None:
+            try:
+                return server.flight_recorder(time.time())
+            except StackError:
+                pass
+        return self.flight_recorder.latest(pid) if self.flight_recorder else None
 
     def _env_of(self, pid: int) -> dict[str, str] | None:
         """A tracked live rank's allowlisted environment (called from worker threads)."""

@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 
 REPORTS_PATH = "/api/v1/reports"
 TIMEOUT_S = 2.0
+# An evidence capture's part may be megabytes (a node of 8 ranks' native stacks and log tails).
+UPLOAD_TIMEOUT_S = 60.0
 BACKOFF_START_S = 0.5
 # Capped low so the first report reaches a returning monitor within a few seconds; an attempt on a
 # monitor that is down costs one refused (or timed-out) connection.
@@ -78,8 +81,9 @@ class Sender:
 
     def __init__(self, monitor: str, client: httpx.Client | None = None,
                  token: Callable[[], str] | None = None, verify: ssl.SSLContext | bool = True,
-                 journal: OutageJournal | None = None, on_orders: Callable[[object], None] | None = None):
+                 journal: OutageJournal | None = None, on_orders: Callable[[object, Any], None] | None = None):
         self.url = reports_url(monitor)
+        self.base = monitor.rstrip("/")
         # Gets the signal orders of the monitor's answers (agent/signal_orders.py).
         self.on_orders = on_orders
         # What changed while the monitor could not be reached (agent/outage_journal.py).
@@ -134,8 +138,24 @@ class Sender:
         self.delta.delivered(baseline, answer)
         self._note_up()
         if answer and answer.get("orders") and self.on_orders is not None:
-            self.on_orders(answer["orders"])
+            self.on_orders(answer["orders"], self)
         return True
+
+    def upload(self, path: str, gzipped: bytes) -> str | None:
+        """POST an evidence capture's part (agent/capture.py) to ``path`` on this monitor; None when
+        taken, else why not. Off the sending thread: it must not delay the reports."""
+        if not path.startswith("/api/v1/capture-uploads/"):
+            return f"refused to upload to {path[:100]!r}: not a capture upload path"
+        headers = {"content-type": "application/json", "content-encoding": "gzip"}
+        if self.token is not None:
+            headers["authorization"] = f"Bearer {self.token()}"
+        try:
+            response = self.client.post(self.base + path, content=gzipped, headers=headers, timeout=UPLOAD_TIMEOUT_S)
+        except httpx.HTTPError as e:
+            return f"{type(e).__name__}: {e}"[:300]
+        if response.status_code >= 300:
+            return f"HTTP {response.status_code}: {response.text[:300]}"
+        return None
 
     def deliver_journal(self) -> bool:
         """Send what the journal kept, oldest first; True once it is empty (False: the monitor is down)."""
@@ -289,7 +309,7 @@ class ShardedSender:
 
     def __init__(self, monitors: list[str] | tuple[str, ...], token: Callable[[], str] | None = None,
                  verify: ssl.SSLContext | bool = True, journal_dir: Path | None = None,
-                 on_orders: Callable[[object], None] | None = None) -> None:
+                 on_orders: Callable[[object, Any], None] | None = None) -> None:
         self.monitors = list(monitors)
         self.senders = {m: Sender(m, token=token, verify=verify, journal=OutageJournal(journal_path(journal_dir, m)),
                                   on_orders=on_orders)

@@ -360,6 +360,14 @@ class StackSampler:
             raise StackError(self.status)
         return server.stack()
 
+    def take_now(self, pid: int, native: bool = True) -> dict:
+        """One dump now, on the caller's thread (an evidence capture); raises StackError saying why not."""
+        stack = self._take(pid, native)
+        if stack is None:
+            with self._lock:
+                raise StackError(self._errors.get(pid) or "not dumped")
+        return stack
+
     def latest(self, pid: int) -> tuple[dict | None, str | None]:
         with self._lock:
             return self._stacks.get(pid), self._errors.get(pid)

@@ -17,11 +17,13 @@ from monitor import openapi
 from monitor.actions.config import load_actions
 from monitor.actions.engine import ActionEngine
 from monitor.answers import AnswerCache
+from monitor.capture_requests import CaptureRequests
+from monitor.capture_store import CaptureStore
 from monitor.auth import INGEST, METRICS, READ, AuthLayer, TokenFile
 from monitor.http_guard import HttpStats
 from monitor.limits import Limits
 from monitor.load import LoadGuard
-from monitor.routes import actions, diagnose, metrics, nodes, page
+from monitor.routes import actions, captures, diagnose, metrics, nodes, page
 from monitor.routes.ingest import IngestLayer
 from monitor.security_headers import SecurityHeaders
 from monitor.service import Monitor
@@ -57,9 +59,14 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
     )
     if settings.actions_file is not None:
         config = load_actions(settings.actions_file)
-        monitor.actions = ActionEngine(config, store, clock=clock)
+        monitor.actions = ActionEngine(config, store, monitor.orders, clock=clock)
         log.warning("actions on verdicts are on (%s): %d rules%s", settings.actions_file, len(config.rules),
                     ", dry run: nothing runs, every decision is logged" if config.dry_run else "")
+    if settings.capture_after_s > 0:
+        capture_store = CaptureStore(settings.capture_dir or settings.db.parent / "captures",
+                                     max_total_bytes=settings.capture_max_bytes,
+                                     retention_s=settings.capture_retention_s, clock=clock)
+        monitor.captures = CaptureRequests(capture_store, monitor.orders, settings.capture_after_s)
     guard = LoadGuard(shed_lag_s=settings.shed_lag_s, shed_keep_s=settings.shed_keep_s)
     replayed = monitor.replay()
     if replayed:
@@ -107,7 +114,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         app.add_middleware(AuthLayer, files=token_files, on_refused=refused)
     # Outermost of all: every answer, 401s included, carries the page's security headers.
     app.add_middleware(SecurityHeaders)
-    for module in (actions, diagnose, metrics, nodes, page):
+    for module in (actions, captures, diagnose, metrics, nodes, page):
         app.include_router(module.router)
     return app
 

@@ -39,6 +39,7 @@ log = logging.getLogger("hangwatch.monitor.auth")
 INGEST, READ, METRICS, OPEN = "ingest", "read", "metrics", "open"
 KINDS = (INGEST, READ, METRICS)
 INGEST_PATH = "/api/v1/reports"
+CAPTURE_UPLOAD_PREFIX = "/api/v1/capture-uploads/"
 # Where the ingest layer finds the node an accepted token is bound to (None: any node).
 BOUND_NODE_KEY = "hangwatch.bound_node"
 # A file of many per-node tokens: 10,000 nodes at ~80 bytes a line.
@@ -128,8 +129,8 @@ class TokenFile(WatchedFile[Tokens]):
 def request_kind(path: str) -> str:
     if path == "/healthz":
         return OPEN
-    if path == INGEST_PATH:
-        return INGEST
+    if path == INGEST_PATH or path.startswith(CAPTURE_UPLOAD_PREFIX):
+        return INGEST  # an agent's report, or its part of an evidence capture
     if path == "/metrics":
         return METRICS
     return READ

@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="opt-in actions on verdicts: a TOML file of rules (command, webhook, or signals the "
                              "agents send); dry run unless it says dry_run = false (env HANGWATCH_ACTIONS_FILE; "
                              "see docs/runbook.md, Acting on verdicts)")
+    parser.add_argument("--capture-after", dest="capture_after_s",
+                        help="seconds an incident's verdict holds before its agents are asked for a capture "
+                             "(native stacks, Flight Recorder, NCCL RAS, log tails; default 15; 0: never; env "
+                             "HANGWATCH_CAPTURE_AFTER_S)")
+    parser.add_argument("--capture-dir", help="where capture bundles are kept (default: captures/ beside the database)")
     parser.add_argument("--token-file", help="agents' tokens, one per line: TOKEN, or NODE TOKEN to bind it to a "
                         "node (env HANGWATCH_TOKEN_FILE; unset: reports are not authenticated)")
     parser.add_argument("--read-token-file", help="tokens for the page, /diagnose and /api (env "

@@ -30,12 +30,14 @@ from monitor.rank_timeline import RankTimeline
 from monitor.state import MonitorState
 from monitor.hang_cost import JobCost, account
 from monitor.incidents import ENDS_INCIDENT, INCIDENT_VERDICTS, SuspectNode, incidents, suspect_nodes
+from monitor.actions.orders import AgentOrders
 from monitor.actions.policy import Culprit, JobFacts
 from monitor.rank_claims import recent_conflict
 from monitor.store import Store, VerdictChange
 
 if TYPE_CHECKING:
     from monitor.actions.engine import ActionEngine
+    from monitor.capture_requests import CaptureRequests
 from monitor.views import job_view, rank_view
 
 log = logging.getLogger("hangwatch.monitor")
@@ -183,8 +185,12 @@ class Monitor:
         self.costs: dict[str, JobCost] = {}
         self.node_lost_gpu_seconds: dict[tuple[str, str], float] = {}
         self._incident_nodes: dict[str, set[str]] = {}
+        # Orders for agents, in the answers to their reports (monitor/actions/orders.py).
+        self.orders = AgentOrders()
         # Opt-in actions (monitor/actions/): set by the app when an actions file is given.
         self.actions: ActionEngine | None = None
+        # Evidence captured per incident (monitor/capture_requests.py): set by the app unless off.
+        self.captures: CaptureRequests | None = None
 
     # --- ingest ---
 
@@ -340,6 +346,8 @@ class Monitor:
                     del per_job[gone]
             if self.actions is not None:
                 self.actions.keep_only(known)
+            if self.captures is not None:
+                self.captures.keep_only(known)
             self.timeline.forget(self.state.jobs)
             self._dirty &= known
             # A node silent past the job retention (its jobs forgotten) starts over with a full report.
@@ -441,9 +449,13 @@ class Monitor:
         if clear_dirty:
             self._dirty.discard(job_id)
         self._record_change(result, now, culprit_nodes)
+        if not live:
+            return
         actions = self.actions
-        if live and actions is not None and (found.verdict in actions.verdicts or found.verdict in ENDS_INCIDENT):
+        if actions is not None and (found.verdict in actions.verdicts or found.verdict in ENDS_INCIDENT):
             actions.observe(self._facts(job, found, now), now)
+        if self.captures is not None:
+            self.captures.observe(job, found.verdict, found.culprit_ranks, now)
 
     def _facts(self, job: JobTrack, found: Diagnosis, now: float) -> JobFacts:
         """What an action needs of a published verdict (monitor/actions/policy.py)."""

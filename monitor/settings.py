@@ -80,6 +80,13 @@ class Settings:
     log_level: str = "info"
     # Opt-in actions on verdicts (monitor/actions/config.py); None: the monitor never acts.
     actions_file: Path | None = None
+    # Evidence captured per incident (monitor/capture_store.py): asked of the job's agents once its
+    # verdict held this long (0: never); kept in capture_dir (default: captures/ beside the
+    # database), at most capture_max_bytes in all and capture_retention_s old.
+    capture_after_s: float = 15.0
+    capture_dir: Path | None = None
+    capture_max_bytes: int = 4 * 1024 * 1024 * 1024
+    capture_retention_s: float = 7 * 86400.0
     # What one monitor takes in (monitor/limits.py): reports past these are refused (429, 422).
     max_jobs: int = 2000
     max_nodes: int = 10000
@@ -157,7 +164,7 @@ class Settings:
                                 f"than {named('verdict_retention_s')} ({self.verdict_retention_s:g} s): the "
                                 "incidents it counts are read from the verdict history")
         for name in ("snapshot_interval_s", "snapshot_retention_s", "verdict_retention_s", "suspect_window_s",
-                     "job_retention_s",
+                     "job_retention_s", "capture_retention_s", "capture_max_bytes",
                      "shed_lag_s", "shed_keep_s", "header_timeout_s", "body_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{named(name)} must be positive, not {getattr(self, name):g}")
@@ -167,7 +174,7 @@ class Settings:
         for name in ("max_jobs", "max_nodes", "max_world_size", "max_connections", "snapshots_per_node"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{named(name)} must be at least 1, not {getattr(self, name)}")
-        for name in ("fresh_read_ranks", "tick_interval_s"):
+        for name in ("fresh_read_ranks", "tick_interval_s", "capture_after_s"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{named(name)} must not be negative, not {getattr(self, name):g}")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):

@@ -25,13 +25,13 @@ RECENT_KEPT = 256  # audit entries kept in memory too (the database may be faili
 
 
 class ActionEngine:
-    def __init__(self, config: ActionConfig, store: Store, clock: Callable[[], float] = time.time,
-                 page_url: str | None = None) -> None:
+    def __init__(self, config: ActionConfig, store: Store, orders: AgentOrders,
+                 clock: Callable[[], float] = time.time, page_url: str | None = None) -> None:
         self.config = config
         self.store = store
         self.clock = clock
         self.policy = ActionPolicy(config)
-        self.orders = AgentOrders()
+        self.orders = orders  # the monitor's, shared with evidence captures
         # The evidence link an action carries: evidence_url, else this monitor's page (when known).
         self.page_url = page_url
         self.verdicts = config.verdicts

@@ -54,6 +54,11 @@ class AgentOrders:
                     {"id": order_id, "signal": signal, "rank": rank, "pid": pid, "started_at": started_at})
         return len(batch.waiting)
 
+    def give(self, node: str, order: dict[str, Any]) -> None:
+        """An order that needs no answer (a capture: its upload is its answer)."""
+        with self._lock:
+            self._pending.setdefault(node, []).append(order)
+
     def take(self, node: str) -> list[dict[str, Any]]:
         """The orders for ``node``'s agent, once (put in the answer to its report)."""
         if not self._pending:  # the common case, without the lock

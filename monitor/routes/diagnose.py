@@ -20,6 +20,7 @@ from monitor.page_links import page_links
 from monitor.present import RANKS_LISTED_BY_DEFAULT, job_dict
 from monitor.render_text import render_monitor_status, render_text
 from monitor.routes.actions import job_actions
+from monitor.routes.captures import job_captures
 from monitor.routes.deps import MonitorDep
 from hangwatch_common.safe_text import one_line, text_block
 from monitor.service import GIANT_JOB_RANKS, JobResult, Monitor
@@ -167,8 +168,10 @@ def render_summary_text(jobs: list[dict[str, Any]]) -> str:
 @router.get("/api/v1/jobs/{job_id:job_id}/history")
 async def get_history(job_id: str, monitor: MonitorDep) -> JSONResponse:
     # The actions taken (or not) on its incidents ride along: monitor/actions/, routes/actions.py.
+    resolved = monitor.state.resolve(job_id)
     return JSONResponse({"job_id": job_id, "history": await _history(job_id, monitor),
-                         "actions": await job_actions(monitor, monitor.state.resolve(job_id))})
+                         "actions": await job_actions(monitor, resolved),
+                         "captures": job_captures(monitor, resolved)})
 
 
 async def _history(job_id: str, monitor: Monitor) -> list[dict[str, Any]]:

@@ -113,14 +113,13 @@ class IngestLayer:
         # "replay": this monitor applies reports kept through an outage at their own times.
         out = {"accepted": True, "ranks": len(report.ranks), "delta": True, "send_full": answer.send_full,
                "replay": True}
-        actions = monitor.actions
-        if actions is not None:
-            if report.order_results:
-                actions.orders.answered(report.order_results)
-            # Signal orders for this node's ranks (monitor/actions/orders.py), to its own agent only.
-            orders = actions.orders.take(report.node) if not report.replayed else []
-            if orders:
-                out["orders"] = orders
+        if report.order_results:
+            monitor.orders.answered(report.order_results)
+        # Orders for this node's agent only (monitor/actions/orders.py): signals to its culprit ranks
+        # (opt-in actions), captures of its ranks (monitor/capture_requests.py).
+        orders = monitor.orders.take(report.node) if not report.replayed else []
+        if orders:
+            out["orders"] = orders
         return out
 
     async def _read_body(self, receive: Receive, limit: int) -> bytes:
