@@ -558,9 +558,15 @@ class Agent:
                 "cpu_percent": t.sample.cpu_percent if t.sample else None, "exit": self.exits.exit_of(pid)}
 
     def _capture_stack(self, pid: int) -> dict:
+        """A native dump; if py-spy's native unwinding fails (it does, now and then), a Python one,
+        with the native failure said."""
         if self.stacks is None:
             raise StackError("stacks are off (--no-stacks)")
-        return self.stacks.take_now(pid, native=True)
+        try:
+            return self.stacks.take_now(pid, native=True)
+        except StackError as native_failed:
+            stack = self.stacks.take_now(pid, native=False)
+            return {**stack, "native_error": str(native_failed)[:512]}
 
     def _capture_flight_recorder(self, pid: int) -> dict | None:
         server = self.worker_servers(pid)

@@ -29,6 +29,10 @@ from agent.targets import Dumper, dump_refusal, read_target
 log = logging.getLogger(__name__)
 
 MAX_THREADS = 16
+# How long a dump waits for another tracer (state "t") to let go of the rank before giving up.
+TRACED_WAIT_S = 2.0
+# How long a dump asked now (an evidence capture) waits for one of the rank already under way.
+BUSY_WAIT_S = 10.0
 MAX_FRAMES = 64
 DUMP_TIMEOUT_S = 5.0
 STOPPED_STATES = ("T", "t", "Z", "X")
@@ -98,8 +102,11 @@ def parse_dump(
 
 
 def one_line(text: str) -> str:
+    """The line that says what went wrong: py-spy's "Error: ..." (its Rust backtrace follows it, and
+    its last line, "10: main", says nothing), else the last line."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else "no output")[:2048]
+    errors = [ln for ln in lines if ln.startswith("Error:")]
+    return (errors[0] if errors else lines[-1] if lines else "no output")[:2048]
 
 
 def run_dump(py_spy: str, pid: int, native: bool, timeout: float = DUMP_TIMEOUT_S) -> str:
@@ -120,6 +127,11 @@ def run_dump(py_spy: str, pid: int, native: bool, timeout: float = DUMP_TIMEOUT_
 def take_stack(py_spy: str, proc_root: str, pid: int, native: bool, clock=time.time) -> dict:
     """Dump one rank: the StackReport dict. Never leaves the rank stopped."""
     before = read_stat(proc_root, pid).state
+    waited_until = time.monotonic() + TRACED_WAIT_S
+    while before == "t" and time.monotonic() < waited_until:
+        # Traced by another tool's dump (another agent's py-spy): over in a moment.
+        time.sleep(0.1)
+        before = read_stat(proc_root, pid).state
     if before in STOPPED_STATES:
         raise StackError(f"not dumped: process is in state {before}")
     taken_at, started = clock(), time.monotonic()
@@ -360,9 +372,24 @@ class StackSampler:
             raise StackError(self.status)
         return server.stack()
 
-    def take_now(self, pid: int, native: bool = True) -> dict:
-        """One dump now, on the caller's thread (an evidence capture); raises StackError saying why not."""
-        stack = self._take(pid, native)
+    def take_now(self, pid: int, native: bool = True, wait_s: float = BUSY_WAIT_S) -> dict:
+        """One dump now, on the caller's thread (an evidence capture), after any dump of the rank
+        under way (two py-spy on one process: the second finds it traced, state "t");
+        raises StackError saying why not."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._lock:
+                if pid not in self._busy:
+                    self._busy.add(pid)
+                    break
+            if time.monotonic() >= deadline:
+                raise StackError(f"another dump of pid {pid} took over {wait_s:.0f}s")
+            time.sleep(0.05)
+        try:
+            stack = self._take(pid, native)
+        finally:
+            with self._lock:
+                self._busy.discard(pid)
         if stack is None:
             with self._lock:
                 raise StackError(self._errors.get(pid) or "not dumped")

@@ -60,12 +60,13 @@ class Bundle:
     # node -> bytes received (a node missing here has not uploaded, or its part was refused)
     received: dict[str, int] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
+    bytes: int = 0  # the sum of ``received``
 
     def summary(self) -> dict:
         return {"id": self.id, "job_id": self.job_id, "verdict": self.verdict, "culprit_ranks": self.culprit_ranks,
                 "incident_started_at": self.incident_started_at, "requested_at": self.requested_at,
                 "nodes_asked": len(self.nodes), "nodes_received": len(self.received),
-                "bytes": sum(self.received.values()), "refused": self.refused,
+                "bytes": self.bytes, "refused": self.refused,
                 "download": f"/api/v1/captures/{self.id}"}
 
 
@@ -83,6 +84,7 @@ class CaptureStore:
         self.clock = clock
         self._lock = threading.Lock()
         self._bundles: dict[str, Bundle] = {}
+        self._total_bytes = 0
         self.parts_received = 0
         self.parts_refused = 0
         self._load()
@@ -126,7 +128,7 @@ class CaptureStore:
                 raise CaptureRefused(409, f"capture {bundle_id} did not ask node {node!r}")
             if node in bundle.received:
                 raise CaptureRefused(409, f"node {node!r} already sent its part of {bundle_id}")
-            room = min(self.max_part_bytes, self.max_bundle_bytes - sum(bundle.received.values()))
+            room = min(self.max_part_bytes, self.max_bundle_bytes - bundle.bytes)
         path = self.root / bundle_id / f"{file_safe(node, 128)}.json.gz"
         partial = path.with_suffix(".partial")
         size = 0
@@ -148,15 +150,24 @@ class CaptureStore:
             raise
         with self._lock:
             bundle.received[node] = size
+            bundle.bytes += size
             self.parts_received += 1
-            self._save(bundle)
-        self.prune()
+            # bundle.json is written when asked, refused and downloaded, not per part: at 1,250 parts
+            # rewriting it (every node's pids) each time cost the monitor 10 times the upload itself.
+            self._total_bytes += size
+            over = self._total_bytes > self.max_total_bytes
+        if over:
+            self.prune()
         return size
 
     # --- the download: a tar of the bundle's files, read a chunk at a time ---
 
     def tar_stream(self, bundle_id: str) -> Iterator[bytes]:
         folder = self.root / bundle_id
+        with self._lock:
+            bundle = self._bundles.get(bundle_id)
+            if bundle is not None:
+                self._save(bundle)  # what was received so far, into the archive
         names = ["bundle.json"] + sorted(p.name for p in folder.glob("*.json.gz"))
         for name in names:
             path = folder / name
@@ -188,12 +199,11 @@ class CaptureStore:
         now = self.clock()
         with self._lock:
             ordered = sorted(self._bundles.values(), key=lambda b: b.requested_at)
-            total = sum(sum(b.received.values()) for b in ordered)
             doomed = []
             for bundle in ordered:
-                if now - bundle.requested_at > self.retention_s or total > self.max_total_bytes:
+                if now - bundle.requested_at > self.retention_s or self._total_bytes > self.max_total_bytes:
                     doomed.append(bundle)
-                    total -= sum(bundle.received.values())
+                    self._total_bytes -= bundle.bytes
             for bundle in doomed:
                 del self._bundles[bundle.id]
         for bundle in doomed:
@@ -204,7 +214,7 @@ class CaptureStore:
     @property
     def total_bytes(self) -> int:
         with self._lock:
-            return sum(sum(b.received.values()) for b in self._bundles.values())
+            return self._total_bytes
 
     # --- the metadata file ---
 
@@ -229,5 +239,11 @@ class CaptureStore:
                 bundle = Bundle(**raw)
             except (OSError, ValueError, TypeError):
                 continue
-            if bundle.id == folder.name and BUNDLE_ID.match(bundle.id):
-                self._bundles[bundle.id] = bundle
+            if bundle.id != folder.name or not BUNDLE_ID.match(bundle.id):
+                continue
+            # The parts on disk are what was received (bundle.json is not rewritten per part).
+            bundle.received = {n: (folder / f"{file_safe(n, 128)}.json.gz").stat().st_size for n in bundle.nodes
+                               if (folder / f"{file_safe(n, 128)}.json.gz").exists()}
+            bundle.bytes = sum(bundle.received.values())
+            self._total_bytes += bundle.bytes
+            self._bundles[bundle.id] = bundle

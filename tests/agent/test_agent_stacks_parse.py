@@ -13,6 +13,7 @@ from agent.stacks import (
     StackError,
     looks_stuck,
     next_dump,
+    one_line,
     parse_dump,
     usual_step_interval,
 )
@@ -111,3 +112,13 @@ STATUS = "Name:\tpython\nState:\tR (running)\nSigQ:\t0/95\nSigPnd:\t{own}\nShdPn
 ])
 def test_a_pending_stop_is_read_from_proc_status(own, shared, pending):
     assert stop_pending(STATUS.format(own=own, shared=shared)) is pending
+
+
+@pytest.mark.parametrize(("output", "said"), [
+    ("Error: Failed to find python version from target process\n\nStack backtrace:\n   0: anyhow::msg\n  10: main\n",
+     "Error: Failed to find python version from target process"),
+    ("Permission denied (os error 13)\n", "Permission denied (os error 13)"),
+    ("", "no output"),
+])
+def test_py_spys_failure_is_its_error_line_not_its_backtrace(output: str, said: str) -> None:
+    assert one_line(output) == said

@@ -61,7 +61,9 @@ def test_a_held_deadlock_is_captured_and_the_bundle_downloads(reaper: Reaper, tm
     assert set(ranks) == {0, 1} and {r["pid"] for r in ranks.values()} == set(pids.values())
     for r in ranks.values():
         assert r["errors"] == {}, r["errors"]
-        assert r["stack"]["native"] is True and r["stack"]["threads"], r["stack"]
+        # Native, or (py-spy's native unwinding fails now and then) Python frames with the failure said.
+        assert r["stack"]["native"] is True or r["stack"]["native_error"], r["stack"]
+        assert r["stack"]["threads"], r["stack"]
     waiting = [f["name"] for f in ranks[0]["stack"]["threads"][0]["frames"]]
     assert "all_reduce" in waiting, waiting
     lingering = [f["name"] for f in ranks[1]["stack"]["threads"][0]["frames"]]
