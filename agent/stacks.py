@@ -29,7 +29,7 @@ from agent.targets import Dumper, dump_refusal, read_target
 log = logging.getLogger(__name__)
 
 MAX_THREADS = 16
-# How long a dump waits for another tracer (state "t") to let go of the rank before giving up.
+# How long a dump asked now waits for another tracer (state "t") to let go of the rank.
 TRACED_WAIT_S = 2.0
 # How long a dump asked now (an evidence capture) waits for one of the rank already under way.
 BUSY_WAIT_S = 10.0
@@ -124,10 +124,12 @@ def run_dump(py_spy: str, pid: int, native: bool, timeout: float = DUMP_TIMEOUT_
     return done.stdout
 
 
-def take_stack(py_spy: str, proc_root: str, pid: int, native: bool, clock=time.time) -> dict:
-    """Dump one rank: the StackReport dict. Never leaves the rank stopped."""
+def take_stack(py_spy: str, proc_root: str, pid: int, native: bool, clock=time.time, traced_wait_s: float = 0.0) -> dict:
+    """Dump one rank: the StackReport dict. Never leaves the rank stopped. ``traced_wait_s``: how
+    long to wait for another tracer to let go of the rank (a capture, which happens once, waits;
+    the periodic dumps try again next tick instead of holding a py-spy worker)."""
     before = read_stat(proc_root, pid).state
-    waited_until = time.monotonic() + TRACED_WAIT_S
+    waited_until = time.monotonic() + traced_wait_s
     while before == "t" and time.monotonic() < waited_until:
         # Traced by another tool's dump (another agent's py-spy): over in a moment.
         time.sleep(0.1)
@@ -351,14 +353,14 @@ class StackSampler:
             with self._lock:
                 self._busy.discard(pid)
 
-    def _take(self, pid: int, native: bool) -> dict | None:
+    def _take(self, pid: int, native: bool, traced_wait_s: float = 0.0) -> dict | None:
         """py-spy's dump of the rank, else its worker server's; None when the rules said no."""
         py_spy_failed: StackError | None = None
         if self.status == "ok":
             refusal = dump_refusal(read_target(self.proc_root, pid), self.dumper)
             if refusal is None:
                 try:
-                    return take_stack(self.py_spy, self.proc_root, pid, native)
+                    return take_stack(self.py_spy, self.proc_root, pid, native, traced_wait_s=traced_wait_s)
                 except StackError as e:
                     py_spy_failed = e
         server = self.worker_server(pid) if self.worker_server is not None else None
@@ -386,7 +388,7 @@ class StackSampler:
                 raise StackError(f"another dump of pid {pid} took over {wait_s:.0f}s")
             time.sleep(0.05)
         try:
-            stack = self._take(pid, native)
+            stack = self._take(pid, native, traced_wait_s=TRACED_WAIT_S)
         finally:
             with self._lock:
                 self._busy.discard(pid)

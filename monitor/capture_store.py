@@ -122,12 +122,17 @@ class CaptureStore:
         """Write one node's part as it arrives; returns its size. Raises CaptureRefused."""
         with self._lock:
             bundle = self._bundles.get(bundle_id)
+            refusal = None
             if bundle is None:
-                raise CaptureRefused(404, f"no capture {bundle_id!r} (expired, or never asked)")
-            if node not in bundle.nodes:
-                raise CaptureRefused(409, f"capture {bundle_id} did not ask node {node!r}")
-            if node in bundle.received:
-                raise CaptureRefused(409, f"node {node!r} already sent its part of {bundle_id}")
+                refusal = CaptureRefused(404, f"no capture {bundle_id!r} (expired, or never asked)")
+            elif node not in bundle.nodes:
+                refusal = CaptureRefused(409, f"capture {bundle_id} did not ask node {node!r}")
+            elif node in bundle.received:
+                refusal = CaptureRefused(409, f"node {node!r} already sent its part of {bundle_id}")
+            if refusal is not None:
+                self.parts_refused += 1
+                raise refusal
+            assert bundle is not None
             room = min(self.max_part_bytes, self.max_bundle_bytes - bundle.bytes)
         path = self.root / bundle_id / f"{file_safe(node, 128)}.json.gz"
         partial = path.with_suffix(".partial")

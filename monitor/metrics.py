@@ -218,8 +218,20 @@ def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
     if monitor.actions is not None:
         for (rule, kind, outcome), count in sorted(dict(monitor.actions.counts).items()):
             actions.add(labels(("rule", "kind", "outcome"), (rule, kind, outcome)), float(count))
+    captures = Family("hangwatch_capture_requests", "Evidence captures asked of a job's agents (one per incident "
+                      "held past --capture-after), since the monitor started", "counter")
+    parts = Family("hangwatch_capture_parts", "Agents' capture parts received or refused (too big, not asked, "
+                   "a second time), since the monitor started", "counter")
+    kept = Family("hangwatch_capture_bytes", "Bytes of capture bundles kept on disk")
+    if monitor.captures is not None:
+        store = monitor.captures.store
+        captures.add("", float(monitor.captures.requested))
+        parts.add(labels(("outcome",), ("received",)), float(store.parts_received))
+        parts.add(labels(("outcome",), ("refused",)), float(store.parts_refused))
+        kept.add("", float(store.total_bytes))
     return [full, shed, lag, lag_probes, overloaded, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
-            in_memory, write_failures, unsaved, dropped, claims, incidents, node_lost, culprit_jobs, ranks, actions]
+            in_memory, write_failures, unsaved, dropped, claims, incidents, node_lost, culprit_jobs, ranks, actions,
+            captures, parts, kept]
 
 
 def lag_histogram(guard: LoadGuard) -> Family:

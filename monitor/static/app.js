@@ -320,7 +320,30 @@ function historyBlock(job) {
     el("span", { class: "meta change-summary", title: c.summary }, c.summary)));
   return el("div", { key: "history", class: "history" },
     el("h3", {}, `Verdict history (${changes.length} ${changes.length === 1 ? "change" : "changes"})`),
-    el("div", { class: "bar" }, ...segments), el("ol", { class: "changes" }, ...recent));
+    el("div", { class: "bar" }, ...segments), el("ol", { class: "changes" }, ...recent),
+    capturesList(entry.data.captures || []), actionsList(entry.data.actions || []));
+}
+
+// The evidence captured at each incident (a tar per incident: monitor/capture_store.py).
+function capturesList(captures) {
+  if (captures.length === 0) return null;
+  return el("ul", { key: "captures", class: "captures" }, ...captures.slice(-HISTORY_SHOWN).reverse().map((c) =>
+    el("li", { key: c.id },
+      el("a", { href: `/api/v1/captures/${encodeURIComponent(c.id)}`, download: "", class: "capture" },
+        `evidence captured ${clock(c.requested_at)}`),
+      el("span", { class: "meta" },
+        ` ${c.verdict}: ${c.nodes_received}/${c.nodes_asked} nodes, ${(c.bytes / 1024).toFixed(0)} KiB`))));
+}
+
+// What the opt-in actions did on the job's incidents (the audit log: monitor/actions/).
+function actionsList(actions) {
+  if (actions.length === 0) return null;
+  return el("ul", { key: "actions", class: "actions" }, ...actions.slice(-HISTORY_SHOWN).reverse().map((a, i) =>
+    el("li", { key: `${a.at}-${i}` },
+      el("span", { class: "meta" }, clock(a.at)),
+      el("span", { class: `outcome ${a.outcome === "ok" || a.outcome === "dry_run" ? "" : "bad"}` },
+        ` action ${a.rule} (${a.kind}): ${a.outcome.replace("_", " ")} `),
+      el("span", { class: "meta", title: a.detail }, a.detail))));
 }
 
 function spanText(seconds) {

@@ -1,12 +1,21 @@
-"""Opt-in actions end to end: a real gloo deadlock, a real monitor with an actions file, a real agent
-with a node-bound token that allows signals. The deadlock held past each rule's delay runs a
-command (the job's identity on its stdin) and has the agent send SIGTERM to the culprit rank,
-which ends the job; the audit log, the job's history answer and /metrics say so."""
+"""From verdict to action, end to end: a real gloo deadlock, a real monitor with an actions file and
+a capture delay, a real agent with a node-bound token that allows signals (one job for all, to
+keep the suite short).
+
+- Evidence captured at the moment: held past the capture delay, the deadlock makes the agent take
+  native stacks and log tails of the job's ranks and upload them; the bundle is listed on the
+  job's history answer and downloads as a tar a person can open after the job is gone.
+- Opt-in actions: held past each rule's delay, it runs a command (the job's identity on its
+  stdin) and has the agent send SIGTERM to the culprit rank, which ends the job; the audit log,
+  the job's history answer and /metrics say so."""
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -39,7 +48,7 @@ def _audit(client: MonitorClient, job_id: str, rules: set[str], timeout: float =
     raise AssertionError(f"audit log after {timeout}s: {entries}")
 
 
-def test_a_deadlock_runs_the_command_and_the_culprits_signal_which_ends_the_job(reaper: Reaper, tmp_path: Path) -> None:
+def test_a_held_deadlock_is_captured_then_acted_on_and_the_job_ends(reaper: Reaper, tmp_path: Path) -> None:
     called = tmp_path / "called.jsonl"
     record = f"import sys; open({str(called)!r}, 'a').write(sys.stdin.read() + '\\n')"
     actions = tmp_path / "actions.toml"
@@ -54,21 +63,62 @@ command = [{json.dumps(sys.executable)}, "-c", {json.dumps(record)}, "{{job_id}}
 [[rule]]
 name = "restart-culprits"
 verdicts = ["deadlock", "stalled"]
-after_s = 2
+after_s = 4
 signal = "SIGTERM"
 """)
     tokens = _secret(tmp_path / "agents.tokens", f"{NODE} {TOKEN}\n")
+    # The capture (asked 1 s into the deadlock, about half a second of dumps) comes before the signal (4 s).
     monitor = start_monitor(reaper, tmp_path, settings={"HANGWATCH_ACTIONS_FILE": str(actions),
-                                                       "HANGWATCH_TOKEN_FILE": str(tokens)})
+                                                       "HANGWATCH_TOKEN_FILE": str(tokens),
+                                                       "HANGWATCH_CAPTURE_AFTER_S": "1"})
     start_agent(reaper, tmp_path, monitor.url, extra=["--node", NODE, "--allow-signals",
                                                       "--token-file", str(_secret(tmp_path / "agent.token", TOKEN))])
     job = launch_torchrun(reaper, tmp_path, ["--fail", "linger", "--fail-at-step", "40"])
-    culprit_pid = job.rank_pids(timeout=30)[1]
+    pids = job.rank_pids(timeout=30)
     client = MonitorClient(monitor.url)
     try:
-        _deadlock_acted_on(client, monitor.url, job, culprit_pid, called)
+        _deadlock_acted_on(client, monitor.url, job, pids[1], called)
     finally:
         client.close()
+    _deadlock_captured(monitor.url, job, pids)
+
+
+def _bundle(url: str, job_id: str, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    found: list[dict] = []
+    while time.monotonic() < deadline:
+        found = httpx.get(f"{url}/api/v1/captures", params={"job": job_id}, timeout=5).json()["captures"]
+        if found and found[0]["nodes_received"] == found[0]["nodes_asked"]:
+            return found[0]
+        time.sleep(0.5)
+    raise AssertionError(f"no complete capture after {timeout}s: {found}")
+
+
+def _deadlock_captured(url: str, job, pids: dict[int, int]) -> None:
+    bundle = _bundle(url, job.job_id)
+    assert bundle["nodes_asked"] == 1 and bundle["bytes"] > 0 and bundle["refused"] == {}, bundle
+    assert bundle["verdict"] in ("deadlock", "stalled")
+    history = httpx.get(f"{url}/api/v1/jobs/{job.job_id}/history", timeout=5).json()
+    assert [c["id"] for c in history["captures"]] == [bundle["id"]]
+    # The download, after the job ended: bundle.json and one gzipped part per node.
+    tar_bytes = httpx.get(f"{url}{bundle['download']}", timeout=30).content
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        meta = json.loads(tar.extractfile(f"{bundle['id']}/bundle.json").read())
+        [part_name] = [n for n in tar.getnames() if n.endswith(".json.gz")]
+        part = json.loads(gzip.decompress(tar.extractfile(part_name).read()))
+    assert meta["job_id"] == job.job_id and set(meta["nodes"]) == set(meta["received"]) == {NODE}
+    ranks = {r["rank"]: r for r in part["ranks"]}
+    assert set(ranks) == {0, 1} and {r["pid"] for r in ranks.values()} == set(pids.values())
+    for r in ranks.values():
+        assert r["errors"] == {}, r["errors"]
+        # Native, or (py-spy's native unwinding fails now and then) Python frames with the failure said.
+        assert r["stack"]["native"] is True or r["stack"]["native_error"], r["stack"]
+        assert r["stack"]["threads"], r["stack"]
+    waiting = [f["name"] for f in ranks[0]["stack"]["threads"][0]["frames"]]
+    assert "all_reduce" in waiting, waiting
+    lingering = [f["name"] for f in ranks[1]["stack"]["threads"][0]["frames"]]
+    assert "linger_forever" in lingering, lingering
+    assert any("waiting for the others" in text for text in ranks[1]["logs"].values()), ranks[1]["logs"]
 
 
 def _deadlock_acted_on(client: MonitorClient, url: str, job, culprit_pid: int, called: Path) -> None:

@@ -70,6 +70,12 @@ def test_each_node_of_the_job_is_asked_once_and_uploads_its_own_part(tmp_path: P
         assert sorted(p.name for p in (tmp_path / "caps" / bundle["id"]).iterdir()) == \
             ["bundle.json", "node-a.json.gz", "node-b.json.gz"]
         assert httpx.get(f"{base}/api/v1/captures/no-such", timeout=5).status_code == 404
+        metrics = httpx.get(f"{base}/metrics", timeout=5).text
+        assert "hangwatch_capture_requests_total 1" in metrics
+        assert 'hangwatch_capture_parts_total{outcome="received"} 2' in metrics
+        # Refused: the unknown bundle and node-a's second upload (403 and 415 never reach the store).
+        assert 'hangwatch_capture_parts_total{outcome="refused"} 2' in metrics
+        assert f"hangwatch_capture_bytes {2 * len(part)}" in metrics
 
 
 def test_captures_can_be_turned_off(tmp_path: Path) -> None:

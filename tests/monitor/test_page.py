@@ -429,3 +429,28 @@ def test_a_job_whose_ranks_are_all_listed_needs_no_groups(client: TestClient, cl
     client.post("/api/v1/reports", json=report(ranks=[rank(rank=0), rank(rank=1)], sent_at=clock.now))
     jobs = render_page(client, tmp_path)["jobs"]
     assert "Ranks by state and place" not in jobs and "ranks listed" not in jobs
+
+
+def test_history_lists_the_incidents_captures_and_actions(
+    client: TestClient, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("monitor.diagnosis.diagnose",
+                        lambda job: Diagnosis("deadlock", (1,), None, "rank 1 never reached all_reduce"))
+    client.post("/api/v1/reports", json=report(ranks=[rank(rank=0), rank(rank=1)], sent_at=clock.now))
+    data = client.get("/diagnose", params={"format": "json"}).json()
+    routes = {side_url("job-a", part): client.get(side_url("job-a", part)).json() for part in ("history", "timeline")}
+    history = routes[side_url("job-a", "history")]
+    history["captures"] = [{"id": "job-a-20270115T080000Z", "verdict": "deadlock", "requested_at": clock.now,
+                            "nodes_asked": 2, "nodes_received": 1, "bytes": 4096,
+                            "download": "/api/v1/captures/job-a-20270115T080000Z"}]
+    history["actions"] = [{"at": clock.now, "rule": "restart-culprits", "kind": "signal", "outcome": "ok",
+                           "detail": "sent SIGTERM to rank 1 (pid 1001)"},
+                          {"at": clock.now, "rule": "cancel", "kind": "command", "outcome": "dry_run",
+                           "detail": "would run: scancel 77"}]
+    card = run_page(tmp_path, data, routes)["cards"]["job-a"]
+    assert "evidence captured" in card["history"] and "deadlock: 1/2 nodes, 4 KiB" in card["history"]
+    [capture_link] = [link for link in card["links"] if link["href"].startswith("/api/v1/captures/")]
+    assert capture_link["href"] == "/api/v1/captures/job-a-20270115T080000Z" and capture_link["download"] == ""
+    assert "action restart-culprits (signal): ok" in card["history"]
+    assert "sent SIGTERM to rank 1 (pid 1001)" in card["history"]
+    assert card["history"].index("action cancel (command): dry run") < card["history"].index("restart-culprits")
