@@ -430,6 +430,9 @@ class Observation:
     at: float
     verdict: str | None
     culprits: tuple[int, ...]
+    # What the monitor said with it (which rule spoke), for a test's failure message.
+    summary: str = field(default="", compare=False)
+    job_id: str = field(default="", compare=False)
 
 
 class MonitorClient:
@@ -498,7 +501,8 @@ class MonitorClient:
                 last = job
             if observations is not None:
                 observations.append(Observation(now, job and job.get("verdict"),
-                                                tuple(job.get("culprit_ranks", ())) if job else ()))
+                                                tuple(job.get("culprit_ranks", ())) if job else (),
+                                                (job or {}).get("summary", ""), job_id))
             if on_poll:
                 on_poll(job)
             if job and job.get("verdict") == verdict and (

@@ -361,6 +361,10 @@ def test_stale_orphan_holds_master_port_and_torchrun_fails_eaddrinuse(rank_env, 
         agent_process("--monitor", receiver.url, "--interval", "0.2", "--job", job, "--no-stacks")
         if rank_env == "same-job":  # found before any launcher wants its port
             receiver.wait_for(lambda r: any(o["pid"] == pid for o in r["orphans"]))
+        else:
+            # The agent is up and scanning before torchrun starts: on a loaded machine a launcher that
+            # fails at once could otherwise live and die before the agent's first look.
+            receiver.wait_for(lambda r: True)
         launcher = subprocess.Popen(
             [TORCHRUN, "--nnodes=1", "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
              str(tmp_path / "t.py")],

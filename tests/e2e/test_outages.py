@@ -72,7 +72,10 @@ def test_a_rank_that_exits_and_one_that_stalls_during_an_outage_reach_the_histor
     right_after_s = time.time() - back
     # Until the agent's news arrives the restarted monitor says it is refreshing: it never calls
     # the jobs healthy (or anything else) from the picture it had before the outage.
-    assert {o.verdict for o in seen} <= {None, "unknown", "rank_exited", "deadlock"}, seen
+    unexpected = [o for o in seen if o.verdict not in (None, "unknown", "rank_exited", "deadlock")]
+    assert not unexpected, "\n".join(
+        [f"{o.at - back:+.1f}s after the restart: {o.job_id} {o.verdict} {list(o.culprits)}: {o.summary}"
+         for o in unexpected[:5]] + ["monitor log:", monitor.log_tail(20)])
 
     exit_history = client.history(exits.job_id) or []
     exit_change = _change(exit_history, "rank_exited")

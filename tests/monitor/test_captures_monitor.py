@@ -1,6 +1,6 @@
 """Capture orders and uploads in a real monitor (uvicorn on loopback): the order reaches the nodes
 of the incident's job once, a node uploads its own part only, gzipped, and the bundle lists it.
-tests/e2e/test_captures.py runs the real agent on a real job."""
+tests/e2e/test_actions.py runs the real agent on a real job."""
 
 from __future__ import annotations
 

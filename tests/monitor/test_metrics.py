@@ -73,8 +73,10 @@ def test_metrics_follow_the_state(client: TestClient, clock: FakeClock, monkeypa
     for samples in m.values():
         for labels, _ in samples:
             assert "pid" not in labels
+            # "outcome": what became of an evidence capture's part (and an action, with "rule").
             assert set(labels) <= {"job_id", "verdict", "rank", "node", "collector", "reason", "state", "kind",
-                                   "version", "python_version", "python_implementation", "le", *JOB_INFO_LABELS}
+                                   "version", "python_version", "python_implementation", "le", "outcome", "rule",
+                                   *JOB_INFO_LABELS}
 
 
 def test_agents_own_cpu_and_memory_per_node(client: TestClient, clock: FakeClock) -> None:
