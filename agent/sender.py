@@ -104,6 +104,8 @@ class Sender:
         self.sent = 0
         self.failed = 0
         self.replayed = 0
+        # Each body sent is numbered (monitor/report_order.py: a replayed body is refused).
+        self._seq = 0
         self.delta = DeltaState()
         # Seconds the monitor asked to wait (503 + Retry-After), for the sending thread.
         self.retry_after: float | None = None
@@ -129,7 +131,7 @@ class Sender:
     def post(self, report: dict) -> bool:
         """Send one report now; True when the monitor took it. Sets sent_at at sending time."""
         compact, baseline = self.delta.compact(report)
-        response = self._send(dict(compact, sent_at=time.time()))
+        response = self._send(dict(compact, sent_at=time.time(), seq=self._next_seq()))
         if response is None:
             return False
         if response.status_code >= 400:
@@ -140,6 +142,10 @@ class Sender:
         if answer and answer.get("orders") and self.on_orders is not None:
             self.on_orders(answer["orders"], self)
         return True
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
 
     def upload(self, path: str, gzipped: bytes) -> str | None:
         """POST an evidence capture's part (agent/capture.py) to ``path`` on this monitor; None when
@@ -165,7 +171,7 @@ class Sender:
                 kept = self.journal.oldest()
             if kept is None:
                 break
-            body = dict(kept.report, sent_at=kept.taken_at, replayed=True, delta=False)
+            body = dict(kept.report, sent_at=kept.taken_at, replayed=True, delta=False, seq=self._next_seq())
             response = self._send(body)
             if response is None:
                 return False

@@ -11,7 +11,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from monitor.incidents import ENDS_INCIDENT, INCIDENT_VERDICTS, SuspectNode, inc
 from monitor.actions.orders import AgentOrders
 from monitor.actions.policy import Culprit, JobFacts
 from monitor.rank_claims import recent_conflict
+from monitor.report_order import stale_reason
 from monitor.store import Store, VerdictChange
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ MAX_REPLAY_AGE_S = 3600.0
 SUSPECT_WINDOW_S = 7 * 86400.0
 SUSPECTS_REFRESH_S = 60.0
 REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema", "disconnected", "unauthorized",
-                  "wrong_node", "world_size", "too_many_nodes", "too_many_jobs")
+                  "wrong_node", "world_size", "too_many_nodes", "too_many_jobs", "stale")
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,10 @@ class Monitor:
         """Why the monitor must not take ``report`` in (monitor/limits.py); None when it may."""
         with self._lock:
             state = self.state
+            known = state.nodes.get(report.node)
+            stale = stale_reason(report, known.last_taken() if known is not None else None, self.clock())
+            if stale is not None:
+                return Refusal(409, "stale", stale)
             state.make_room_for_node(report.node, self.limits.max_nodes, self.clock(), self.job_retention_s)
             return check_report(report, self.limits, state.jobs.keys(), state.nodes.keys(), state.resolve)
 
@@ -431,7 +436,11 @@ class Monitor:
         self.timeline.record(job_id, now, ((r.rank, r.state) for r in found.ranks),
                              healthy=found.verdict == "healthy")
         if self.confirm_alarms:
-            settled = self._settled[job_id] = settle(self._settled.get(job_id), found, now, job.last_progress_at)
+            settled = settle(self._settled.get(job_id), found, now, job.last_progress_at, live=live)
+            # Replayed reports judge the outage's past; the first live verdict but "unknown", the present.
+            if settled.from_replay != (not live) and (not live or found.verdict != "unknown"):
+                settled = replace(settled, from_replay=not live)
+            self._settled[job_id] = settled
             found = settled.shown
         culprit_nodes = _culprit_nodes(view, found.culprit_ranks)
         self._account_cost(job_id, view, found, culprit_nodes, now)

@@ -58,6 +58,7 @@ class MonitorState:
             collector_errors=dict(node.collector_errors) if node else {},
             stack_failures=(node.stack_failures if node else 0) + sum(1 for r in report.ranks if r.stack_error),
             live=not report.replayed,
+            seq=report.seq,
             facts_cache=node.facts_cache if node else None,
         )
         for health in report.collectors:

@@ -13,6 +13,7 @@ from statistics import median
 from monitor.diagnosis import ExitView, HostFacts, LogPhase, RankView, Stack
 from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S, FlightRecord
 from monitor.diagnosis.slow_rank import CPU_LEVEL_EVERY, CPU_LEVEL_MIN_SAMPLES, CPU_LEVEL_MIN_SPAN
+from monitor.report_order import LastTaken
 from monitor.wire import (
     AgentInfo,
     CollectorHealth,
@@ -199,6 +200,11 @@ class NodeTrack:
     partial: bool = False
     # The latest report came with a token bound to this node (monitor/auth.py): no other node sent it.
     attributed: bool = False
+    # The latest report's number in its agent's run (monitor/report_order.py); None: not numbered.
+    seq: int | None = None
+
+    def last_taken(self) -> LastTaken:
+        return LastTaken(self.agent.started_at, self.agent.pid, self.seq, self.last_report_at)
     # (host report, its HostFacts) for monitor/views.host_facts: the facts change only with the host.
     facts_cache: tuple[HostReport, HostFacts] | None = None
 

@@ -353,5 +353,8 @@ class Report(_Strict):
     # and always full: the monitor applies it at the time it was taken (its ``sent_at``) and
     # records the verdicts it leads to at that time (agent/outage_journal.py).
     replayed: bool = False
+    # This report's number in its agent's run (1, 2, ...: monitor/report_order.py); a report whose
+    # number is not above the last one taken from the node is refused as stale (a replay).
+    seq: Annotated[int, Field(ge=1)] | None = None
     # The outcome of the signal orders the monitor's answers carried, once each.
     order_results: Annotated[list[OrderResult], Field(max_length=64)] = []

@@ -16,7 +16,9 @@ what /diagnose, the page, the metrics and the history show:
   to a bare stall only after ``CLEAR_S`` of such readings, and is cleared at once when the job
   progresses again; a raw "healthy" without progress must
   last ``CLEAR_S`` first, so a single odd sample cannot silence a real alarm either.
-- A raw "unknown" (an agent silent, the monitor just restarted) holds a raised alarm.
+- A raw "unknown" (an agent silent, the monitor just restarted) holds a raised alarm, unless that
+  alarm was raised by reports replayed after an outage (``from_replay``): that is the outage's
+  history, and until the agents' live reports arrive the present is unknown.
 
 Pure: the caller keeps one ``Settled`` per job and passes it back in.
 """
@@ -58,6 +60,8 @@ class Settled:
     clearing_since: float | None = None
     # When the alarm in force was raised.
     alarm_since: float | None = None
+    # Judged last from reports replayed after an outage (the past), not from live ones.
+    from_replay: bool = False
 
 
 def _through(raw: Diagnosis, alarm_since: float | None = None) -> Settled:
@@ -70,12 +74,23 @@ def settle(
     now: float,
     last_progress_at: float | None,
     confirm_s: dict[str, float] = CONFIRM_S,
+    live: bool = True,
 ) -> Settled:
-    """What to publish now, given what was published and this evaluation's raw verdict."""
+    """What to publish now, given what was published and this evaluation's raw verdict.
+    ``live``: ``raw`` judges the present (not a report replayed after an outage)."""
+    if live and previous is not None and previous.from_replay and raw.verdict != "unknown" and not _same_trouble(
+            previous.basis.verdict, raw.verdict):
+        # The first live reading after an outage, of another trouble than the replay's alarm: judged
+        # afresh, the present shown as not known until it is confirmed (never the past's alarm).
+        previous = _through(Diagnosis("unknown", (), None, "judging the agents' live reports after an outage"))
     held = previous.basis if previous is not None else None
     if raw.verdict == "unknown" and held is not None and held.verdict in ALARMS:
-        # The monitor cannot see now (an agent silent, a restart): no news does not clear an alarm.
         assert previous is not None
+        if previous.from_replay:
+            # An alarm of the outage's past (the history has it): the present is not known yet. Kept
+            # as the basis, so the live reports confirm it, or clear it, as they would a raised one.
+            return replace(previous, shown=raw)
+        # The monitor cannot see now (an agent silent, a restart): no news does not clear an alarm.
         shown = replace(held, summary=f"{held.summary} (cannot check now: {raw.summary})")
         return replace(previous, shown=shown)
     if raw.verdict not in ALARMS:
@@ -145,6 +160,11 @@ def _confirming(previous: Settled | None, raw: Diagnosis, now: float,
     if count >= 2 and now - since >= confirm_s.get(raw.verdict, 0.0):
         return _through(raw, now)
     return since, count
+
+
+def _same_trouble(alarm: str, reading: str) -> bool:
+    """A reading that goes on ``alarm``: the same verdict, or a stall seen sharper or vaguer."""
+    return alarm in ALARMS and (reading in (alarm, "stalled") or alarm == "stalled")
 
 
 def _words(verdict: str) -> str:

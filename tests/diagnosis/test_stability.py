@@ -133,3 +133,26 @@ def test_an_alarm_confirmed_in_place_of_another_keeps_when_the_trouble_began() -
         state = settle(state, raw(verdict, (1,)), now, None)
     assert (state.shown.verdict, state.alarm_since) == ("straggler", 1)
     assert "checking a reading of deadlock" in settle(state, raw(D, (1,)), 4, None).shown.summary
+
+
+def test_an_alarm_of_the_outages_past_is_not_held_as_the_present() -> None:
+    """Reports replayed after an outage raised slow compute at their own times; after the restart
+    the monitor cannot see yet ("unknown"): it says so, not the past's alarm. The first live
+    reading of the same trouble is published at once (the replay's alarm is the basis), one of
+    another trouble is confirmed as a new alarm would be."""
+    from dataclasses import replace
+
+    state = None
+    for now in (0.0, 1.0):  # replayed
+        state = replace(settle(state, raw("slow_compute"), now, None, live=False), from_replay=True)
+    assert state is not None and state.shown.verdict == "slow_compute"
+    refreshing = settle(state, raw("unknown"), 30.0, None)
+    assert refreshing.shown.verdict == "unknown" and refreshing.basis.verdict == "slow_compute"
+    assert settle(refreshing, raw("slow_compute"), 31.0, None).shown.verdict == "slow_compute"
+    # Another trouble live: judged afresh, shown as not known until confirmed (never the past's alarm).
+    other = settle(refreshing, raw(D, (1,)), 31.0, None)
+    assert other.shown.verdict == "unknown" and "checking that a possible deadlock lasts" in other.shown.summary
+    assert settle(other, raw(D, (1,)), 32.0, None).shown.verdict == D
+    # A live alarm, by contrast, is held through an agent's silence.
+    live = settle(settle(None, raw(D, (1,)), 0.0, None), raw(D, (1,)), 1.0, None)
+    assert settle(live, raw("unknown"), 5.0, None).shown.verdict == D

@@ -122,3 +122,26 @@ def test_a_replayed_report_taken_moments_ago_is_still_the_past(settings: Setting
         monitor_of(client).tick()
         job = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
         assert job["verdict"] != "unknown", job["summary"]
+
+
+def test_an_alarm_raised_by_replayed_reports_is_history_not_the_present(settings: Settings, store: Store,
+                                                                       clock: FakeClock) -> None:
+    # The outage's kept reports show both ranks busy with no step for 30 s, twice: at their own
+    # time that is slow compute, confirmed (the history has it). After the restart the monitor
+    # has no live report yet: it says it cannot see, not the past's alarm held as the present.
+    ticking = dataclasses.replace(settings, tick_interval_s=3600.0, confirm_alarms=True)
+    with TestClient(create_app(ticking, store, clock=clock)) as client:
+        for step in range(1, 4):
+            assert client.post(URL, json=report(ranks=_ranks(clock, step), sent_at=clock.now)).status_code == 202
+            monitor_of(client).tick()
+            clock.advance(1)
+        last_step_at = clock.now - 1
+        stale = [(last_step_at - 0.5, 2), (last_step_at, 3)]
+        busy = [rank(rank=r, cpu_percent=99.0, progress=progress(3, 3, stale)) for r in (0, 1)]
+        clock.advance(60)
+        for taken in (clock.now - 40, clock.now - 39):
+            assert client.post(URL, json=report(ranks=busy, sent_at=taken, replayed=True)).status_code == 202
+        assert "slow_compute" in [verdict for _, verdict, _ in _history(client)]
+        monitor_of(client).tick()
+        job = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
+        assert job["verdict"] == "unknown", job["summary"]
