@@ -6,6 +6,7 @@ upload; the agents capture in parallel, each its own ranks."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -47,9 +48,11 @@ class CaptureRequests:
             nodes.setdefault(track.node, []).append(track.pid)
         bundle = self.store.open_bundle(job.job_id, verdict, list(culprits), incident.started_at, nodes)
         for node, pids in nodes.items():
-            self.orders.give(node, {"id": f"capture-{bundle.id}-{node}"[:64], "capture": {
+            # One id per bundle and node, whatever their lengths (an order id is at most 64 characters).
+            order_id = "capture-" + hashlib.sha256(f"{bundle.id}/{node}".encode()).hexdigest()[:32]
+            self.orders.give(node, {"id": order_id, "capture": {
                 "bundle": bundle.id, "job_id": job.job_id, "pids": sorted(pids),
-                "upload": f"{UPLOAD_PREFIX}{bundle.id}/{node}"}})
+                "upload": f"{UPLOAD_PREFIX}{bundle.id}/{node}"}}, now)
         self.requested += 1
         log.info("capture %s asked of %d nodes (%s held %.0fs)", bundle.id, len(nodes), verdict,
                  now - incident.started_at)

@@ -353,6 +353,7 @@ class Monitor:
                 self.actions.keep_only(known)
             if self.captures is not None:
                 self.captures.keep_only(known)
+            self.orders.expire(now)
             self.timeline.forget(self.state.jobs)
             self._dirty &= known
             # A node silent past the job retention (its jobs forgotten) starts over with a full report.
@@ -461,8 +462,11 @@ class Monitor:
         if not live:
             return
         actions = self.actions
-        if actions is not None and (found.verdict in actions.verdicts or found.verdict in ENDS_INCIDENT):
+        if actions is not None and found.verdict in actions.verdicts:
             actions.observe(self._facts(job, found, now), now)
+        elif actions is not None and found.verdict in ENDS_INCIDENT:
+            # It only ends an incident: no culprits or nodes to gather (O(ranks) for a giant job).
+            actions.observe(JobFacts(job.job_id, found.verdict, found.summary), now)
         if self.captures is not None:
             self.captures.observe(job, found.verdict, found.culprit_ranks, now)
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ANSWER_S = 30.0
+# An order nobody took (its node stopped reporting) is dropped after this.
+UNTAKEN_KEPT_S = 300.0
 
 
 @dataclass
@@ -41,6 +43,7 @@ class AgentOrders:
         self._pending: dict[str, list[dict[str, Any]]] = {}  # node -> orders not yet handed over
         self._batches: dict[str, _Batch] = {}  # order id -> its batch
         self._finished: list[Finished] = []
+        self._given: dict[str, float] = {}  # order id -> when given (orders that need no answer)
 
     def order(self, key: Any, signal: str, targets: Iterable[tuple[str, int, int, float | None]], now: float) -> int:
         """Queue ``signal`` for each (node, rank, pid, started_at); returns how many orders."""
@@ -54,17 +57,39 @@ class AgentOrders:
                     {"id": order_id, "signal": signal, "rank": rank, "pid": pid, "started_at": started_at})
         return len(batch.waiting)
 
-    def give(self, node: str, order: dict[str, Any]) -> None:
+    def give(self, node: str, order: dict[str, Any], now: float) -> None:
         """An order that needs no answer (a capture: its upload is its answer)."""
         with self._lock:
             self._pending.setdefault(node, []).append(order)
+            self._given[order["id"]] = now
+
+    def expire(self, now: float) -> int:
+        """Drop given orders their nodes never took (called each diagnosis pass); how many."""
+        if not self._given:
+            return 0
+        with self._lock:
+            old = {i for i, at in self._given.items() if now - at > UNTAKEN_KEPT_S}
+            if not old:
+                return 0
+            for node in list(self._pending):
+                kept = [o for o in self._pending[node] if o["id"] not in old]
+                if kept:
+                    self._pending[node] = kept
+                else:
+                    del self._pending[node]
+            for order_id in old:
+                del self._given[order_id]
+        return len(old)
 
     def take(self, node: str) -> list[dict[str, Any]]:
         """The orders for ``node``'s agent, once (put in the answer to its report)."""
         if not self._pending:  # the common case, without the lock
             return []
         with self._lock:
-            return self._pending.pop(node, [])
+            taken = self._pending.pop(node, [])
+            for order in taken:
+                self._given.pop(order["id"], None)
+            return taken
 
     def answered(self, results: Iterable[Any]) -> None:
         """Results from a report (``order_results``): ids this monitor did not issue are ignored."""

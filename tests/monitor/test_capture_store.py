@@ -103,3 +103,15 @@ def test_a_restarted_monitor_keeps_its_bundles(tmp_path: Path) -> None:
     (tmp_path / "captures" / "junk").mkdir()  # not a bundle: ignored
     again = _store(tmp_path, clock)
     assert [(b["id"], b["bytes"], b["verdict"]) for b in again.bundles()] == [(bundle.id, 4, "rank_stopped")]
+
+
+def test_capture_orders_a_node_never_takes_expire() -> None:
+    from monitor.actions.orders import UNTAKEN_KEPT_S, AgentOrders
+
+    orders = AgentOrders()
+    orders.give("gone-node", {"id": "capture-a", "capture": {}}, 1000.0)
+    orders.give("live-node", {"id": "capture-b", "capture": {}}, 1000.0)
+    assert [o["id"] for o in orders.take("live-node")] == ["capture-b"]
+    assert orders.expire(1000.0 + UNTAKEN_KEPT_S / 2) == 0
+    assert orders.expire(1001.0 + UNTAKEN_KEPT_S) == 1
+    assert orders.take("gone-node") == []
