@@ -245,6 +245,9 @@ class Agent:
             self._per_rank(alive, entry, lambda t: self._sample_io(t, now))
         with self.health.run("logs"):
             self._follow_logs(now)
+        # Which ranks look stuck, once a tick (after its log lines): the stack plan and the live
+        # Flight Recorder read both ask.
+        stuck = {t.proc.pid for t in alive if looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since)}
         self.sockets.new_sweep()
         sockets_due = self._sockets_at is None or now - self._sockets_at >= SOCKETS_EVERY_S
         if sockets_due:
@@ -277,7 +280,7 @@ class Agent:
                 if backing_off:
                     entry.update(ok=False, error=backing_off)
                 else:
-                    self._schedule_stacks(alive, now)
+                    self._schedule_stacks(alive, stuck, now)
         if self.nccl_ras is not None:
             self._poll_nccl_ras(alive, now)
         if self.flight_recorder is not None:
@@ -285,8 +288,7 @@ class Agent:
                 # Ended ranks too: NCCL's watchdog writes the dump as the rank gives up.
                 self.flight_recorder.collect_soon(
                     [(t.proc.pid, t.proc.identity.rank, t.proc.env, t.started_at) for t in self.tracked.values()], now,
-                    stuck={t.proc.pid for t in alive
-                           if looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since)},
+                    stuck=stuck,
                 )
                 if self.flight_recorder.failure:
                     raise RuntimeError(self.flight_recorder.failure)
@@ -498,10 +500,9 @@ class Agent:
             if failure.pid in self.tracked:
                 self.exits.fill_from_launcher(failure.pid, failure.exitcode)
 
-    def _schedule_stacks(self, alive: list[Tracked], now: float) -> None:
+    def _schedule_stacks(self, alive: list[Tracked], stuck: set[int], now: float) -> None:
         for t in alive:
-            stuck = looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since)
-            self.stacks.schedule(t.proc.pid, now, stuck, t.sample.state if t.sample else None)
+            self.stacks.schedule(t.proc.pid, now, t.proc.pid in stuck, t.sample.state if t.sample else None)
         if self.stacks.status != "ok":
             self.health.fail("stacks", self.stacks.status)
         elif self.stacks.recent_failures >= 3:

@@ -11,7 +11,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -437,11 +437,8 @@ class Monitor:
         self.timeline.record(job_id, now, ((r.rank, r.state) for r in found.ranks),
                              healthy=found.verdict == "healthy")
         if self.confirm_alarms:
-            settled = settle(self._settled.get(job_id), found, now, job.last_progress_at, live=live)
-            # Replayed reports judge the outage's past; the first live verdict but "unknown", the present.
-            if settled.from_replay != (not live) and (not live or found.verdict != "unknown"):
-                settled = replace(settled, from_replay=not live)
-            self._settled[job_id] = settled
+            settled = self._settled[job_id] = settle(self._settled.get(job_id), found, now, job.last_progress_at,
+                                                     live=live)
             found = settled.shown
         culprit_nodes = _culprit_nodes(view, found.culprit_ranks)
         self._account_cost(job_id, view, found, culprit_nodes, now)

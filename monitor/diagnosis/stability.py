@@ -78,6 +78,14 @@ def settle(
 ) -> Settled:
     """What to publish now, given what was published and this evaluation's raw verdict.
     ``live``: ``raw`` judges the present (not a report replayed after an outage)."""
+    settled = _settle(previous, raw, now, last_progress_at, confirm_s, live)
+    # Judged from replayed reports until a live reading other than "unknown" judges the present.
+    from_replay = not live or (previous is not None and previous.from_replay and raw.verdict == "unknown")
+    return settled if settled.from_replay == from_replay else replace(settled, from_replay=from_replay)
+
+
+def _settle(previous: Settled | None, raw: Diagnosis, now: float, last_progress_at: float | None,
+            confirm_s: dict[str, float], live: bool) -> Settled:
     if live and previous is not None and previous.from_replay and raw.verdict != "unknown" and not _same_trouble(
             previous.basis.verdict, raw.verdict):
         # The first live reading after an outage, of another trouble than the replay's alarm: judged
