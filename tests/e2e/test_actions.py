@@ -63,11 +63,13 @@ command = [{json.dumps(sys.executable)}, "-c", {json.dumps(record)}, "{{job_id}}
 [[rule]]
 name = "restart-culprits"
 verdicts = ["deadlock", "stalled"]
-after_s = 4
+after_s = 12
 signal = "SIGTERM"
 """)
     tokens = _secret(tmp_path / "agents.tokens", f"{NODE} {TOKEN}\n")
-    # The capture (asked 1 s into the deadlock, about half a second of dumps) comes before the signal (4 s).
+    # The capture (asked 1 s into the deadlock, about half a second of dumps, but a dump waits up to
+    # 10 s for one of the rank already under way) comes before the signal (12 s) ends the ranks: CI
+    # once saw the signal first, and the capture found a rank gone.
     monitor = start_monitor(reaper, tmp_path, settings={"HANGWATCH_ACTIONS_FILE": str(actions),
                                                        "HANGWATCH_TOKEN_FILE": str(tokens),
                                                        "HANGWATCH_CAPTURE_AFTER_S": "1"})
