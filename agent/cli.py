@@ -125,8 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(each job goes to one of them, docs/scaling.md); required unless --once")
     p.add_argument("--interval", type=_positive_float, default=1.0, metavar="SECONDS", help="seconds between samples")
     p.add_argument("--node", type=_node, default=None, help="node name (default: hostname)")
-    p.add_argument("--log", action="append", default=[], metavar="PATH",
-                   help="extra log file to follow (e.g. the launcher's output); repeatable")
+    p.add_argument("--log", action="append", default=[], metavar="[JOB=]PATH",
+                   help="extra log file to follow (e.g. the launcher's output); repeatable. Its lines count for "
+                        "the job named (job id, torchelastic run id or Slurm job id), else for the job whose "
+                        "processes write it (directly or through a pipe, as with tee), else for the only job on "
+                        "the node; otherwise for no job")
     p.add_argument("--step-regex", type=_regex, default=None, metavar="REGEX",
                    help="progress pattern: named group 'step' or the first group (default: the built-in "
                         "formats: nanochat, Megatron, torchtitan, tqdm, 'step N')")

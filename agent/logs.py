@@ -1,8 +1,11 @@
 """Follow the ranks' log files for progress lines and errors.
 
 A rank's logs are its stdout/stderr when they are regular files (found through
-/proc/PID/fd/1 and /fd/2), plus any --log paths. One tailer per file (by inode),
-shared by every rank writing to it. Attribution of a line:
+/proc/PID/fd/1 and /fd/2), plus the --log files tied to its job (agent/log_owners.py).
+One tailer per file (by inode), shared by every rank writing to it. A file's lines go
+to the ranks of one job only: the ranks writing it, or the job a --log file is tied to;
+a file written by ranks of several jobs, or a --log file tied to none, is read (for
+launcher failure records) but credits no rank. Attribution of a line among those ranks:
   - "[rankN]:" / "[defaultN]:" prefix (global / local rank) -> that rank;
   - a file written by exactly one rank -> that rank (scope "rank");
   - unprefixed lines of a file shared by several ranks, or of a --log file ->
@@ -11,6 +14,7 @@ shared by every rank writing to it. Attribution of a line:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import stat as stat_module
@@ -28,7 +32,10 @@ from agent.logpatterns import (
     match_progress,
     split_prefixes,
 )
+from agent.log_owners import LogOwners, LogSource, job_aliases
 from agent.progress_learner import ProgressLearner
+
+log = logging.getLogger("agent")
 
 FIRST_READ_BYTES = 64 * 1024
 MAX_READ_BYTES = 4 * 1024 * 1024
@@ -140,20 +147,24 @@ class LogFollower:
         user_pattern: re.Pattern[str] | None = None,
     ):
         self.proc_root = proc_root
-        self.extra_paths = extra_paths
+        self.sources = [LogSource.parse(p) for p in extra_paths]
         self.user_pattern = user_pattern
+        self.owners = LogOwners(proc_root)
         self._files: dict[tuple[int, int], _File] = {}
         self._extra_seen: set[str] = set()
+        self._mixed_jobs: set[tuple[int, int]] = set()  # files said to be written by several jobs
         self._ranks: dict[int, _RankLog] = {}
         # pid -> the files it wrote, so a rank that just exited (its fds gone) still has its
         # last lines read: the dying rank's traceback is often the most useful line of all.
         self._rank_files: dict[int, list[tuple[int, int]]] = {}
+        self._rank_extras: dict[int, list[tuple[int, int]]] = {}  # pid -> --log files credited to it
 
     def collect(self, ranks: list[RankProcess], now: float) -> list[LauncherFailure]:
         """Read new lines of every log; returns launcher failure records seen."""
-        writers, names = self._find_files(ranks)
+        writers, names, extras = self._find_files(ranks)
         for key in [k for k in self._files if k not in names]:
             self._files.pop(key).tailer.close()
+        credited = self._credited_ranks(writers, extras, ranks, now)
         failures: list[LauncherFailure] = []
         for key, (name, opened, from_start) in names.items():
             if key not in self._files:
@@ -162,10 +173,43 @@ class LogFollower:
             lines = entry.tailer.read_lines()
             live = not entry.tailer.backlog
             entry.tailer.backlog = False
-            file_ranks = writers.get(key, [])
+            file_ranks = credited.get(key, [])
             for line in lines:
-                failures.extend(self._route(entry, line, file_ranks, ranks, now, live))
+                failures.extend(self._route(entry, line, file_ranks, now, live))
         return failures
+
+    def _credited_ranks(self, writers, extras, ranks, now) -> dict[tuple[int, int], list[RankProcess]]:
+        """The ranks each file's lines may go to: those writing it, or for a --log file nobody
+        writes as stdout/stderr the ranks of the job it is tied to; always of one job."""
+        untied = {key: source for key, source in extras.items() if source.job is not None or key not in writers}
+        ties = self.owners.ties(untied, ranks, now)
+        out: dict[tuple[int, int], list[RankProcess]] = {}
+        for key in set(writers) | set(extras):
+            tie = ties.get(key)
+            if tie is not None:
+                file_ranks = [r for r in ranks if tie.job in job_aliases(r)] if tie.job else []
+            else:
+                file_ranks = writers.get(key, [])
+            jobs = {r.identity.job_id for r in file_ranks}
+            if len(jobs) > 1:
+                if key not in self._mixed_jobs:
+                    self._mixed_jobs.add(key)
+                    log.info("log %s: written by ranks of %d jobs (%s): its lines are credited to none",
+                             self._path_of(key, extras), len(jobs), ", ".join(sorted(jobs)))
+                file_ranks = []
+            else:
+                self._mixed_jobs.discard(key)
+            out[key] = file_ranks
+            for rank in file_ranks:
+                if key in extras and key not in self._rank_extras.setdefault(rank.pid, []):
+                    self._rank_extras[rank.pid].append(key)
+        return out
+
+    def _path_of(self, key, extras) -> str:
+        if key in extras:
+            return extras[key].path
+        entry = self._files.get(key)
+        return entry.tailer.path if entry else str(key)
 
     def progress_of(self, pid: int) -> dict | None:
         state = self._ranks.get(pid)
@@ -194,11 +238,13 @@ class LogFollower:
 
     def files_of(self, pid: int) -> list[str]:
         """The log files the rank wrote, as the follower knows them (for an evidence capture)."""
-        return [self._files[k].tailer.path for k in self._rank_files.get(pid, []) if k in self._files]
+        keys = self._rank_files.get(pid, []) + self._rank_extras.get(pid, [])
+        return [self._files[k].tailer.path for k in dict.fromkeys(keys) if k in self._files]
 
     def forget(self, pid: int) -> None:
         self._ranks.pop(pid, None)
         self._rank_files.pop(pid, None)
+        self._rank_extras.pop(pid, None)
 
     def close(self) -> None:
         for entry in self._files.values():
@@ -206,7 +252,8 @@ class LogFollower:
         self._files.clear()
 
     def _find_files(self, ranks: list[RankProcess]):
-        """(writers: inode -> ranks writing it, names: inode -> (path, path to open, from start))."""
+        """(writers: inode -> ranks writing it, names: inode -> (path, path to open, from start),
+        extras: inode -> the --log argument it was found by)."""
         writers: dict[tuple[int, int], list[RankProcess]] = {}
         names: dict[tuple[int, int], tuple[str, str, bool]] = {}
         for proc in ranks:
@@ -234,16 +281,20 @@ class LogFollower:
             for key in found:
                 if proc not in writers.setdefault(key, []):
                     writers[key].append(proc)
-        for path in self.extra_paths:
+        extras: dict[tuple[int, int], LogSource] = {}
+        for source in self.sources:
+            path = source.path
             try:
                 st = os.stat(path)
             except OSError:
                 continue
             if stat_module.S_ISREG(st.st_mode):
                 # A path seen before with a new inode was rotated: read the new file whole.
-                names.setdefault((st.st_dev, st.st_ino), (path, path, path in self._extra_seen))
+                key = (st.st_dev, st.st_ino)
+                names.setdefault(key, (path, path, path in self._extra_seen))
+                extras.setdefault(key, source)
                 self._extra_seen.add(path)
-        return writers, names
+        return writers, names, extras
 
     @staticmethod
     def _learned(entry: _File, writer: tuple, text: str, now: float) -> list[tuple[Progress, float]]:
@@ -262,9 +313,9 @@ class LogFollower:
         return [*((Progress(step, found.total, pattern), at) for at, step in found.earlier),
                 (Progress(found.step, found.total, pattern), now)]
 
-    def _route(self, entry, line, file_ranks, all_ranks, now, live) -> list[LauncherFailure]:
+    def _route(self, entry, line, file_ranks, now, live) -> list[LauncherFailure]:
         p = split_prefixes(line)
-        pool = file_ranks or all_ranks
+        pool = file_ranks
         if p.rank is not None:
             targets, scope = [r for r in pool if r.identity.rank == p.rank], "rank"
         elif p.local_rank is not None:

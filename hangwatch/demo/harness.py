@@ -377,19 +377,28 @@ def _nice() -> None:
 
 
 def launch_torchrun(reaper: Reaper, workdir: Path, train_args: Sequence[str], *, nproc: int = 2,
-                    port: int | None = None, name: str = "job", env: dict[str, str] | None = None) -> Job:
+                    port: int | None = None, name: str = "job", env: dict[str, str] | None = None,
+                    tee: bool = False) -> Job:
     """``torchrun --nproc-per-node=N --master-port P train.py ...``; job id ``127.0.0.1:P``.
 
     torchrun without ``--standalone`` sets MASTER_ADDR=127.0.0.1 and TORCHELASTIC_RUN_ID=none,
-    so the job id is predictable (``--standalone`` would give a random run id).
+    so the job id is predictable (``--standalone`` would give a random run id). ``tee``: the
+    output goes to the log as ``torchrun ... 2>&1 | tee LOG`` sends it, so the ranks write a pipe
+    and only ``tee`` writes the file.
     """
     port = port or free_port()
     log = workdir / f"{name}-torchrun.log"
     cmd = [tool("torchrun"), f"--nproc-per-node={nproc}", f"--master-addr={LOOPBACK}", f"--master-port={port}",
            str(TRAIN_SCRIPT), *train_args]
-    with open(log, "wb") as out:
-        p = reaper.popen(cmd, launcher=True, stdout=out, stderr=subprocess.STDOUT, env=_workload_env(env),
-                         preexec_fn=_nice)
+    if tee:
+        p = reaper.popen(cmd, launcher=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         env=_workload_env(env), preexec_fn=_nice)
+        reaper.popen(["tee", str(log)], stdin=p.stdout, stdout=subprocess.DEVNULL)
+        p.stdout.close()  # tee holds the read end now
+    else:
+        with open(log, "wb") as out:
+            p = reaper.popen(cmd, launcher=True, stdout=out, stderr=subprocess.STDOUT, env=_workload_env(env),
+                             preexec_fn=_nice)
     job = Job(job_id=f"{LOOPBACK}:{port}", kind="torchrun", logs=[log], launcher=p, reaper=reaper)
     job.nproc = nproc
     return job
