@@ -55,7 +55,8 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         confirm_alarms=settings.confirm_alarms,
         straggler_window_s=settings.straggler_window_s,
         suspect_window_s=settings.suspect_window_s,
-        limits=Limits(settings.max_jobs, settings.max_nodes, settings.max_world_size),
+        limits=Limits(settings.max_jobs, settings.max_nodes, settings.max_world_size, settings.max_jobs_per_node,
+                      settings.job_room_silent_s),
     )
     if settings.actions_file is not None:
         config = load_actions(settings.actions_file)

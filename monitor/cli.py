@@ -113,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except TokenFileError as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        limits = ConnectionLimits(settings.max_connections, settings.header_timeout_s, settings.body_timeout_s)
+        limits = ConnectionLimits(settings.max_connections, settings.header_timeout_s, settings.body_timeout_s,
+                                  settings.max_header_bytes, settings.max_headers)
         protocol = guarded_protocol(limits, connection_cap(limits, raise_open_file_limit()), app.state.http_stats)
         limit_repeated_logs()
         ssl = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)} \

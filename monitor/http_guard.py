@@ -12,6 +12,10 @@ limit of 1,024, shut every agent out, and filled the log with "Too many open fil
 - past ``max_connections`` open connections, the oldest one that is not in the middle of a
   request is closed to make room (an agent's fresh connection wins over an idle squatter);
   when every connection is busy, the new one is closed instead;
+- a request's head (request line and headers) may hold at most ``max_header_bytes`` and
+  ``max_headers`` headers, else it is answered 431 and the connection closed: httptools has no
+  limit of its own and buffers a header by repeated concatenation, so 16 clients each sending
+  headers of 100 KB grew the monitor from 60 to 487 MB before the header timeout cut them off;
 - each close is counted for ``/metrics`` (``HttpStats``).
 
 ``raise_open_file_limit`` lifts the soft RLIMIT_NOFILE to the hard one at start, as systemd
@@ -30,7 +34,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 # File descriptors left for the database, logs, token files and the process's own pipes.
 RESERVED_FDS = 64
-CLOSE_REASONS = ("header_timeout", "body_timeout", "evicted_idle", "refused_full")
+CLOSE_REASONS = ("header_timeout", "body_timeout", "evicted_idle", "refused_full", "header_too_large")
 
 
 @dataclass
@@ -43,11 +47,18 @@ class HttpStats:
     unauthorized: dict[str, int] = field(default_factory=lambda: {"ingest": 0, "read": 0, "metrics": 0})
 
 
+class HeadTooLarge(Exception):
+    """Raised from a parser callback to stop reading a request head past the limits."""
+
+
 @dataclass(frozen=True)
 class ConnectionLimits:
     max_connections: int = 4096
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
+    # An agent's request head is under 1 KB; a browser's with cookies a few KB.
+    max_header_bytes: int = 32 * 1024
+    max_headers: int = 64
 
 
 def raise_open_file_limit() -> int:
@@ -75,6 +86,53 @@ def guarded_protocol(limits: ConnectionLimits, cap: int, stats: HttpStats) -> ty
 
     class GuardedProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
+        # The head so far: raw bytes received while it is incomplete (a giant header is refused
+        # before it ends), and the size and count of the parts the parser handed over.
+        _raw_head_bytes = 0
+        _in_head = True
+        _head_size = 0
+        _head_refused = False
+
+        def data_received(self, data: bytes) -> None:
+            if self._in_head:
+                self._raw_head_bytes += len(data)
+            super().data_received(data)
+            if self._in_head and self._raw_head_bytes > limits.max_header_bytes and not self.transport.is_closing():
+                self._head_refused = True
+                self.send_400_response("")
+
+        def on_message_begin(self) -> None:
+            idle.pop(self, None)
+            self._head_size, self._head_refused = 0, False
+            super().on_message_begin()
+
+        def on_url(self, url: bytes) -> None:
+            super().on_url(url)
+            self._count_head(len(url))
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            super().on_header(name, value)
+            self._count_head(len(name) + len(value) + 4)
+
+        def _count_head(self, size: int) -> None:
+            self._head_size += size
+            if self._head_size > limits.max_header_bytes or len(self.headers or ()) > limits.max_headers:
+                self._head_refused = True
+                raise HeadTooLarge  # stops the parser; uvicorn answers through send_400_response
+
+        def send_400_response(self, msg: str) -> None:
+            if not self._head_refused:
+                super().send_400_response(msg)
+                return
+            stats.closed["header_too_large"] += 1
+            self._disarm()
+            text = f"request head over {limits.max_header_bytes} bytes or {limits.max_headers} headers".encode()
+            self.transport.write(b"".join([
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
+                b"content-type: text/plain; charset=utf-8\r\n",
+                b"content-length: " + str(len(text)).encode("ascii") + b"\r\n",
+                b"connection: close\r\n\r\n", text]))
+            self.transport.close()
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -93,11 +151,8 @@ def guarded_protocol(limits: ConnectionLimits, cap: int, stats: HttpStats) -> ty
             super().connection_lost(exc)
             stats.open_connections = len(self.connections)
 
-        def on_message_begin(self) -> None:
-            idle.pop(self, None)
-            super().on_message_begin()
-
         def on_headers_complete(self) -> None:
+            self._in_head = False
             super().on_headers_complete()
             self._arm("body_timeout", limits.body_timeout_s)
 
@@ -111,6 +166,7 @@ def guarded_protocol(limits: ConnectionLimits, cap: int, stats: HttpStats) -> ty
                 # Waiting for the next request: uvicorn's keep-alive timer runs until its first
                 # byte, this one until its headers are complete.
                 idle[self] = None
+                self._in_head, self._raw_head_bytes = True, 0
                 self._arm("header_timeout", limits.header_timeout_s)
 
         def _evict_one(self) -> bool:

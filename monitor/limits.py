@@ -5,6 +5,11 @@ monitor's whole picture, so junk cannot grow it without end: 5,000 junk job ids 
 agents' posts time out, and one 1.1 KB report claiming a world of 1,000,000 ranks produced
 999,999 "missing" culprits and a 74 MB answer. A report that would pass a limit is refused
 whole (nothing of it is applied), with the reason counted in ``hangwatch_reports_rejected``.
+
+One sender must not lock the others out: a node's reports may name at most ``max_jobs_per_node``
+jobs, and at ``max_jobs`` the jobs no agent has mentioned for ``job_room_silent_s`` make room for new
+ones (monitor/retention.py) instead of holding their places for the whole job retention (2,000
+junk jobs sent once used to refuse every new job for 10 minutes).
 """
 
 from __future__ import annotations
@@ -19,6 +24,12 @@ class Limits:
     max_jobs: int = 2000
     max_nodes: int = 10000
     max_world_size: int = 65536
+    # One node's share of max_jobs: one sender (a node-bound token is one node) cannot take them all.
+    max_jobs_per_node: int = 64
+    # At max_jobs, a job no agent has mentioned for this long gives its place to a new one
+    # (monitor/retention.make_room_for_jobs): junk sent once goes quiet at once, a live job's
+    # agents mention it every second.
+    job_room_silent_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -39,8 +50,12 @@ def check_report(report: Any, limits: Limits, jobs: Collection[str], nodes: Coll
     if report.node not in nodes and len(nodes) >= limits.max_nodes:
         return Refusal(429, "too_many_nodes", f"this monitor already follows {len(nodes)} nodes (max_nodes); "
                                               "shard the cluster over more monitors")
+    report_jobs = {canonical(r.job_id) for r in report.ranks}
+    if len(report_jobs) > limits.max_jobs_per_node:
+        return Refusal(429, "node_jobs", f"node {report.node} reports {len(report_jobs)} jobs; this monitor takes at "
+                                         f"most {limits.max_jobs_per_node} from one node (max_jobs_per_node)")
     # Membership in the state's own key view: no copy of every job id per report.
-    new_jobs = {job for job in (canonical(r.job_id) for r in report.ranks) if job not in jobs}
+    new_jobs = {job for job in report_jobs if job not in jobs}
     if new_jobs and len(jobs) + len(new_jobs) > limits.max_jobs:
         return Refusal(429, "too_many_jobs", f"this monitor already follows {len(jobs)} jobs (max_jobs); "
                                              f"{len(new_jobs)} more would pass the limit")

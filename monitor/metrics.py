@@ -191,6 +191,17 @@ def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
     dropped = Family("hangwatch_monitor_snapshots_dropped",
                      "Node snapshots not written (the database failing or far behind)", "counter")
     dropped.add("", float(health.snapshots_dropped))
+    refused = Family("hangwatch_monitor_snapshots_refused",
+                     "Node snapshots not kept, by reason: too_large (over snapshot_max_bytes compressed), "
+                     "over_budget (a new node's while snapshots fill snapshot_budget_bytes)", "counter")
+    refused.add(labels(("reason",), ("too_large",)), float(health.snapshots_too_large))
+    refused.add(labels(("reason",), ("over_budget",)), float(health.snapshots_over_budget))
+    snapshot_bytes = Family("hangwatch_monitor_snapshot_bytes", "Compressed bytes the stored node snapshots take")
+    if monitor.store.snapshot_bytes is not None:
+        snapshot_bytes.add("", float(monitor.store.snapshot_bytes))
+    displaced = Family("hangwatch_monitor_jobs_displaced",
+                       "Jobs forgotten at max_jobs, silent for a minute or more, to let new ones in", "counter")
+    displaced.add("", float(monitor.jobs_displaced))
     claims = Family("hangwatch_monitor_rank_claims_refused",
                     "Reported ranks ignored: another node that still reports runs them", "counter")
     claims.add("", float(monitor.state.claims_refused))
@@ -230,7 +241,7 @@ def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
         parts.add(labels(("outcome",), ("refused",)), float(store.parts_refused))
         kept.add("", float(store.total_bytes))
     return [full, shed, lag, lag_probes, overloaded, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
-            in_memory, write_failures, unsaved, dropped, claims, incidents, node_lost, culprit_jobs, ranks, actions,
+            in_memory, write_failures, unsaved, dropped, refused, snapshot_bytes, displaced, claims, incidents, node_lost, culprit_jobs, ranks, actions,
             captures, parts, kept]
 
 

@@ -8,6 +8,9 @@ monitor's hot path: what the agent re-sends unchanged is recognised and skipped.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
+
+import msgspec
 
 from monitor.diagnosis import ExitView, Frame, LogPhase, Stack
 from monitor.diagnosis.activity import MOVING_BYTES_PER_S
@@ -19,9 +22,13 @@ from monitor.progress_ingest import apply_progress
 from monitor.tracks import LauncherTrack, RankTrack, SocketKey
 from monitor.wire import ExitReport, LauncherReport, RankReport, SocketReport, StackReport
 
+_Reported = TypeVar("_Reported", RankReport, LauncherReport)
+
 # Below this CPU percent a rank counts as idle (waiting, not computing).
 IDLE_CPU_PERCENT = 10.0
-LOG_ERRORS_KEPT = 50
+# Error lines kept per rank: the agent sends at most 10 (agent/logs.py KEPT_ERRORS). More only
+# grew memory for junk: 2,000 junk jobs of 13 ranks, each with 50 lines of 2 KB, held 2.6 GB.
+LOG_ERRORS_KEPT = 10
 KNOWN_SITES_KEPT = 64
 
 # ``wait_site(stack, cpu_percent)``: the collective call site a stack waits in, if any.
@@ -39,6 +46,7 @@ def apply_rank(
 ) -> None:
     """Take a rank's entry into its track (a new pid is a new process: a new track that keeps the
     rank's progress history) and into its job."""
+    rr = _with_kept_errors(rr)
     job.last_report_at = max(job.last_report_at, received_at)
     if job.reported_world_size != rr.world_size:
         job.reported_world_size = rr.world_size
@@ -153,6 +161,7 @@ def apply_rank(
 
 
 def apply_launcher(job: JobTrack, node: str, lr: LauncherReport, received_at: float, offset: float) -> None:
+    lr = _with_kept_errors(lr)
     """Take a launcher's entry into its track, by (node, pid), and into its job."""
     job.last_report_at = max(job.last_report_at, received_at)
     track = job.launchers.get((node, lr.pid))
@@ -242,6 +251,18 @@ def _exit_view(
     if current is None:
         return ExitView(at=received_at, error=error)
     return ExitView(at=current.at, code=current.code, signal=current.signal, error=error)
+
+
+def _with_kept_errors(report: _Reported) -> _Reported:
+    """The report with its newest LOG_ERRORS_KEPT error lines only: it is kept as the track's
+    ``latest``, and 50 lines of 2 KB a rank (the wire's limit, 10 from a real agent) were the most
+    of what junk jobs held in memory."""
+    if len(report.log_errors) <= LOG_ERRORS_KEPT:
+        return report
+    kept = report.log_errors[-LOG_ERRORS_KEPT:]
+    if isinstance(report, msgspec.Struct):
+        return msgspec.structs.replace(report, log_errors=kept)
+    return report.model_copy(update={"log_errors": kept})
 
 
 def _merge_lines(old: list[str], new: list[str], keep: int) -> list[str]:

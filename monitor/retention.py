@@ -6,6 +6,8 @@ through its ``prune`` and ``make_room_for_node``.
 
 from __future__ import annotations
 
+import heapq
+
 from monitor.job_track import JobTrack
 from monitor.tracks import NodeTrack
 
@@ -66,3 +68,20 @@ def make_room_for_node(
         return None
     del nodes[oldest]
     return oldest
+
+
+def make_room_for_jobs(
+    jobs: dict[str, JobTrack], aliases: dict[str, str], needed: int, max_jobs: int, now: float, silent_s: float,
+) -> list[str]:
+    """At ``max_jobs``, forget up to ``needed`` jobs silent for over ``silent_s``, the longest
+    silent first, so ``needed`` new ones fit. Not remembered as forgotten: if its agents speak
+    again (after a network partition), the job comes back. Returns the jobs forgotten."""
+    over = len(jobs) + needed - max_jobs
+    if over <= 0:
+        return []
+    silent = [(job.last_report_at, job_id) for job_id, job in jobs.items() if now - job.last_report_at > silent_s]
+    dropped = [job_id for _, job_id in heapq.nsmallest(over, silent)]
+    for job_id in dropped:
+        for name in (job_id, *jobs.pop(job_id).aliases):
+            aliases.pop(name, None)
+    return dropped

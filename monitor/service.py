@@ -63,7 +63,7 @@ MAX_REPLAY_AGE_S = 3600.0
 SUSPECT_WINDOW_S = 7 * 86400.0
 SUSPECTS_REFRESH_S = 60.0
 REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema", "disconnected", "unauthorized",
-                  "wrong_node", "world_size", "too_many_nodes", "too_many_jobs", "stale")
+                  "wrong_node", "world_size", "too_many_nodes", "too_many_jobs", "node_jobs", "stale")
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,8 @@ class Monitor:
         self.replayed_total = 0
         self.replayed_dropped = 0
         self.full_reports_total = 0
+        # Jobs forgotten at max_jobs to let new ones in (monitor/retention.make_room_for_jobs).
+        self.jobs_displaced = 0
         self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
         self._last_verdicts: dict[str, tuple[str, tuple[int, ...]]] = {}
         # The latest diagnosis of each job, and the jobs reports changed since theirs.
@@ -263,8 +265,18 @@ class Monitor:
             stale = stale_reason(report, known.last_taken() if known is not None else None, self.clock())
             if stale is not None:
                 return Refusal(409, "stale", stale)
-            state.make_room_for_node(report.node, self.limits.max_nodes, self.clock(), self.job_retention_s)
-            return check_report(report, self.limits, state.jobs.keys(), state.nodes.keys(), state.resolve)
+            now = self.clock()
+            state.make_room_for_node(report.node, self.limits.max_nodes, now, self.job_retention_s)
+            refusal = check_report(report, self.limits, state.jobs.keys(), state.nodes.keys(), state.resolve)
+            if refusal is not None and refusal.reason == "too_many_jobs":
+                new_jobs = {state.resolve(r.job_id) for r in report.ranks} - state.jobs.keys()
+                made = state.make_room_for_jobs(len(new_jobs), self.limits.max_jobs, now, self.limits.job_room_silent_s)
+                if made:
+                    self.jobs_displaced += len(made)
+                    log.info("at max_jobs: forgot %d jobs silent for over %.0fs (%s) to take new ones", len(made),
+                             self.limits.job_room_silent_s, ", ".join(made[:5]) + (" ..." if len(made) > 5 else ""))
+                    refusal = check_report(report, self.limits, state.jobs.keys(), state.nodes.keys(), state.resolve)
+            return refusal
 
     def reject(self, reason: str) -> None:
         with self._lock:

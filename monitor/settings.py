@@ -53,6 +53,10 @@ class Settings:
     # Snapshots older than this are pruned; so are all but the newest few per node.
     snapshot_retention_s: float = 900.0
     snapshots_per_node: int = 3
+    # A snapshot larger than this (compressed) is not kept; all of them take at most the budget, past
+    # which only nodes that have one may replace theirs (monitor/store.py).
+    snapshot_max_bytes: int = 1024 * 1024
+    snapshot_budget_bytes: int = 1024 * 1024 * 1024
     # Verdict changes (each job's history) are kept this long.
     verdict_retention_s: float = 30 * 86400.0
     # Suspect nodes (named as culprits in incidents of several jobs) are counted over this window
@@ -89,6 +93,9 @@ class Settings:
     capture_retention_s: float = 7 * 86400.0
     # What one monitor takes in (monitor/limits.py): reports past these are refused (429, 422).
     max_jobs: int = 2000
+    max_jobs_per_node: int = 64
+    # At max_jobs, a job no agent mentioned for this long gives its place to a new one.
+    job_room_silent_s: float = 60.0
     max_nodes: int = 10000
     max_world_size: int = 65536
     # Connection guards (monitor/http_guard.py): open connections at most (kept under the open-file
@@ -96,6 +103,9 @@ class Settings:
     max_connections: int = 4096
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
+    # A request's head (request line and headers): larger, or with more headers, is answered 431.
+    max_header_bytes: int = 32 * 1024
+    max_headers: int = 64
     # Token files (monitor/auth.py); a kind of request whose file is not set is open.
     # Agents' reports: lines "TOKEN" (any node) or "NODE TOKEN" (that node only).
     token_file: Path | None = None
@@ -157,21 +167,22 @@ class Settings:
             raise SettingsError(f"{named('host')} must not be empty")
         if not 1 <= self.port <= 65535:
             raise SettingsError(f"{named('port')} must be between 1 and 65535, not {self.port}")
-        if self.max_body_bytes < 1024:
-            raise SettingsError(f"{named('max_body_bytes')} must be at least 1024, not {self.max_body_bytes}")
+        for name in ("max_body_bytes", "max_header_bytes", "snapshot_max_bytes", "snapshot_budget_bytes"):
+            if getattr(self, name) < 1024:
+                raise SettingsError(f"{named(name)} must be at least 1024, not {getattr(self, name)}")
         if self.suspect_window_s > self.verdict_retention_s:
             raise SettingsError(f"{named('suspect_window_s')} ({self.suspect_window_s:g} s) must not be longer "
                                 f"than {named('verdict_retention_s')} ({self.verdict_retention_s:g} s): the "
                                 "incidents it counts are read from the verdict history")
         for name in ("snapshot_interval_s", "snapshot_retention_s", "verdict_retention_s", "suspect_window_s",
                      "job_retention_s", "capture_retention_s", "capture_max_bytes",
-                     "shed_lag_s", "shed_keep_s", "header_timeout_s", "body_timeout_s"):
+                     "shed_lag_s", "shed_keep_s", "header_timeout_s", "body_timeout_s", "job_room_silent_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{named(name)} must be positive, not {getattr(self, name):g}")
         if self.straggler_window_s < MIN_STRAGGLER_WINDOW_S:
             raise SettingsError(f"{named('straggler_window_s')} must be at least {MIN_STRAGGLER_WINDOW_S:g} s "
                                 f"(levels are medians of one report a second), not {self.straggler_window_s:g}")
-        for name in ("max_jobs", "max_nodes", "max_world_size", "max_connections", "snapshots_per_node"):
+        for name in ("max_jobs", "max_jobs_per_node", "max_nodes", "max_world_size", "max_connections", "snapshots_per_node", "max_headers"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{named(name)} must be at least 1, not {getattr(self, name)}")
         for name in ("fresh_read_ranks", "tick_interval_s", "capture_after_s"):

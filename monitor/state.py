@@ -137,6 +137,10 @@ class MonitorState:
         """See ``retention.make_room_for_node``: the node forgotten to let ``node`` in, if any."""
         return retention.make_room_for_node(self.nodes, node, max_nodes, now, silent_s)
 
+    def make_room_for_jobs(self, needed: int, max_jobs: int, now: float, silent_s: float) -> list[str]:
+        """See ``retention.make_room_for_jobs``: the jobs forgotten to let ``needed`` new ones in."""
+        return retention.make_room_for_jobs(self.jobs, self.aliases, needed, max_jobs, now, silent_s)
+
     def prune(self, now: float, retention_s: float) -> list[str]:
         """See ``retention.prune``: the ids of the jobs forgotten."""
         return retention.prune(

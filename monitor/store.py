@@ -4,8 +4,11 @@ Not every report is stored: at 10,000 ranks that is megabytes a second for nothi
 node's full report is kept as a snapshot at most once per snapshot interval (the monitor
 asks agents for one when due), the newest few per node, compressed; a restart replays them.
 Verdict changes are the job's history and are kept for ``verdict_retention_s``.
-The database's size is thus bounded by configuration: nodes x snapshots per node x a
-compressed full report, plus the verdict changes of the retention period.
+The database's size is thus bounded by configuration: snapshots take at most
+``snapshot_budget_bytes`` (each node's at most snapshots per node x ``snapshot_max_bytes``, compressed;
+a larger one is not kept; past the budget only nodes that already have a snapshot may replace it, so
+junk sent under ever new node names cannot push out the real nodes'), plus the verdict changes
+and action records of the retention period.
 
 Writes go through one writer thread fed by a queue, so a slow disk never stalls
 the event loop and SQLite sees a single writer; whatever is queued is committed in one
@@ -47,6 +50,10 @@ RETRY_S = 5.0
 # Verdict changes kept in memory while they cannot be written; snapshots queued at most.
 MAX_UNSAVED = 10_000
 MAX_QUEUED = 5_000
+# Snapshot bodies waiting for the writer, in bytes: past this a snapshot is dropped. Bounds the
+# memory they hold (5,000 padded 8-MiB reports would be 40 GiB) and how long a read, which waits
+# for queued writes, waits behind them (a flood of padded reports made /metrics take over 30 s).
+MAX_QUEUED_SNAPSHOT_BYTES = 32 * 1024 * 1024
 FAILURE_LOG_EVERY_S = 60.0
 
 
@@ -97,6 +104,7 @@ class _Queued:
     kind: str  # "snapshot", "verdict", "action", "prune"
     write: _Write
     change: VerdictChange | None = None
+    size: int = 0  # a snapshot's body bytes
 
 
 @dataclass
@@ -110,7 +118,9 @@ class StoreHealth:
     # The database could not be opened: everything lives in memory until a restart.
     in_memory: bool = False
     write_failures: dict[str, int] = field(default_factory=dict)
-    snapshots_dropped: int = 0
+    snapshots_dropped: int = 0  # the database failing or far behind
+    snapshots_too_large: int = 0  # over snapshot_max_bytes compressed
+    snapshots_over_budget: int = 0  # a new node's, while snapshots fill snapshot_budget_bytes
     unsaved_dropped: int = 0
 
 
@@ -133,8 +143,13 @@ class Store:
         verdict_retention_s: float = 30 * 86400.0,
         prune_every_s: float = 30.0,
         clock: Callable[[], float] = time.time,
+        snapshot_max_bytes: int = 1024 * 1024,
+        snapshot_budget_bytes: int = 1024 * 1024 * 1024,
     ) -> None:
         self.path = Path(path)
+        self.snapshot_max_bytes = snapshot_max_bytes
+        self.snapshot_budget_bytes = snapshot_budget_bytes
+        self._snapshot_bytes: int | None = None  # all snapshots' compressed bytes (writer thread)
         self.snapshot_retention_s = snapshot_retention_s
         self.snapshots_per_node = snapshots_per_node
         self.verdict_retention_s = verdict_retention_s
@@ -160,6 +175,8 @@ class Store:
                                       in_memory=True)
         self._reader_lock = threading.Lock()
         self._queue: queue.Queue[object] = queue.Queue()
+        self._queued_snapshot_bytes = 0
+        self._queued_lock = threading.Lock()
         self._error: BaseException | None = None
         self.snapshots_written = 0
         self._writer = threading.Thread(target=self._write_loop, name="hangwatch-store", daemon=True)
@@ -180,18 +197,34 @@ class Store:
     def add_snapshot(self, node: str, received_at: float, body: bytes | str) -> None:
         """Keep ``body`` (a validated full report) as the node's newest snapshot."""
         raw = body.encode() if isinstance(body, str) else body
-        if self._queue.qsize() >= MAX_QUEUED:
+        if self._queue.qsize() >= MAX_QUEUED or self._queued_snapshot_bytes + len(raw) > MAX_QUEUED_SNAPSHOT_BYTES:
             # The disk is far behind (or failing): a snapshot is only for replay, the next will do.
             self.health.snapshots_dropped += 1
             return
+        with self._queued_lock:
+            self._queued_snapshot_bytes += len(raw)
 
         def write(c: sqlite3.Connection) -> None:
             # Compressed here, on the writer thread: zlib releases the GIL, the event loop does not wait.
-            c.execute("INSERT INTO snapshots (node, received_at, body) VALUES (?, ?, ?)",
-                      (node, received_at, zlib.compress(raw, 1)))
+            blob = zlib.compress(raw, 1)
+            if len(blob) > self.snapshot_max_bytes:
+                self.health.snapshots_too_large += 1
+                return
+            total = self._stored_snapshot_bytes(c)
+            if total + len(blob) > self.snapshot_budget_bytes:
+                own_bytes, own_count = c.execute(
+                    "SELECT COALESCE(SUM(length(body)), 0), COUNT(*) FROM snapshots WHERE node = ?", (node,)).fetchone()
+                if not own_count:
+                    self.health.snapshots_over_budget += 1
+                    return
+                # The node replaces what it has: its footprint does not grow while the budget is full.
+                c.execute("DELETE FROM snapshots WHERE node = ?", (node,))
+                total -= own_bytes
+            c.execute("INSERT INTO snapshots (node, received_at, body) VALUES (?, ?, ?)", (node, received_at, blob))
+            self._snapshot_bytes = total + len(blob)
             self.snapshots_written += 1
 
-        self._submit(_Queued("snapshot", write))
+        self._submit(_Queued("snapshot", write, size=len(raw)))
 
     def add_verdict(self, change: VerdictChange) -> None:
         self._submit(_Queued("verdict", lambda c: _insert_verdict(c, change), change))
@@ -264,6 +297,10 @@ class Store:
                     else:
                         self._hold(writes)  # failing: try the disk again every RETRY_S only
                 finally:
+                    done = sum(i.size for i in writes)
+                    if done:
+                        with self._queued_lock:
+                            self._queued_snapshot_bytes -= done
                     for _ in batch:
                         self._queue.task_done()
                 if any(i is _STOP for i in batch):
@@ -286,6 +323,7 @@ class Store:
                     self._prune(conn, last_prune)
         except sqlite3.Error as exc:
             self._error = exc
+            self._snapshot_bytes = None  # rolled back: counted afresh
             self._failed(exc)
             self._hold(writes)
             return last_prune
@@ -324,6 +362,17 @@ class Store:
             log.error("cannot write the database %s (%s): %d verdict changes held in memory, snapshots "
                       "dropped; retrying every %.0fs", self.path, exc, len(self._unsaved), RETRY_S)
 
+    @property
+    def snapshot_bytes(self) -> int | None:
+        """The stored snapshots' compressed bytes, as the writer last counted them (None: not yet)."""
+        return self._snapshot_bytes
+
+    def _stored_snapshot_bytes(self, conn: sqlite3.Connection) -> int:
+        if self._snapshot_bytes is None:
+            # length() of a blob reads its size from the record header, not the blob.
+            self._snapshot_bytes = conn.execute("SELECT COALESCE(SUM(length(body)), 0) FROM snapshots").fetchone()[0]
+        return self._snapshot_bytes
+
     def _prune(self, conn: sqlite3.Connection, now: float) -> None:
         conn.execute("DELETE FROM snapshots WHERE received_at < ?", (now - self.snapshot_retention_s,))
         conn.execute(
@@ -331,6 +380,7 @@ class Store:
             "(PARTITION BY node ORDER BY id DESC) AS newer FROM snapshots) WHERE newer > ?)",
             (self.snapshots_per_node,),
         )
+        self._snapshot_bytes = None  # counted afresh (a failed transaction may have left it off)
         conn.execute("DELETE FROM verdicts WHERE at < ?", (now - self.verdict_retention_s,))
         conn.execute("DELETE FROM actions WHERE at < ?", (now - self.verdict_retention_s,))
 
@@ -427,4 +477,5 @@ def open_store(settings: Any, clock: Callable[[], float] = time.time) -> Store:
     """The store with the retention ``settings`` (a ``monitor.settings.Settings``) asks for."""
     return Store(settings.db, snapshot_retention_s=settings.snapshot_retention_s,
                  snapshots_per_node=settings.snapshots_per_node, verdict_retention_s=settings.verdict_retention_s,
-                 clock=clock)
+                 clock=clock, snapshot_max_bytes=settings.snapshot_max_bytes,
+                 snapshot_budget_bytes=settings.snapshot_budget_bytes)

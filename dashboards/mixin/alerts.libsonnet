@@ -190,14 +190,15 @@ local lib = import 'lib.libsonnet';
           {
             alert: 'HangwatchReportsRefusedAtCapacity',
             expr: 'sum by (%s) (increase(hangwatch_reports_rejected_total%s[2m])) > 0'
-                  % [h.by(['instance', 'reason']), h.sel(['reason=~"too_many_jobs|too_many_nodes"'])],
+                  % [h.by(['instance', 'reason']), h.sel(['reason=~"too_many_jobs|too_many_nodes|node_jobs"'])],
             'for': '5m',
             labels: { severity: 'warning' },
             annotations: {
               summary: "hangwatch monitor {{ $labels.instance }} is full: agents' reports refused ({{ $labels.reason }})" + h.inCluster,
               description: std.join('\n', [
                 'The monitor at {{ $labels.instance }} has refused agents\' reports with HTTP 429 for 5 minutes ({{ $value | humanize }} in the last 2 minutes): '
-                + '{{ if eq $labels.reason "too_many_jobs" }}it already follows %s, the most HANGWATCH_MAX_JOBS allows'
+                + '{{ if eq $labels.reason "node_jobs" }}a node reports more jobs than HANGWATCH_MAX_JOBS_PER_NODE allows'
+                + '{{ else if eq $labels.reason "too_many_jobs" }}it already follows %s, the most HANGWATCH_MAX_JOBS allows'
                   % ('{{ with %s | query }}{{ . | first | value }} {{ end }}jobs' % h.instanceQuery('count(hangwatch_job_world_size{SEL})'))
                 + '{{ else }}it already follows %s, the most HANGWATCH_MAX_NODES allows{{ end }}.'
                   % ('{{ with %s | query }}{{ . | first | value }} {{ end }}nodes'

@@ -115,3 +115,36 @@ def test_repeated_log_lines_are_dropped_past_the_burst_and_counted() -> None:
     [record] = _records("asyncio", "socket.accept() out of system resource", 1)
     assert limiter.filter(record)
     assert "97 more like this dropped" in record.getMessage()
+
+
+def _answer(port: int, head: bytes, chunk: int = 4096) -> bytes:
+    """Send ``head`` in chunks (stopping when the monitor closes), then read what comes back."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        try:
+            for i in range(0, len(head), chunk):
+                s.sendall(head[i:i + chunk])
+        except OSError:
+            pass  # closed on us mid-way: the answer is already sent
+        got = b""
+        try:
+            while piece := s.recv(65536):
+                got += piece
+        except (ConnectionResetError, TimeoutError):
+            pass
+        return got
+
+
+def test_request_heads_past_the_limits_get_431_and_the_monitor_goes_on(tmp_path: Path) -> None:
+    """httptools bounds no header: a header too large (whole, or still arriving), too many
+    headers: each answered 431 and its connection closed; normal requests are served throughout."""
+    with running_monitor(tmp_path, extra_env={"HANGWATCH_MAX_HEADER_BYTES": "8192"}) as monitor:
+        port = int(monitor.base.rsplit(":", 1)[1])
+        large = b"GET /diagnose HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n"
+        many = b"GET /diagnose HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(100)) + b"\r\n"
+        endless = b"GET /diagnose HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200_000  # never finishes
+        for head in (large, many, endless):
+            got = _answer(port, head)
+            assert got.startswith(b"HTTP/1.1 431 "), got[:200]
+        assert _answer(port, b"GET /diagnose HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+        assert _metric(monitor.base, "hangwatch_monitor_connections_closed_total", reason="header_too_large") == 3
+        assert _post_accepted(monitor.base, "job-after")

@@ -97,10 +97,11 @@ def _limits_report(node: str, *job_ids: str, world_size: int = 2) -> Any:
     ("node-a", ("job-a",), 65537, (422, "world_size")),
     ("node-a", ("job-new", "job-newer"), 2, (429, "too_many_jobs")),
     ("node-a", ("job-a", "job-new"), 2, None),
+    ("node-b", ("job-a", "job-b", "job-c", "job-d", "job-e"), 2, (429, "node_jobs")),  # one node's share
 ])
 def test_limits_on_what_one_monitor_takes_in(node: str, job_ids: tuple[str, ...], world_size: int,
                                              expected: tuple[int, str] | None) -> None:
-    limits = Limits(max_jobs=3, max_nodes=3, max_world_size=65536)
+    limits = Limits(max_jobs=3, max_nodes=3, max_world_size=65536, max_jobs_per_node=3)
     refusal = check_report(_limits_report(node, *job_ids, world_size=world_size), limits,
                            jobs={"job-a", "job-b"}, nodes={"node-a", "node-b"},
                            canonical=lambda j: {"job-c": "job-a"}.get(j, j))

@@ -1,0 +1,97 @@
+"""One sender must not fill a real monitor for the others (issue 20): a node's share of the job
+places, silent jobs giving their places to new ones at max_jobs, and the snapshot budget."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import string
+import time
+from pathlib import Path
+
+import httpx
+from monitor_reports import rank, report
+from real_monitor import running_monitor
+
+URL = "/api/v1/reports"
+
+
+def _metric_line(base: str, prefix: str) -> str:
+    lines = [line for line in httpx.get(f"{base}/metrics", timeout=5).text.splitlines() if line.startswith(prefix)]
+    assert len(lines) == 1, (prefix, lines)
+    return lines[0]
+
+
+def _job_ids(base: str) -> set[str]:
+    jobs = httpx.get(f"{base}/diagnose", params={"format": "json", "view": "summary"}, timeout=5).json()["jobs"]
+    return {j["job_id"] for j in jobs}
+
+
+def test_junk_cannot_lock_new_jobs_out(tmp_path: Path) -> None:
+    """One node name may name only its share of jobs; junk sent once under many names fills the
+    monitor, then gives its places to a real job once silent, while junk that keeps talking keeps its."""
+    env = {"HANGWATCH_MAX_JOBS": "10", "HANGWATCH_MAX_JOBS_PER_NODE": "4", "HANGWATCH_JOB_ROOM_SILENT_S": "2"}
+    with running_monitor(tmp_path, extra_env=env) as monitor, httpx.Client(base_url=monitor.base, timeout=5) as http:
+        def post(node: str, *jobs: str) -> httpx.Response:
+            return http.post(URL, json=report(node=node, ranks=[rank(job_id=job, rank=0) for job in jobs]))
+
+        greedy = post("greedy", *(f"greedy-{i}" for i in range(5)))
+        assert greedy.status_code == 429 and "max_jobs_per_node" in greedy.json()["detail"], greedy.text
+        assert [post(f"junk-{i}", f"junk-{i}").status_code for i in range(10)] == [202] * 10
+        assert post("node-real", "job-real").status_code == 429  # full, and every junk job just spoke
+        deadline = time.monotonic() + 15
+        while True:
+            assert post("junk-0", "junk-0").status_code == 202  # the one that keeps talking
+            status = post("node-real", "job-real").status_code
+            if status == 202:
+                break
+            assert status == 429 and time.monotonic() < deadline, "the real job never got a place"
+            time.sleep(0.5)
+        jobs = _job_ids(monitor.base)
+        assert {"job-real", "junk-0"} <= jobs and len(jobs) <= 10, jobs
+        assert float(_metric_line(monitor.base, "hangwatch_monitor_jobs_displaced_total").split()[-1]) >= 1
+        assert _metric_line(monitor.base, 'hangwatch_reports_rejected_total{reason="node_jobs"}').endswith(" 1.0")
+
+
+def _snapshot_bytes(db: Path) -> dict[str, int]:
+    with sqlite3.connect(db) as conn:
+        return dict(conn.execute("SELECT node, SUM(length(body)) FROM snapshots GROUP BY node").fetchall())
+
+
+def _noise(size: int, seed: int) -> str:
+    """Text zlib cannot shrink much: a padded report's cost on disk."""
+    rng = random.Random(seed)
+    return "".join(rng.choices(string.ascii_letters + string.digits, k=size))
+
+
+def test_snapshots_stay_within_their_budget_under_many_node_names(tmp_path: Path) -> None:
+    budget, largest = 40_000, 8_000
+    env = {"HANGWATCH_SNAPSHOT_BUDGET_BYTES": str(budget), "HANGWATCH_SNAPSHOT_MAX_BYTES": str(largest),
+           "HANGWATCH_SNAPSHOT_INTERVAL_S": "0.2"}
+    db = tmp_path / "state" / "monitor.db"
+    with running_monitor(tmp_path, db=db, extra_env=env) as monitor, httpx.Client(base_url=monitor.base, timeout=5) as http:
+        def post(node: str, lines: int, seed: int) -> int:
+            errors = [_noise(2000, seed * 100 + i) for i in range(lines)]  # 1.5 KB each, compressed
+            ranks = [rank(job_id=f"job-{node}", rank=0, log_errors=errors)]
+            return http.post(URL, json=report(node=node, ranks=ranks)).status_code
+
+        assert post("node-real", 0, 0) == 202
+        assert post("padded", 6, 1) == 202  # taken, but its snapshot (about 9 KB) is not kept
+        for i in range(20):  # about 4.5 KB each: the budget holds 8 of them
+            assert post(f"junk-{i}", 3, 10 + i) == 202
+        time.sleep(0.3)  # the real node's next snapshot is due: it replaces its own
+        assert post("node-real", 0, 2) == 202
+
+        def settled() -> dict[str, int] | None:
+            stored = _snapshot_bytes(db)
+            refused = _metric_line(monitor.base, 'hangwatch_monitor_snapshots_refused_total{reason="over_budget"}')
+            return stored if float(refused.split()[-1]) > 0 and "node-real" in stored else None
+
+        deadline = time.monotonic() + 10
+        while (stored := settled()) is None:
+            assert time.monotonic() < deadline, _snapshot_bytes(db)
+            time.sleep(0.2)
+        assert "padded" not in stored
+        assert sum(stored.values()) <= budget + largest, stored
+        assert _metric_line(monitor.base, 'hangwatch_monitor_snapshots_refused_total{reason="too_large"}').endswith(" 1.0")
+        assert 0 < float(_metric_line(monitor.base, "hangwatch_monitor_snapshot_bytes").split()[-1]) <= budget + largest
