@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,10 @@ MAX_THREADS = 16
 TRACED_WAIT_S = 2.0
 # How long a dump asked now (an evidence capture) waits for one of the rank already under way.
 BUSY_WAIT_S = 10.0
+# A periodic dump that failed while the rank may have been traced by another tool is tried once
+# more after a random pause in this range: two tracers on a fixed beat (another agent, a person's
+# py-spy loop) otherwise collide at every tick, and one of them never gets a stack.
+CONTENDED_RETRY_S = (0.2, 0.8)
 MAX_FRAMES = 64
 DUMP_TIMEOUT_S = 5.0
 STOPPED_STATES = ("T", "t", "Z", "X")
@@ -107,6 +112,13 @@ def one_line(text: str) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("Error:")]
     return (errors[0] if errors else lines[-1] if lines else "no output")[:2048]
+
+
+def contended(error: StackError) -> bool:
+    """Whether a failed dump may have met another tracer: py-spy could not read the rank (it finds
+    it attached), or the rank was in a ptrace stop; not a timeout, a kill or a refusal."""
+    text = str(error)
+    return text.startswith("py-spy failed:") or text == "not dumped: process is in state t"
 
 
 def run_dump(py_spy: str, pid: int, native: bool, timeout: float = DUMP_TIMEOUT_S) -> str:
@@ -363,6 +375,12 @@ class StackSampler:
                     return take_stack(self.py_spy, self.proc_root, pid, native, traced_wait_s=traced_wait_s)
                 except StackError as e:
                     py_spy_failed = e
+                if traced_wait_s == 0.0 and contended(py_spy_failed):
+                    time.sleep(random.uniform(*CONTENDED_RETRY_S))
+                    try:
+                        return take_stack(self.py_spy, self.proc_root, pid, native, traced_wait_s=TRACED_WAIT_S)
+                    except StackError as e:
+                        py_spy_failed = e
         server = self.worker_server(pid) if self.worker_server is not None else None
         if server is None:
             if py_spy_failed is not None:

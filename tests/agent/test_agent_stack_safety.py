@@ -261,3 +261,42 @@ def test_other_users_processes_only_with_dump_other_users():
         mine.close()
         anyone.close()
         theirs.stop()
+
+
+# Another tracer (a person's py-spy, a second agent): attaches to the rank, says so, holds it
+# stopped for a moment, lets go.
+HOLD_TRACED = textwrap.dedent(
+    """
+    import ctypes, os, sys, time
+    libc = ctypes.CDLL(None, use_errno=True)
+    pid, hold = int(sys.argv[1]), float(sys.argv[2])
+    assert libc.ptrace(16, pid, None, None) == 0, ctypes.get_errno()  # PTRACE_ATTACH
+    os.waitpid(pid, 0)
+    print("attached", flush=True)
+    time.sleep(hold)
+    libc.ptrace(17, pid, None, 0)  # PTRACE_DETACH
+    time.sleep(30)
+    """
+)
+
+
+@needs_py_spy
+def test_a_periodic_dump_that_meets_another_tracer_tries_again_once_it_lets_go(target):
+    """Two tracers on one beat collide at every tick: the dump that found the rank traced tries
+    once more after a short random pause and waits for the other to let go."""
+    other = subprocess.Popen([sys.executable, "-c", HOLD_TRACED, str(target), "0.5"], stdout=subprocess.PIPE)
+    try:
+        assert other.stdout.readline() == b"attached\n"
+        assert tracer_of(target) == other.pid
+        sampler = StackSampler(PY_SPY)
+        try:
+            sampler.schedule(target, now=time.time(), stuck=True, state="S")
+            assert wait_until(lambda: sampler.latest(target) != (None, None), 15.0, 0.05)
+            stack, error = sampler.latest(target)
+            assert error is None and stack and stack["threads"], (stack, error)
+        finally:
+            sampler.close()
+    finally:
+        other.kill()
+        other.wait()
+        other.stdout.close()

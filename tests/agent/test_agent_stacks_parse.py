@@ -11,6 +11,7 @@ from agent.stacks import (
     stop_pending,
     DumpPlan,
     StackError,
+    contended,
     looks_stuck,
     next_dump,
     one_line,
@@ -122,3 +123,14 @@ def test_a_pending_stop_is_read_from_proc_status(own, shared, pending):
 ])
 def test_py_spys_failure_is_its_error_line_not_its_backtrace(output: str, said: str) -> None:
     assert one_line(output) == said
+
+
+@pytest.mark.parametrize(("error", "again"), [
+    ("py-spy failed: Error: Failed to get stack traces", True),  # attached to by another tracer
+    ("not dumped: process is in state t", True),  # in another tracer's ptrace stop
+    ("not dumped: process is in state T", False),  # someone's SIGSTOP: evidence, never dumped
+    ("py-spy dump timed out after 5 s", False),
+    ("py-spy was killed by signal SIGKILL", False),
+])
+def test_which_failed_dumps_are_tried_again(error: str, again: bool) -> None:
+    assert contended(StackError(error)) is again
