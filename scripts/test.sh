@@ -30,7 +30,7 @@ for arg in "$@"; do
     fi
 done
 # Tests that judge ranks by the CPU they get (tests/conftest.py, cpu_bound) run after the parallel
-# part, alone on the machine: beside the other workers' jobs a busy rank gets a fifth of a core.
+# part, two at a time at most: beside the other workers' jobs a busy rank gets a fifth of a core.
 .venv/bin/python -m pytest -n "$workers" --dist loadgroup --cpu-bound=without "${tier[@]}" "${args[@]}"
 parallel=$?
 cpu_bound=5
@@ -38,7 +38,7 @@ if [ "$fast" -eq 0 ] && { [ "$parallel" -le 1 ] || [ "$parallel" -eq 5 ]; }; the
     # A /tmp of its own, removed after, as each parallel worker's node has (tests/node_worker.py):
     # torchrun leaves a torchelastic_* directory behind for every job.
     serial_tmp=$(mktemp -d -t hw-serial-XXXXXX)
-    TMPDIR="$serial_tmp" .venv/bin/python -m pytest -n0 --cpu-bound=only "${tier[@]}" "${args[@]}"
+    TMPDIR="$serial_tmp" .venv/bin/python -m pytest -n 2 --dist loadgroup --cpu-bound=only "${tier[@]}" "${args[@]}"
     cpu_bound=$?
     rm -rf "$serial_tmp"
 fi

@@ -11,7 +11,8 @@
 - Tests marked ``cpu_bound`` judge ranks by the CPU they get (a busy rank must look busy): beside
   other workers' jobs on 2 cores it gets a fifth of a core. ``--cpu-bound=without`` leaves them out
   and ``--cpu-bound=only`` runs just them; scripts/test.sh runs the parallel part without them, then
-  them alone.
+  them on two workers: the ones grouped "cpu_bound" one after another on one, the 30%-straggler
+  test (grouped on its own) on the other, so a busy rank gets at least half a core.
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = _shared_fixture_group(item)
         if group and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
+        elif item.get_closest_marker("cpu_bound") and not item.get_closest_marker("xdist_group"):
+            # One after another on one worker: with scripts/test.sh's two workers for them, at most
+            # two such tests share the two cores (the one that compares CPU levels has a group of its own).
+            item.add_marker(pytest.mark.xdist_group("cpu_bound"))
     items.sort(key=_tier_rank)  # stable: the order within a tier is the collection order
     which = config.getoption("cpu_bound")
     if which != "with":

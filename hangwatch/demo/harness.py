@@ -387,7 +387,9 @@ def launch_torchrun(reaper: Reaper, workdir: Path, train_args: Sequence[str], *,
     and only ``tee`` writes the file.
     """
     port = port or free_port()
-    log = workdir / f"{name}-torchrun.log"
+    # One file per job: two jobs of a test writing one file would have their lines credited to
+    # neither (agent/logs.py), as for any two jobs sharing a log.
+    log = workdir / f"{name}-{port}-torchrun.log"
     cmd = [tool("torchrun"), f"--nproc-per-node={nproc}", f"--master-addr={LOOPBACK}", f"--master-port={port}",
            str(TRAIN_SCRIPT), *train_args]
     if tee:
@@ -416,7 +418,7 @@ def launch_plain(reaper: Reaper, workdir: Path, train_args: Sequence[str], *, wo
     job = Job(job_id=f"{LOOPBACK}:{port}", kind="plain", logs=[], reaper=reaper)
     job.nproc = nranks
     for r in range(nranks):
-        log = workdir / f"{name}-rank{r}.log"
+        log = workdir / f"{name}-{port}-rank{r}.log"
         env = _workload_env({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world_size),
                              "LOCAL_WORLD_SIZE": str(world_size),
                              "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)})

@@ -145,6 +145,7 @@ SLOW_FROM_STEP = 150
 
 
 @pytest.mark.cpu_bound
+@pytest.mark.xdist_group("cpu_bound_levels")  # beside the other cpu_bound tests, not after them
 def test_a_rank_doing_30_percent_more_work_is_named_straggler_while_the_job_steps(reaper, tmp_path: Path):
     """Both ranks compute 0.1 s a step; from SLOW_FROM_STEP rank 1 computes 0.13 s. The job never
     stalls (rank 0 waits for rank 1 in all_reduce every step): the same work is never an alarm,
