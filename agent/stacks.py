@@ -118,7 +118,7 @@ def contended(error: StackError) -> bool:
     """Whether a failed dump may have met another tracer: py-spy could not read the rank (it finds
     it attached), or the rank was in a ptrace stop; not a timeout, a kill or a refusal."""
     text = str(error)
-    return text.startswith("py-spy failed:") or text == "not dumped: process is in state t"
+    return text.startswith(("py-spy failed:", "not dumped: process is in state t"))
 
 
 def run_dump(py_spy: str, pid: int, native: bool, timeout: float = DUMP_TIMEOUT_S) -> str:
@@ -147,12 +147,18 @@ def take_stack(py_spy: str, proc_root: str, pid: int, native: bool, clock=time.t
         time.sleep(0.1)
         before = read_stat(proc_root, pid).state
     if before in STOPPED_STATES:
-        raise StackError(f"not dumped: process is in state {before}")
+        raise StackError(f"not dumped: process is in state {before}{tracer_note(proc_root, pid)}")
     taken_at, started = clock(), time.monotonic()
     ended_well = False
     try:
         text = run_dump(py_spy, pid, native)
         ended_well = True
+    except StackError as e:
+        if str(e).startswith("py-spy dump timed out"):
+            # Who holds the rank, if anyone still does once our py-spy is gone: the evidence for a
+            # rank that no dump can read (CI once saw two ranks in a tracing stop for 45 s).
+            raise StackError(f"{e}{tracer_note(proc_root, pid)}") from None
+        raise
     finally:
         resume_if_left_stopped(proc_root, pid, watch_s=0.0 if ended_well else SETTLE_S)
     return {
@@ -161,6 +167,23 @@ def take_stack(py_spy: str, proc_root: str, pid: int, native: bool, clock=time.t
         "duration_s": round(time.monotonic() - started, 3),
         "threads": parse_dump(text, pid),
     }
+
+
+def tracer_note(proc_root: str, pid: int) -> str:
+    """" (traced by pid N, COMM, state S)" when another process ptraces ``pid``, else ""."""
+    try:
+        for line in read_status(proc_root, pid).splitlines():
+            if line.startswith("TracerPid:"):
+                tracer = int(line.split()[1])
+                break
+        else:
+            return ""
+        if not tracer:
+            return ""
+        stat = read_stat(proc_root, tracer)
+        return f" (traced by pid {tracer}, {stat.comm}, state {stat.state})"
+    except (OSError, ValueError, IndexError):
+        return ""
 
 
 def resume_if_left_stopped(proc_root: str, pid: int, watch_s: float = 0.0) -> bool:
@@ -230,6 +253,10 @@ def _signal_name(number: int) -> str:
 STUCK_MIN_S = 2.0
 LOW_CPU_PERCENT = 10.0
 STUCK_DUMP_EVERY_S = 3.0
+# After a dump that timed out: the pause before the next (doubling, up to the max), and how long
+# native dumps stay off.
+TIMEOUT_QUIET_MAX_S = 60.0
+NATIVE_OFF_AFTER_TIMEOUT_S = 60.0
 BACKGROUND_DUMP_EVERY_S = 20.0
 FIRST_DUMP_AFTER_S = 2.0
 
@@ -261,10 +288,28 @@ class DumpPlan:
     last_dump_at: float | None = None
     last_native_at: float | None = None
     stuck_since: float | None = None  # start of the current stuck episode
+    # After dumps that timed out (py-spy held the rank stopped all the while): no dump until
+    # quiet_until, and Python-only dumps (far cheaper than native unwinding) until native_off_until.
+    timeouts: int = 0
+    quiet_until: float | None = None
+    native_off_until: float | None = None
+
+
+def after_timeout(plan: DumpPlan, now: float, native: bool) -> None:
+    """A dump of the rank timed out: each one in a row doubles the pause before the next (a rank
+    py-spy cannot read in time was held stopped for the whole timeout, and would be again at every
+    tick), and a native one turns native dumps off for a while."""
+    plan.timeouts += 1
+    plan.quiet_until = now + min(TIMEOUT_QUIET_MAX_S, DUMP_TIMEOUT_S * 2 ** (plan.timeouts - 1))
+    if native:
+        plan.native_off_until = now + NATIVE_OFF_AFTER_TIMEOUT_S
 
 
 def next_dump(now: float, plan: DumpPlan, stuck: bool) -> str | None:
     """"python", "native" or None: which dump this rank needs now. Updates the episode."""
+    if plan.quiet_until is not None and now < plan.quiet_until:
+        return None
+    native = "python" if plan.native_off_until is not None and now < plan.native_off_until else "native"
     if not stuck:
         plan.stuck_since = None
         due = (
@@ -275,11 +320,11 @@ def next_dump(now: float, plan: DumpPlan, stuck: bool) -> str | None:
         return "python" if now >= due else None
     if plan.stuck_since is None:
         plan.stuck_since = now
-        return "native"
-    # Stuck ranks always get native dumps: an async Work.wait or DDP's reducer shows
-    # only in native frames, and the monitor keeps just the newest stack.
+        return native
+    # Stuck ranks get native dumps: an async Work.wait or DDP's reducer shows only in native
+    # frames, and the monitor keeps just the newest stack.
     if plan.last_dump_at is None or now - plan.last_dump_at >= STUCK_DUMP_EVERY_S:
-        return "native"
+        return native
     return None
 
 
@@ -356,11 +401,17 @@ class StackSampler:
             with self._lock:
                 self._errors[pid] = str(e)[:2048]
                 self.recent_failures += 1
+                plan = self._plans.get(pid)
+                if plan is not None and str(e).startswith("py-spy dump timed out"):
+                    after_timeout(plan, time.time(), native)
         else:
             with self._lock:
                 self._stacks[pid] = stack
                 self._errors.pop(pid, None)
                 self.recent_failures = 0
+                plan = self._plans.get(pid)
+                if plan is not None:
+                    plan.timeouts = 0
         finally:
             with self._lock:
                 self._busy.discard(pid)

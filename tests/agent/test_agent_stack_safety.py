@@ -288,6 +288,9 @@ def test_a_periodic_dump_that_meets_another_tracer_tries_again_once_it_lets_go(t
     try:
         assert other.stdout.readline() == b"attached\n"
         assert tracer_of(target) == other.pid
+        # A dump that will not wait says who holds the rank.
+        with pytest.raises(StackError, match=rf"state t \(traced by pid {other.pid}, python\S*, state \w\)"):
+            take_stack(PY_SPY, "/proc", target, native=False)
         sampler = StackSampler(PY_SPY)
         try:
             sampler.schedule(target, now=time.time(), stuck=True, state="S")

@@ -11,6 +11,7 @@ from agent.stacks import (
     stop_pending,
     DumpPlan,
     StackError,
+    after_timeout,
     contended,
     looks_stuck,
     next_dump,
@@ -100,6 +101,26 @@ def test_dump_schedule_background_then_stuck_episode():
     assert next_dump(55.0, plan, stuck=True) == "native"
 
 
+def test_dumps_that_time_out_pause_and_go_python_only():
+    """A dump that timed out held the rank stopped for the whole timeout: the next waits 5 s, then
+    10, 20, ... up to 60; after a native one, dumps are Python-only for a minute; a dump that ends
+    well starts the count over."""
+    plan = DumpPlan(discovered_at=0.0, stuck_since=10.0, last_dump_at=10.0, last_native_at=10.0)
+    after_timeout(plan, 15.0, native=True)
+    assert next_dump(19.0, plan, stuck=True) is None  # quiet until 20
+    assert next_dump(20.0, plan, stuck=True) == "python"
+    plan.last_dump_at = 20.0
+    after_timeout(plan, 25.0, native=False)
+    assert plan.quiet_until == 35.0 and next_dump(34.0, plan, stuck=True) is None
+    assert next_dump(35.0, plan, stuck=True) == "python"
+    for _ in range(5):
+        after_timeout(plan, 100.0, native=False)
+    assert plan.quiet_until == 160.0  # capped at a minute
+    plan.timeouts = 0  # a dump ended well
+    plan.last_dump_at = 160.0
+    assert next_dump(170.0, plan, stuck=True) == "native"  # native dumps are back after their minute
+
+
 STATUS = "Name:\tpython\nState:\tR (running)\nSigQ:\t0/95\nSigPnd:\t{own}\nShdPnd:\t{shared}\nSigBlk:\t0000000000000000\n"
 
 
@@ -128,6 +149,7 @@ def test_py_spys_failure_is_its_error_line_not_its_backtrace(output: str, said: 
 @pytest.mark.parametrize(("error", "again"), [
     ("py-spy failed: Error: Failed to get stack traces", True),  # attached to by another tracer
     ("not dumped: process is in state t", True),  # in another tracer's ptrace stop
+    ("not dumped: process is in state t (traced by pid 7, py-spy, state S)", True),
     ("not dumped: process is in state T", False),  # someone's SIGSTOP: evidence, never dumped
     ("py-spy dump timed out after 5 s", False),
     ("py-spy was killed by signal SIGKILL", False),
