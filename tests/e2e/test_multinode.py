@@ -205,7 +205,7 @@ def test_slow_link_is_healthy(cluster: Cluster):
     cluster.launch(cluster.a, 0, *args)
     cluster.launch(cluster.b, 1, *args)
     cluster.jobs["node-a"].wait_for_step(3, timeout=90)
-    seen = cluster.watch(30)
+    seen = cluster.watch(20)
     listed = [j for j in seen if j is not None]
     assert listed, "the monitor never listed the job"
     bad = [j for j in listed if j["verdict"] != "healthy"]
