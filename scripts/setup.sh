@@ -60,6 +60,37 @@ pip() {
         exit 1
     fi
 }
+# Packages go in with uv where it can be had (from PyPI, into the venv): it unpacks and compiles
+# in parallel, 21 s for a fresh test set-up here against pip's 59 s, and a second set-up on the
+# same machine links from its cache. It is told where pip looks for local wheels (this machine's
+# CPU torch lies in a find-links folder) and trusts the system's certificates, as pip is set up to.
+# Without uv (no PyPI, an old platform), pip does it all.
+uv_args=()
+uv_ready=0
+use_uv() {
+    [ "$uv_ready" -eq 1 ] && return 0
+    [ -x "$VENV/bin/uv" ] || "$VENV/bin/python" -m pip --disable-pip-version-check install --quiet uv >>"$LOG" 2>&1 ||
+        return 1
+    local loc
+    for loc in $(printf '%s\n' ${PIP_FIND_LINKS:-} $("$VENV/bin/python" -m pip config get global.find-links 2>/dev/null) |
+        sort -u); do
+        uv_args+=(--find-links "$loc")
+    done
+    uv_ready=1
+}
+install() {
+    if [ -x "$VENV/bin/uv" ]; then
+        if ! "$VENV/bin/uv" pip install --python "$VENV/bin/python" --compile-bytecode --native-tls \
+            "${uv_args[@]}" "$@" >>"$LOG" 2>&1; then
+            echo "failed" >&2
+            say "uv pip install failed; the end of $LOG:"
+            tail -n 25 "$LOG" >&2
+            exit 1
+        fi
+    else
+        pip install "$@"
+    fi
+}
 
 if [ ! -x "$VENV/bin/python" ]; then
     step "creating a virtual environment in $VENV ($("$PYTHON" --version 2>&1))"
@@ -85,7 +116,13 @@ except (ValueError, LookupError, TypeError):  # no report: pip found nothing, or
         esac
     fi
     step "installing torch $TORCH_VERSION (CPU build: a 190 MB download, 750 MB installed)"
-    pip install "${source[@]}" "torch==$TORCH_VERSION"
+    if [ ${#source[@]} -eq 0 ] && use_uv; then
+        install "torch==$TORCH_VERSION"
+    else
+        # PyTorch's own index: pip, whose index order is the one written (uv would prefer the
+        # extra index, PyPI, and its CUDA build).
+        pip install "${source[@]}" "torch==$TORCH_VERSION"
+    fi
     done_step
 fi
 torch_installed=$("$VENV/bin/python" -c "import torch; print(torch.__version__)" 2>/dev/null)
@@ -96,7 +133,8 @@ case "$extras" in
 esac
 # The torch installed stays: nothing in the extras (lightning, torchmetrics) may swap it for
 # another build.
-pip install -e ".[$extras]" "torch==$torch_installed"
+use_uv || true
+install -e ".[$extras]" "torch==$torch_installed"
 done_step
 
 echo "$recipe" >"$(stamp_of "$extras")"

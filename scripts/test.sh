@@ -7,12 +7,18 @@
 #   scripts/test.sh tests/monitor -n0 one folder, serially
 set -uo pipefail
 cd "$(dirname "$0")/.."
+VENV=${HANGWATCH_VENV:-.venv}
 scripts/setup.sh || exit 1
 # System tools the tests run for real: promtool/prometheus, chromium, iptables, systemd-analyze, mpirun.
 scripts/system-deps.sh || exit 1
-.venv/bin/ruff check --quiet agent monitor hangwatch hangwatch_common tests benchmarks || exit 1
+"$VENV/bin/ruff" check --quiet agent monitor hangwatch hangwatch_common tests benchmarks || exit 1
 # Imports run only downward (pyproject.toml [tool.importlinter]).
-.venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache || exit 1
+"$VENV/bin/lint-imports" --no-cache >/dev/null || "$VENV/bin/lint-imports" --no-cache || exit 1
+
+# Bytecode is cached as usual even where the environment turns it off (PYTHONDONTWRITEBYTECODE):
+# the suite starts hundreds of monitors, agents and ranks, each of which would compile this
+# project's modules again, and every worker would rewrite every test module's asserts again.
+unset PYTHONDONTWRITEBYTECODE
 
 # Most of the suite waits on real processes (verdicts, quiet windows, servers starting), so workers
 # overlap well even on 2 cores. Each worker is a node of its own (tests/conftest.py).
@@ -31,14 +37,14 @@ for arg in "$@"; do
 done
 # Tests that judge ranks by the CPU they get (tests/conftest.py, cpu_bound) run after the parallel
 # part, two at a time at most: beside the other workers' jobs a busy rank gets a fifth of a core.
-.venv/bin/python -m pytest -n "$workers" --dist loadgroup --cpu-bound=without "${tier[@]}" "${args[@]}"
+"$VENV/bin/python" -m pytest -n "$workers" --dist loadgroup --cpu-bound=without "${tier[@]}" "${args[@]}"
 parallel=$?
 cpu_bound=5
 if [ "$fast" -eq 0 ] && { [ "$parallel" -le 1 ] || [ "$parallel" -eq 5 ]; }; then
     # A /tmp of its own, removed after, as each parallel worker's node has (tests/node_worker.py):
     # torchrun leaves a torchelastic_* directory behind for every job.
     serial_tmp=$(mktemp -d -t hw-serial-XXXXXX)
-    TMPDIR="$serial_tmp" .venv/bin/python -m pytest -n 2 --dist loadgroup --cpu-bound=only "${tier[@]}" "${args[@]}"
+    TMPDIR="$serial_tmp" "$VENV/bin/python" -m pytest -n 2 --dist loadgroup --cpu-bound=only "${tier[@]}" "${args[@]}"
     cpu_bound=$?
     rm -rf "$serial_tmp"
 fi
