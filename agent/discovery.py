@@ -27,7 +27,7 @@ from agent.identity import (  # noqa: F401 -- RankIdentity: re-exported
     rank_identity,
 )
 from agent.procinfo import is_python, parse_cmdline, parse_environ, read_exe  # noqa: F401 -- re-exported
-from agent.procstat import CLOCK_TICKS, Stat, read_stat, uptime_ticks
+from agent.procstat import ANCESTOR_LEVELS, CLOCK_TICKS, Stat, ancestors, read_stat, uptime_ticks
 from agent.redact import DEFAULT_REDACTOR, Redactor
 from agent.workload_names import read_pod_uid
 
@@ -53,7 +53,6 @@ LAUNCHER_PROGRAM_MODULES = {
 TORCHRUN_KINDS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 # Launchers whose workers' environment looks like any env:// launcher's: the parent tells.
 LAUNCHER_WORDS_FROM_PARENT = ("accelerate", "deepspeed")
-ANCESTOR_LEVELS = 6
 
 # Launch settings that explain hangs, reported as RankReport.env (nothing else is sent).
 ENV_ALLOWLIST = (
@@ -191,18 +190,11 @@ def drop_helpers(candidates: dict[int, RankProcess], parents: dict[int, int]) ->
     """
     kept = []
     for proc in candidates.values():
-        pid, helper = proc.pid, False
-        for _ in range(ANCESTOR_LEVELS):
-            pid = parents.get(pid, 0)
-            if pid <= 1:
-                break
-            other = candidates.get(pid)
-            if other and (other.identity.job_id, other.identity.rank) == (
-                proc.identity.job_id,
-                proc.identity.rank,
-            ):
-                helper = True
-                break
+        same_rank = (proc.identity.job_id, proc.identity.rank)
+        helper = any(
+            (other := candidates.get(pid)) is not None and (other.identity.job_id, other.identity.rank) == same_rank
+            for pid in ancestors(proc.pid, parents.get)
+        )
         if not helper:
             kept.append(proc)
     return sorted(kept, key=lambda p: (p.identity.job_id, p.identity.rank, p.pid))
@@ -218,13 +210,7 @@ def _named_by_parent(proc: RankProcess, kinds: dict[int, str]) -> RankProcess:
 
 
 def _descends_from(pid: int, ancestor: int, parents: dict[int, int]) -> bool:
-    for _ in range(ANCESTOR_LEVELS * 2):
-        if pid == ancestor:
-            return True
-        pid = parents.get(pid, 0)
-        if pid <= 1:
-            return False
-    return False
+    return pid == ancestor or ancestor in ancestors(pid, parents.get, ANCESTOR_LEVELS * 2)
 
 
 @dataclass

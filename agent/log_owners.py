@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from agent.identity import RankProcess
-from agent.procstat import read_stat
+from agent.procstat import ancestors, read_stat
 
 log = logging.getLogger("agent")
 
 # A file's tie is looked up again this often (writers come and go), and at once when the set of
 # jobs on the node changes or the file is new.
 RESOLVE_EVERY_S = 10.0
-ANCESTOR_LEVELS = 6
 # Other names a job goes by on --log JOB=PATH, from the rank's allowlisted environment.
 JOB_ALIAS_ENV = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
 O_ACCMODE, O_WRONLY, O_RDWR = 0o3, 0o1, 0o2
@@ -155,21 +154,26 @@ class LogOwners:
         return out
 
     def _jobs_by_process(self, ranks: list[RankProcess]) -> dict[int, set[str]]:
-        """Each rank and each of its ancestors (up to ANCESTOR_LEVELS, not pid 1) -> its jobs."""
+        """Each rank and each of its ancestors (agent.procstat.ancestors) -> its jobs."""
         out: dict[int, set[str]] = {}
         for rank in ranks:
             pid, job = rank.pid, rank.identity.job_id
             out.setdefault(pid, set()).add(job)
-            parent = rank.ppid
-            for _ in range(ANCESTOR_LEVELS):
-                if parent <= 1 or parent == self.own_pid:
+            for parent in self._ancestors_of(rank):
+                if parent == self.own_pid:
                     break
                 out.setdefault(parent, set()).add(job)
-                try:
-                    parent = read_stat(self.proc_root, parent).ppid
-                except (OSError, ValueError):
-                    break
         return out
+
+    def _ancestors_of(self, rank: RankProcess) -> Iterator[int]:
+        # The rank's parent as discovery saw it; the ones above read now.
+        return ancestors(rank.pid, lambda pid: rank.ppid if pid == rank.pid else self._parent_of(pid))
+
+    def _parent_of(self, pid: int) -> int | None:
+        try:
+            return read_stat(self.proc_root, pid).ppid
+        except (OSError, ValueError):
+            return None  # gone
 
     def _writers(self, files: dict[tuple[int, int], LogSource]) -> dict[tuple[int, int], list[int]]:
         """Processes holding each file open for writing (the agent itself aside), from every

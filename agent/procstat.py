@@ -7,6 +7,7 @@ parameter so tests can point them at fixture trees.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -71,6 +72,21 @@ def wait_status(status: int) -> tuple[int | None, int | None]:
 def read_stat(proc_root: str, pid: int) -> Stat:
     with open(f"{proc_root}/{pid}/stat") as f:
         return parse_stat(f.read())
+
+
+# How far up the process tree a rank's launcher, shell or helper is looked for.
+ANCESTOR_LEVELS = 6
+
+
+def ancestors(pid: int, parent_of: Callable[[int], int | None], levels: int = ANCESTOR_LEVELS) -> Iterator[int]:
+    """``pid``'s parent, its parent's parent, ... at most ``levels`` of them, ending before pid 1
+    (init adopts orphans: it is nobody's launcher) or a parent ``parent_of`` does not know (None)."""
+    for _ in range(levels):
+        parent = parent_of(pid)
+        if parent is None or parent <= 1:
+            return
+        yield parent
+        pid = parent
 
 
 def read_thread_stats(proc_root: str, pid: int) -> list[Stat]:

@@ -172,7 +172,7 @@ class Agent:
         self.worker_servers = WorkerServerFinder(root, self._env_of)
         self.stacks = (
             StackSampler(py_spy, root, dumper=Dumper.current(config.dump_other_users),
-                         worker_server=self.worker_servers) if config.stacks else None
+                         worker_server=self.worker_servers, clock=clock) if config.stacks else None
         )
         self.selfwatch = SelfWatch(Limits(
             max_rss_bytes=config.max_rss_mb * 2**20 if config.max_rss_mb else None,

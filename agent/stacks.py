@@ -47,7 +47,14 @@ SETTLE_S = 0.2
 
 
 class StackError(Exception):
-    """A dump failed; the message says why, in one line."""
+    """A dump failed; the message says why, in one line, and ``reason`` what kind of failure it was,
+    for the policy: "timeout" (py-spy ran past its time), "failed" (py-spy exited with an error),
+    "traced" (the rank was in another tracer's stop), "stopped", "killed", "unavailable" (no
+    py-spy to run, no stack in the answer), or "other"."""
+
+    def __init__(self, message: str, reason: str = "other") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def find_py_spy(explicit: str | None = None) -> str | None:
@@ -88,7 +95,7 @@ def parse_dump(
     """ThreadStackReport dicts from py-spy's JSON (frames innermost first), main thread first."""
     threads = json.loads(text)
     if not isinstance(threads, list):
-        raise StackError("py-spy printed no thread list")
+        raise StackError("py-spy printed no thread list", "failed")
 
     def is_main(t: dict) -> bool:
         return t.get("os_thread_id") == pid or t.get("thread_name") == "MainThread"
@@ -117,8 +124,7 @@ def one_line(text: str) -> str:
 def contended(error: StackError) -> bool:
     """Whether a failed dump may have met another tracer: py-spy could not read the rank (it finds
     it attached), or the rank was in a ptrace stop; not a timeout, a kill or a refusal."""
-    text = str(error)
-    return text.startswith(("py-spy failed:", "not dumped: process is in state t"))
+    return error.reason in ("failed", "traced")
 
 
 def run_dump(py_spy: str, pid: int, native: bool, timeout: float = DUMP_TIMEOUT_S) -> str:
@@ -126,13 +132,13 @@ def run_dump(py_spy: str, pid: int, native: bool, timeout: float = DUMP_TIMEOUT_
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:  # run() kills the child on timeout
-        raise StackError(f"py-spy dump timed out after {timeout:.0f} s") from None
+        raise StackError(f"py-spy dump timed out after {timeout:.0f} s", "timeout") from None
     except OSError as e:
-        raise StackError(f"cannot run py-spy: {e}") from None
+        raise StackError(f"cannot run py-spy: {e}", "unavailable") from None
     if done.returncode < 0:
-        raise StackError(f"py-spy was killed by signal {_signal_name(-done.returncode)}")
+        raise StackError(f"py-spy was killed by signal {_signal_name(-done.returncode)}", "killed")
     if done.returncode != 0:
-        raise StackError(f"py-spy failed: {one_line(done.stderr or done.stdout)}")
+        raise StackError(f"py-spy failed: {one_line(done.stderr or done.stdout)}", "failed")
     return done.stdout
 
 
@@ -147,17 +153,18 @@ def take_stack(py_spy: str, proc_root: str, pid: int, native: bool, clock=time.t
         time.sleep(0.1)
         before = read_stat(proc_root, pid).state
     if before in STOPPED_STATES:
-        raise StackError(f"not dumped: process is in state {before}{tracer_note(proc_root, pid)}")
+        raise StackError(f"not dumped: process is in state {before}{tracer_note(proc_root, pid)}",
+                         "traced" if before == "t" else "stopped")
     taken_at, started = clock(), time.monotonic()
     ended_well = False
     try:
         text = run_dump(py_spy, pid, native)
         ended_well = True
     except StackError as e:
-        if str(e).startswith("py-spy dump timed out"):
+        if e.reason == "timeout":
             # Who holds the rank, if anyone still does once our py-spy is gone: the evidence for a
             # rank that no dump can read (CI once saw two ranks in a tracing stop for 45 s).
-            raise StackError(f"{e}{tracer_note(proc_root, pid)}") from None
+            raise StackError(f"{e}{tracer_note(proc_root, pid)}", e.reason) from None
         raise
     finally:
         resume_if_left_stopped(proc_root, pid, watch_s=0.0 if ended_well else SETTLE_S)
@@ -333,9 +340,11 @@ class StackSampler:
 
     def __init__(
         self, py_spy: str | None, proc_root: str = "/proc", workers: int = 2, dumper: Dumper | None = None,
-        worker_server: Callable[[int], Any] | None = None,
+        worker_server: Callable[[int], Any] | None = None, clock: Callable[[], float] = time.time,
     ):
         self.py_spy = py_spy
+        # The caller's clock: schedule() is given its time, and a timeout's pause is set on it too.
+        self.clock = clock
         # A rank's torch worker server (agent/torch_worker_server.py): its stacks without ptrace,
         # where py-spy is missing, not permitted, or fails on the rank.
         self.worker_server = worker_server
@@ -402,8 +411,8 @@ class StackSampler:
                 self._errors[pid] = str(e)[:2048]
                 self.recent_failures += 1
                 plan = self._plans.get(pid)
-                if plan is not None and str(e).startswith("py-spy dump timed out"):
-                    after_timeout(plan, time.time(), native)
+                if plan is not None and isinstance(e, StackError) and e.reason == "timeout":
+                    after_timeout(plan, self.clock(), native)
         else:
             with self._lock:
                 self._stacks[pid] = stack
@@ -416,17 +425,20 @@ class StackSampler:
             with self._lock:
                 self._busy.discard(pid)
 
-    def _take(self, pid: int, native: bool, traced_wait_s: float = 0.0) -> dict | None:
-        """py-spy's dump of the rank, else its worker server's; None when the rules said no."""
+    def _take(self, pid: int, native: bool, capture: bool = False) -> dict | None:
+        """py-spy's dump of the rank, else its worker server's; None when the rules said no.
+        A ``capture`` (once, on request) waits for another tracer to let go of the rank; a periodic
+        dump that meets one tries once more after a short random pause instead of holding a worker."""
         py_spy_failed: StackError | None = None
         if self.status == "ok":
             refusal = dump_refusal(read_target(self.proc_root, pid), self.dumper)
             if refusal is None:
                 try:
-                    return take_stack(self.py_spy, self.proc_root, pid, native, traced_wait_s=traced_wait_s)
+                    return take_stack(self.py_spy, self.proc_root, pid, native,
+                                      traced_wait_s=TRACED_WAIT_S if capture else 0.0)
                 except StackError as e:
                     py_spy_failed = e
-                if traced_wait_s == 0.0 and contended(py_spy_failed):
+                if not capture and contended(py_spy_failed):
                     time.sleep(random.uniform(*CONTENDED_RETRY_S))
                     try:
                         return take_stack(self.py_spy, self.proc_root, pid, native, traced_wait_s=TRACED_WAIT_S)
@@ -440,7 +452,7 @@ class StackSampler:
                 with self._lock:
                     self._errors[pid] = refusal  # the rules said no: not a failed dump
                 return None
-            raise StackError(self.status)
+            raise StackError(self.status, "unavailable")
         return server.stack()
 
     def take_now(self, pid: int, native: bool = True, wait_s: float = BUSY_WAIT_S) -> dict:
@@ -457,7 +469,7 @@ class StackSampler:
                 raise StackError(f"another dump of pid {pid} took over {wait_s:.0f}s")
             time.sleep(0.05)
         try:
-            stack = self._take(pid, native, traced_wait_s=TRACED_WAIT_S)
+            stack = self._take(pid, native, capture=True)
         finally:
             with self._lock:
                 self._busy.discard(pid)

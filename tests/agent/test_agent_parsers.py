@@ -18,7 +18,7 @@ from agent.discovery import (
 )
 from agent.host import parse_cpuinfo
 from agent.procio import parse_io
-from agent.procstat import parse_stat, summarize_threads, wait_status
+from agent.procstat import ancestors, parse_stat, summarize_threads, wait_status
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "agent"
 
@@ -150,6 +150,18 @@ def test_parse_cmdline():
 
 def _proc(pid, ppid, rank, job="j"):
     return RankProcess(pid, ppid, 1, RankIdentity(job, rank, 4, rank, "env"), "python t.py")
+
+
+@pytest.mark.parametrize(("start", "levels", "expected"), [
+    (50, 6, [40, 30, 20]),  # up to, not including, init
+    (50, 2, [40, 30]),  # no further than asked
+    (60, 6, [55]),  # a parent nobody knows (gone) ends the walk
+    (20, 6, []),  # a child of init has no ancestor worth naming
+    (99, 6, []),  # an unknown process has none
+])
+def test_ancestors_walk_up_to_init_a_missing_parent_or_the_limit(start: int, levels: int, expected: list[int]) -> None:
+    parents = {50: 40, 40: 30, 30: 20, 20: 1, 60: 55}
+    assert list(ancestors(start, parents.get, levels)) == expected
 
 
 def test_drop_helpers_keeps_ranks_not_their_workers():

@@ -3,6 +3,7 @@ real py-spy, through the agent's own sampler."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+import agent.stacks as stacks
 from agent.procstat import read_stat, read_thread_stats
-from agent.stacks import StackError, StackSampler, find_py_spy, take_stack
+from agent.stacks import StackError, StackSampler, contended, find_py_spy, take_stack
 from agent.targets import Dumper
 
 pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
@@ -162,6 +164,8 @@ FAKE_PY_SPY = textwrap.dedent(
         os.kill(pid, signal.SIGSTOP)
         print("[]")
         sys.exit(0)
+    if mode == "hang":
+        time.sleep(60)
     parent = os.getpid()
     if os.fork() == 0:
         while os.getppid() == parent:
@@ -192,17 +196,38 @@ def test_a_stop_left_by_a_dump_is_undone(target, fake_py_spy, monkeypatch):
 
 def test_a_stop_landing_after_a_failed_dump_is_undone(target, fake_py_spy, monkeypatch):
     monkeypatch.setenv("FAKE_MODE", "late-stop")
-    with pytest.raises(StackError, match="py-spy failed: Error: lost the target"):
+    with pytest.raises(StackError, match="py-spy failed: Error: lost the target") as failed:
         take_stack(fake_py_spy, "/proc", target, native=False)
+    assert failed.value.reason == "failed"
     assert_keeps_running(target, timeout=1.0)
+
+
+def test_a_dump_that_times_out_pauses_the_ranks_next_dumps_on_the_agents_clock(target, fake_py_spy, monkeypatch):
+    """A timed-out dump (py-spy held the rank all the while) backs off: the pause is set on the clock
+    the agent schedules with, so the next tick's plan sees it."""
+    monkeypatch.setenv("FAKE_MODE", "hang")
+    monkeypatch.setattr(stacks, "run_dump", functools.partial(stacks.run_dump, timeout=0.3))
+    sampler = StackSampler(fake_py_spy, clock=lambda: 1000.0)
+    try:
+        sampler.schedule(target, now=1000.0, stuck=True, state="S")  # stuck: a native dump
+        assert wait_until(lambda: sampler.latest(target)[1], 10.0, 0.05)
+        assert sampler.latest(target)[1].startswith("py-spy dump timed out")
+        plan = sampler._plans[target]
+        assert (plan.timeouts, plan.quiet_until, plan.native_off_until) == (1, 1005.0, 1060.0)
+        sampler.schedule(target, now=1004.0, stuck=True, state="S")
+        assert target not in sampler._busy  # still in the pause: no dump started
+    finally:
+        sampler.close()
+    assert_keeps_running(target)
 
 
 def test_a_rank_stopped_before_the_dump_is_left_stopped(target, fake_py_spy):
     """Someone's SIGSTOP is evidence (a stopped rank): never dumped, never resumed."""
     os.kill(target, signal.SIGSTOP)
     assert wait_until(lambda: read_stat("/proc", target).state == "T", 5.0, 0.01)
-    with pytest.raises(StackError, match="not dumped: process is in state T"):
+    with pytest.raises(StackError, match="not dumped: process is in state T") as refused:
         take_stack(fake_py_spy, "/proc", target, native=False)
+    assert refused.value.reason == "stopped" and not contended(refused.value)
     time.sleep(0.3)
     assert read_stat("/proc", target).state == "T"
 
@@ -289,8 +314,9 @@ def test_a_periodic_dump_that_meets_another_tracer_tries_again_once_it_lets_go(t
         assert other.stdout.readline() == b"attached\n"
         assert tracer_of(target) == other.pid
         # A dump that will not wait says who holds the rank.
-        with pytest.raises(StackError, match=rf"state t \(traced by pid {other.pid}, python\S*, state \w\)"):
+        with pytest.raises(StackError, match=rf"state t \(traced by pid {other.pid}, python\S*, state \w\)") as met:
             take_stack(PY_SPY, "/proc", target, native=False)
+        assert met.value.reason == "traced" and contended(met.value)
         sampler = StackSampler(PY_SPY)
         try:
             sampler.schedule(target, now=time.time(), stuck=True, state="S")
