@@ -37,6 +37,8 @@ class Refusal:
     status: int
     reason: str  # the label of hangwatch_reports_rejected
     detail: str
+    # too_many_jobs: how many jobs the report would add (places to make for it).
+    new_jobs: int = 0
 
 
 def check_report(report: Any, limits: Limits, jobs: Collection[str], nodes: Collection[str],
@@ -58,5 +60,5 @@ def check_report(report: Any, limits: Limits, jobs: Collection[str], nodes: Coll
     new_jobs = {job for job in report_jobs if job not in jobs}
     if new_jobs and len(jobs) + len(new_jobs) > limits.max_jobs:
         return Refusal(429, "too_many_jobs", f"this monitor already follows {len(jobs)} jobs (max_jobs); "
-                                             f"{len(new_jobs)} more would pass the limit")
+                                             f"{len(new_jobs)} more would pass the limit", len(new_jobs))
     return None

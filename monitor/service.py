@@ -269,8 +269,7 @@ class Monitor:
             state.make_room_for_node(report.node, self.limits.max_nodes, now, self.job_retention_s)
             refusal = check_report(report, self.limits, state.jobs.keys(), state.nodes.keys(), state.resolve)
             if refusal is not None and refusal.reason == "too_many_jobs":
-                new_jobs = {state.resolve(r.job_id) for r in report.ranks} - state.jobs.keys()
-                made = state.make_room_for_jobs(len(new_jobs), self.limits.max_jobs, now, self.limits.job_room_silent_s)
+                made = state.make_room_for_jobs(refusal.new_jobs, self.limits.max_jobs, now, self.limits.job_room_silent_s)
                 if made:
                     self.jobs_displaced += len(made)
                     log.info("at max_jobs: forgot %d jobs silent for over %.0fs (%s) to take new ones", len(made),
