@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from agent.identity import RankProcess
-from agent.procstat import ancestors, read_stat
+from agent.procstat import ancestors, open_flags, opened_for_writing, read_stat
 
 log = logging.getLogger("agent")
 
@@ -32,7 +32,6 @@ log = logging.getLogger("agent")
 RESOLVE_EVERY_S = 10.0
 # Other names a job goes by on --log JOB=PATH, from the rank's allowlisted environment.
 JOB_ALIAS_ENV = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
-O_ACCMODE, O_WRONLY, O_RDWR = 0o3, 0o1, 0o2
 
 
 @dataclass(frozen=True)
@@ -200,7 +199,7 @@ class LogOwners:
                 if not target.startswith("/") or os.path.basename(target.removesuffix(" (deleted)")) not in names:
                     continue
                 key = self._open_file_key(f"{fd_dir}/{fd}")
-                if key in out and self._opened_for_writing(pid, fd) and pid not in out[key]:
+                if key in out and opened_for_writing(open_flags(self.proc_root, pid, fd)) and pid not in out[key]:
                     out[key].append(pid)
         return out
 
@@ -211,16 +210,6 @@ class LogOwners:
         except OSError:
             return None
         return (st.st_dev, st.st_ino)
-
-    def _opened_for_writing(self, pid: int, fd: str) -> bool:
-        try:
-            with open(f"{self.proc_root}/{pid}/fdinfo/{fd}") as f:
-                for line in f:
-                    if line.startswith("flags:"):
-                        return (int(line.split()[1], 8) & O_ACCMODE) in (O_WRONLY, O_RDWR)
-        except (OSError, ValueError, IndexError):
-            pass
-        return False
 
     def _link(self, pid: int, fd: int) -> str | None:
         try:

@@ -1,7 +1,8 @@
 """Follow the ranks' log files for progress lines and errors.
 
 A rank's logs are its stdout/stderr when they are regular files (found through
-/proc/PID/fd/1 and /fd/2), plus the --log files tied to its job (agent/log_owners.py).
+/proc/PID/fd/1 and /fd/2), the files it holds open for appending (its own log file:
+agent/appended_files.py), plus the --log files tied to its job (agent/log_owners.py).
 One tailer per file (by inode), shared by every rank writing to it. A file's lines go
 to the ranks of one job only: the ranks writing it, or the job a --log file is tied to;
 a file written by ranks of several jobs, or a --log file tied to none, is read (for
@@ -21,6 +22,7 @@ import stat as stat_module
 from collections import deque
 from dataclasses import dataclass, field
 
+from agent.appended_files import AppendedFiles
 from agent.discovery import RankProcess
 from agent.logpatterns import (
     LauncherBlockParser,
@@ -52,8 +54,12 @@ LEARNED_PATTERN_MAX = 200
 class FileTailer:
     """Reads what was appended to one open file since the last call, as whole lines."""
 
-    def __init__(self, path: str, opened: str, from_start: bool = False):
+    def __init__(self, path: str, opened: str, from_start: bool = False, text_only: bool = False):
         self.path = path  # a name for reports; reading goes through the open file
+        # A file found only by how it is opened (appended to) may hold anything: the first NUL
+        # byte read says it is not a log, and it is read no further.
+        self.text_only = text_only
+        self.binary = False
         self.file = open(opened, "rb")
         size = os.fstat(self.file.fileno()).st_size
         self.offset = 0 if from_start else max(0, size - FIRST_READ_BYTES)
@@ -62,6 +68,8 @@ class FileTailer:
         self.backlog = not from_start  # the first read is history, not live progress
 
     def read_lines(self) -> list[str]:
+        if self.binary:
+            return []
         size = os.fstat(self.file.fileno()).st_size
         if size < self.offset:  # truncated (copytruncate rotation, or rewritten)
             self.offset, self.partial = 0, b""
@@ -72,6 +80,10 @@ class FileTailer:
         self.file.seek(self.offset)
         data = self.partial + self.file.read(size - self.offset)
         self.offset = size
+        if self.text_only and b"\0" in data:
+            self.binary, self.partial = True, b""
+            log.info("%s: not a text log (a NUL byte): no longer read", self.path)
+            return []
         pieces = LINE_SPLIT.split(data)
         self.partial = pieces.pop()
         if self.skip_first and pieces:
@@ -150,6 +162,8 @@ class LogFollower:
         self.sources = [LogSource.parse(p) for p in extra_paths]
         self.user_pattern = user_pattern
         self.owners = LogOwners(proc_root)
+        self.appended = AppendedFiles(proc_root)
+        self._appended_keys: set[tuple[int, int]] = set()  # files found as a rank's appended log
         self._files: dict[tuple[int, int], _File] = {}
         self._extra_seen: set[str] = set()
         self._mixed_jobs: set[tuple[int, int]] = set()  # files said to be written by several jobs
@@ -161,14 +175,15 @@ class LogFollower:
 
     def collect(self, ranks: list[RankProcess], now: float) -> list[LauncherFailure]:
         """Read new lines of every log; returns launcher failure records seen."""
-        writers, names, extras = self._find_files(ranks)
+        writers, names, extras = self._find_files(ranks, now)
         for key in [k for k in self._files if k not in names]:
             self._files.pop(key).tailer.close()
+            self._appended_keys.discard(key)
         credited = self._credited_ranks(writers, extras, ranks, now)
         failures: list[LauncherFailure] = []
         for key, (name, opened, from_start) in names.items():
             if key not in self._files:
-                self._files[key] = _File(FileTailer(name, opened, from_start))
+                self._files[key] = _File(FileTailer(name, opened, from_start, text_only=key in self._appended_keys))
             entry = self._files[key]
             lines = entry.tailer.read_lines()
             live = not entry.tailer.backlog
@@ -242,6 +257,7 @@ class LogFollower:
         return [self._files[k].tailer.path for k in dict.fromkeys(keys) if k in self._files]
 
     def forget(self, pid: int) -> None:
+        self.appended.forget(pid)
         self._ranks.pop(pid, None)
         self._rank_files.pop(pid, None)
         self._rank_extras.pop(pid, None)
@@ -251,14 +267,15 @@ class LogFollower:
             entry.tailer.close()
         self._files.clear()
 
-    def _find_files(self, ranks: list[RankProcess]):
+    def _find_files(self, ranks: list[RankProcess], now: float):
         """(writers: inode -> ranks writing it, names: inode -> (path, path to open, from start),
         extras: inode -> the --log argument it was found by)."""
         writers: dict[tuple[int, int], list[RankProcess]] = {}
         names: dict[tuple[int, int], tuple[str, str, bool]] = {}
         for proc in ranks:
             found = []
-            for fd in (1, 2):
+            appended = self.appended.of(proc.pid, now)
+            for fd in (1, 2, *(fd for fd, _ in appended)):
                 link = f"{self.proc_root}/{proc.pid}/fd/{fd}"
                 try:
                     target = os.readlink(link)
@@ -269,6 +286,8 @@ class LogFollower:
                     continue  # a tty, pipe or socket
                 key = (st.st_dev, st.st_ino)
                 found.append(key)
+                if fd > 2 and key not in names:
+                    self._appended_keys.add(key)
                 # Opening through /proc works even after the file was renamed or deleted.
                 names.setdefault(key, (target, link, False))
             if found:

@@ -74,6 +74,26 @@ def read_stat(proc_root: str, pid: int) -> Stat:
         return parse_stat(f.read())
 
 
+# An open file's access mode and flags, as /proc/PID/fdinfo/FD's "flags:" line gives them (octal).
+O_ACCMODE, O_WRONLY, O_RDWR, O_APPEND = 0o3, 0o1, 0o2, 0o2000
+
+
+def open_flags(proc_root: str, pid: int, fd: int | str) -> int | None:
+    """The flags ``pid`` opened ``fd`` with; None when it is gone (or not ours to read)."""
+    try:
+        with open(f"{proc_root}/{pid}/fdinfo/{fd}") as f:
+            for line in f:
+                if line.startswith("flags:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def opened_for_writing(flags: int | None) -> bool:
+    return flags is not None and (flags & O_ACCMODE) in (O_WRONLY, O_RDWR)
+
+
 # How far up the process tree a rank's launcher, shell or helper is looked for.
 ANCESTOR_LEVELS = 6
 

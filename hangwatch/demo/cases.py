@@ -41,6 +41,9 @@ def demo_cases(stall_step: int) -> dict[str, DemoCase]:
         "deadlock-hf": DemoCase("as deadlock, progress logged as transformers' Trainer does, with no step number "
                                 "(\"{'loss': 0.61, ..., 'epoch': 0.04}\"): a heartbeat",
                                 ("--log-format", "hf", "--fail", "linger", *at), "deadlock", (1,)),
+        "deadlock-ownlog": DemoCase("as deadlock, rank 0 logging its steps through logging.FileHandler to a file "
+                                    "of its own, none on stdout (the agent given no --log)",
+                                    ("--log-file", "{workdir}/rank0-own.log", "--fail", "linger", *at), "deadlock", (1,)),
         "collective": DemoCase("rank 0 alone enters a broadcast in save_checkpoint; rank 1 waits in all_reduce",
                                ("--fail", "extra-collective", "--fail-rank", "0", *at), "deadlock", (0,)),
         "ddp": DemoCase("DistributedDataParallel; rank 1 leaves the loop and lingers (rank 0 waits in backward)",
@@ -108,15 +111,17 @@ def launch_case(case: DemoCase, reaper, workdir, *, name: str = "job"):
     """
     from hangwatch.demo.harness import free_port, launch_plain, launch_torchrun, start_orphan_listener
 
+    # "{workdir}" in a case's arguments: a file of the run's own (a log the job writes itself).
+    train_args = [arg.replace("{workdir}", str(workdir)) for arg in case.train_args]
     if case.launcher == "plain":
-        return launch_plain(reaper, workdir, list(case.train_args), world_size=case.world_size,
+        return launch_plain(reaper, workdir, train_args, world_size=case.world_size,
                             nranks=case.nranks, name=name)
     port = None
     orphan = None
     if case.orphan_port:
         port = free_port()
         orphan = start_orphan_listener(port)
-    job = launch_torchrun(reaper, workdir, list(case.train_args), nproc=case.nranks, name=name, port=port)
+    job = launch_torchrun(reaper, workdir, train_args, nproc=case.nranks, name=name, port=port)
     job.orphan_pid = orphan
     return job
 

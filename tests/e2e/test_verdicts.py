@@ -81,6 +81,26 @@ def test_a_log_format_no_pattern_knows_is_learned_and_the_deadlock_named(torchru
     assert "no progress line seen yet" not in evidence(got), evidence(got)
 
 
+def test_a_job_that_logs_to_a_file_of_its_own_shows_its_steps_and_its_deadlock_is_named(
+        torchrun_job, wait_for_verdict, client, tmp_path):
+    """Rank 0 logs its steps through logging.FileHandler to a file only it holds open (stdout
+    gets no step line): the agent, given no --log, follows the file because the rank appends to it
+    (agent/appended_files.py), the monitor shows rank 0 stepping, and the deadlock is named."""
+    own_log = tmp_path / "rank0-own.log"
+    job = torchrun_job("--log-file", str(own_log), "--fail", "linger", "--fail-at-step", "150")
+    deadline = time.monotonic() + 45
+    stepping = None
+    while stepping is None and time.monotonic() < deadline and "mode=linger" not in job.text():
+        answer = client.job(job.job_id) or {}
+        stepping = next((r for r in answer.get("ranks", []) if r["rank"] == 0 and (r["step"] or 0) > 0), None)
+        time.sleep(0.3)
+    assert stepping is not None, f"rank 0's steps never shown before the stall:\n{job.log_tail()}"
+    assert 0 < stepping["step"] < 150 and not stepping["progress_pattern"].startswith("learned"), stepping
+    assert "step " in own_log.read_text() and "| loss" not in job.text()  # the steps are in its file only
+    got = wait_for_verdict(job, "deadlock", culprits=[1])
+    assert culprits(got) == [1]
+
+
 def test_rank_leaves_loop_and_lingers(torchrun_job, wait_for_verdict):
     job = torchrun_job("--fail", "linger", *FAIL_AT)
     got = wait_for_verdict(job, "deadlock", culprits=[1])

@@ -47,6 +47,8 @@ so that benchmarks can time the detection.
 from __future__ import annotations
 
 import argparse
+import functools
+import logging
 import os
 import sys
 import tempfile
@@ -95,6 +97,9 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--log-all-ranks", action="store_true")
+    p.add_argument("--log-file", default=None,
+                   help="write the log lines to this file (logging.FileHandler, appending) instead of stdout, "
+                        "as code that logs to a file of its own does")
     p.add_argument("--log-format", choices=tuple(STEP_LINES), default="plain",
                    help="how the step line reads: plain ('step N/M | loss'), or as mmengine or JSON lines "
                         "print it (formats no built-in pattern of the agent knows: it has to learn them), "
@@ -135,7 +140,22 @@ class MLP(nn.Module):
 def log(rank: int, args, msg: str, *, always: bool = False) -> None:
     if always or args.log_all_ranks or rank == 0:
         prefix = f"[rank{rank}]:" if args.log_all_ranks else ""
-        print(prefix + msg, flush=True)
+        if args.log_file:
+            file_logger(args.log_file).info(prefix + msg)
+        else:
+            print(prefix + msg, flush=True)
+
+
+@functools.cache
+def file_logger(path: str) -> logging.Logger:
+    """A logger writing to ``path`` through logging.FileHandler (mode "a"; it flushes each record)."""
+    logger = logging.getLogger("train")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    handler = logging.FileHandler(path, mode="a")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    return logger
 
 
 def mark_stall(rank: int, mode: str, step: int) -> None:
