@@ -8,8 +8,9 @@ O_APPEND and write access, it is a regular file outside the kernel's trees (/pro
 and not deleted; text is checked by the follower (agent/logs.py stops reading a file once it
 reads a NUL byte). A checkpoint is written with "wb" (O_TRUNC, no O_APPEND) and stays out.
 
-A rank's fds are listed again every ``RESCAN_S`` (it opens its log at start, and a torch rank
-holds a hundred fds or more), at most ``MAX_FILES_PER_RANK`` files each, lowest fd first.
+A rank's fds are listed every second for its first ``YOUNG_S`` (code opens its log once
+training starts, often after the agent found the rank, at import), then every ``RESCAN_S`` (a
+torch rank holds a hundred fds or more); at most ``MAX_FILES_PER_RANK`` files each, lowest fd first.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from agent.procstat import O_APPEND, open_flags, opened_for_writing
 
 RESCAN_S = 10.0
+YOUNG_S, YOUNG_RESCAN_S = 60.0, 1.0
 MAX_FILES_PER_RANK = 8
 KERNEL_TREES = ("/proc/", "/sys/", "/dev/")
 
@@ -36,6 +38,7 @@ def is_appended_log(flags: int, target: str) -> bool:
 
 @dataclass
 class _Scan:
+    first_at: float
     at: float
     fds: tuple[tuple[int, str], ...]  # (fd, target)
 
@@ -51,8 +54,10 @@ class AppendedFiles:
     def of(self, pid: int, now: float) -> tuple[tuple[int, str], ...]:
         """(fd, path) of each log ``pid`` appends to, as of its latest scan."""
         scan = self._scans.get(pid)
-        if scan is None or now - scan.at >= self.rescan_s:
-            scan = self._scans[pid] = _Scan(now, self._scan(pid))
+        if scan is None:
+            scan = self._scans[pid] = _Scan(now, now, self._scan(pid))
+        elif now - scan.at >= (YOUNG_RESCAN_S if now - scan.first_at < YOUNG_S else self.rescan_s):
+            scan.at, scan.fds = now, self._scan(pid)
         return scan.fds
 
     def forget(self, pid: int) -> None:

@@ -111,3 +111,37 @@ def test_progress_comes_from_a_ranks_own_log_file_and_not_from_its_other_files(r
         assert binary.binary
     finally:
         follower.close()
+
+
+LATE_OPENER = textwrap.dedent(
+    """
+    import sys
+    sys.stdin.readline()  # the agent has looked once already
+    log = open(sys.argv[1], "a")
+    print("opened", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_a_log_opened_after_the_rank_was_found_is_seen_within_a_second(tmp_path: Path) -> None:
+    """Code opens its log when training starts, after the agent found the rank at import: a young
+    rank's fds are listed again every second, an older one's every 10 s."""
+    log_path = tmp_path / "late.log"
+    proc = subprocess.Popen([sys.executable, "-c", LATE_OPENER, str(log_path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        files = AppendedFiles()
+        assert files.of(proc.pid, now=100.0) == ()
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"opened\n"
+        assert files.of(proc.pid, now=100.5) == ()  # listed half a second ago
+        assert [path for _, path in files.of(proc.pid, now=101.0)] == [str(log_path)]
+        files.forget(proc.pid)
+        assert files.of(proc.pid, now=200.0) != ()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
