@@ -36,6 +36,9 @@ def test_each_log_counts_for_its_own_job_and_the_deadlock_is_named_with_and_with
     agent = start_agent(reaper, logs_dir, monitor.url, extra=["--log", str(a_log), "--log", f"{job_b.job_id}={b_log}"])
     job_a.rank_pids(timeout=30)
     job_b.rank_pids(timeout=30)
+    # The verdict's time counts from A's stall: two jobs starting at once on a loaded machine took
+    # 30 s from their ranks' start to A's first step once (CI), most of the verdict's allowance.
+    job_a.wait_for(r"HANGWATCH-STALL t=\S+ mode=linger", timeout=120)
     with_logs = MonitorClient(monitor.url)
     try:
         # With the logs: A's ranks show A's steps only, B's its own, B well past A's stall.
