@@ -51,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -544,6 +545,20 @@ def _say_failures(answers: Answers, job: str | None, jobs: list) -> None:
         print(f"hangwatch: no job {one_line(job)!r} at {', '.join(answers.answered)}", file=sys.stderr)
 
 
+def _set_aside_unreadable(answers: Answers, render: Callable[[dict], object], what: str) -> None:
+    """Move each answer ``render`` cannot read to the failures: one monitor of another version (or
+    not a monitor) must not hide what the others say; it is named on stderr and the exit code
+    says a monitor gave no usable answer."""
+    for monitor, answer in list(answers.answered.items()):
+        try:
+            render(answer)
+            for job in answer.get("jobs", []):
+                float(job.get("last_report_at") or 0.0)  # the order across monitors (_merged)
+        except RENDER_ERRORS as e:
+            del answers.answered[monitor]
+            answers.failed[monitor] = Unreadable(monitor, f"its jobs cannot be {what} ({e!r})")
+
+
 def _unreadable(answers: Answers, what: str, error: Exception) -> int:
     # A monitor of another version, or a broken answer: say so, never a traceback (exit 1 would read as an alarm).
     # Which of the answers it was is not known here: all that answered are named (and no base-URL hint).
@@ -555,6 +570,8 @@ def _unreadable(answers: Answers, what: str, error: Exception) -> int:
 
 def cmd_diagnose(args, ask: Ask) -> int:
     answers = _answers(ask)
+    if not args.json:
+        _set_aside_unreadable(answers, _report_text, "written as text")
     jobs = [j for j, _ in _merged(answers)]
     if args.json:
         unanswered = [{"monitor": m, "error": str(f)} for m, f in answers.failed.items()]
@@ -572,11 +589,14 @@ def cmd_diagnose(args, ask: Ask) -> int:
 
 
 def cmd_status(args, ask: Ask) -> int:
+    from monitor.render_text import render_monitor_status
+
     answers = _answers(ask)
+    _set_aside_unreadable(answers, lambda answer: (
+        render_monitor_status(answer.get("monitor") or {}),
+        render_table([(j, None) for j in answer.get("jobs", [])], lambda text, verdict: text)), "shown as a table")
     jobs = _merged(answers)
     if answers.answered and (jobs or not ask.job):
-        from monitor.render_text import render_monitor_status
-
         colour = wants_colour(sys.stdout, args.color)
         several = len(answers.monitors) > 1
         try:

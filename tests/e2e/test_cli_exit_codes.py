@@ -9,6 +9,7 @@ never says a word, as a hung monitor or a black-holing proxy would.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -302,6 +303,21 @@ class _OddAnswers(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@contextlib.contextmanager
+def odd_monitor(body: bytes) -> Iterator[str]:
+    """The URL of a server answering every GET with ``body``, as JSON."""
+    handler = type("Handler", (_OddAnswers,), {"body": body})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
 @pytest.mark.parametrize("body", [
     b'[1, 2]',                                                      # JSON, not an answer
@@ -310,31 +326,29 @@ class _OddAnswers(http.server.BaseHTTPRequestHandler):
     b'{"jobs": [{"job_id": "j", "verdict": "deadlock", "evidence": 3, "culprit_ranks": null}]}',
 ])
 def test_an_answer_it_cannot_read_is_one_line_and_exit_2(cmd: str, body: bytes) -> None:
-    handler = type("Handler", (_OddAnswers,), {"body": body})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        res = run(cmd, "--monitor", f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with odd_monitor(body) as odd:
+        res = run(cmd, "--monitor", odd)
     assert res.returncode == EXIT_UNREACHABLE, res
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "cannot read" in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("cmd", ["diagnose", "status"])
+def test_an_answer_it_cannot_read_hides_nothing_the_other_monitors_say(cmd: str, monitor: RunningMonitor) -> None:
+    """Sharded monitors of mixed versions: the readable answers are shown, the unreadable monitor
+    is named in one line, and the exit code says both the alarm and the monitor unheard."""
+    post_jobs(monitor, exited=True)
+    wait_for(monitor, "job-bad", "rank_exited")
+    with odd_monitor(b'{"jobs": [{"job_id": "j", "verdict": "deadlock", "ranks": 7}]}') as odd:
+        res = run(cmd, "--monitor", monitor.base, "--monitor", odd)
+    assert res.returncode == EXIT_ALARM_UNREACHABLE, res
+    assert "job-bad" in res.stdout and "RANK_EXITED" in res.stdout and "job-ok" in res.stdout, res.stdout
+    assert "Traceback" not in res.stderr and res.stderr.strip().splitlines() == [res.stderr.strip()], res.stderr
+    assert odd in res.stderr and "cannot read" in res.stderr, res.stderr
+
+
 def test_a_monitor_that_answers_an_unknown_job_with_no_jobs_is_still_unknown() -> None:
     """Monitors before the 404 answered ``?job=`` of an unknown job with 200 and no jobs."""
-    handler = type("Handler", (_OddAnswers,), {"body": b'{"jobs": [], "total_jobs": 0}'})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        res = run("status", "--monitor", f"http://127.0.0.1:{server.server_address[1]}", "--job", "no-such-job")
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with odd_monitor(b'{"jobs": [], "total_jobs": 0}') as odd:
+        res = run("status", "--monitor", odd, "--job", "no-such-job")
     assert res.returncode == EXIT_UNKNOWN_JOB and "no job 'no-such-job'" in res.stderr, res
