@@ -55,8 +55,9 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         confirm_alarms=settings.confirm_alarms,
         straggler_window_s=settings.straggler_window_s,
         suspect_window_s=settings.suspect_window_s,
-        limits=Limits(settings.max_jobs, settings.max_nodes, settings.max_world_size, settings.max_jobs_per_node,
-                      settings.job_room_silent_s),
+        limits=Limits(max_jobs=settings.max_jobs, max_nodes=settings.max_nodes, max_world_size=settings.max_world_size,
+                      max_jobs_per_node=settings.max_jobs_per_node, job_room_silent_s=settings.job_room_silent_s,
+                      max_ranks=settings.max_ranks),
     )
     if settings.actions_file is not None:
         config = load_actions(settings.actions_file)

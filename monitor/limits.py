@@ -9,12 +9,14 @@ whole (nothing of it is applied), with the reason counted in ``hangwatch_reports
 One sender must not lock the others out: a node's reports may name at most ``max_jobs_per_node``
 jobs, and at ``max_jobs`` the jobs no agent has mentioned for ``job_room_silent_s`` make room for new
 ones (monitor/retention.py) instead of holding their places for the whole job retention (2,000
-junk jobs sent once used to refuse every new job for 10 minutes).
+junk jobs sent once used to refuse every new job for 10 minutes). ``max_ranks`` bounds the ranks of
+all jobs together, so memory is bounded however the ranks are spread (a report may list 4,096
+ranks, and 10,000 node names may send one each); at it, jobs silent as long make room the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,9 @@ class Limits:
     # (monitor/retention.make_room_for_jobs): junk sent once goes quiet at once, a live job's
     # agents mention it every second.
     job_room_silent_s: float = 60.0
+    # Every job's ranks together: past what one process serves (about 5,000 a core), far short of
+    # what would exhaust its memory (a rank's track and view, ~55 KiB at most).
+    max_ranks: int = 100_000
 
 
 @dataclass(frozen=True)
@@ -37,14 +42,18 @@ class Refusal:
     status: int
     reason: str  # the label of hangwatch_reports_rejected
     detail: str
-    # too_many_jobs: how many jobs the report would add (places to make for it).
+    # too_many_jobs / too_many_ranks: how many jobs / ranks the report would add (places to make for it).
     new_jobs: int = 0
+    new_ranks: int = 0
 
 
 def check_report(report: Any, limits: Limits, jobs: Collection[str], nodes: Collection[str],
-                 canonical: Callable[[str], str]) -> Refusal | None:
+                 canonical: Callable[[str], str], known_ranks: Callable[[str], Container[int]] = lambda job: (),
+                 ranks_total: Callable[[], int] = lambda: 0) -> Refusal | None:
     """Why ``report`` must be refused (None: it may be applied). ``canonical`` maps a job id as
-    the report spells it to the monitor's own (another node's spelling of the same job)."""
+    the report spells it to the monitor's own (another node's spelling of the same job);
+    ``known_ranks(job)`` the ranks the monitor holds of a job, ``ranks_total()`` of all jobs (asked
+    only when the report brings ranks the monitor does not hold)."""
     for rank in report.ranks:
         if rank.world_size > limits.max_world_size:
             return Refusal(422, "world_size", f"ranks: world_size {rank.world_size} is above this monitor's "
@@ -61,4 +70,12 @@ def check_report(report: Any, limits: Limits, jobs: Collection[str], nodes: Coll
     if new_jobs and len(jobs) + len(new_jobs) > limits.max_jobs:
         return Refusal(429, "too_many_jobs", f"this monitor already follows {len(jobs)} jobs (max_jobs); "
                                              f"{len(new_jobs)} more would pass the limit", len(new_jobs))
+    new_ranks: set[tuple[str, int]] = set()
+    for r in report.ranks:
+        job = canonical(r.job_id)
+        if r.rank not in known_ranks(job):
+            new_ranks.add((job, r.rank))
+    if new_ranks and (total := ranks_total()) + len(new_ranks) > limits.max_ranks:
+        return Refusal(429, "too_many_ranks", f"this monitor already follows {total} ranks (max_ranks); "
+                                              f"{len(new_ranks)} more would pass the limit", new_ranks=len(new_ranks))
     return None

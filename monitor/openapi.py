@@ -25,7 +25,7 @@ INGEST_ANSWERS = {
     "413": "larger than max_body_bytes (the connection is closed)",
     "415": "content-type is not application/json",
     "422": "does not match the schema, or over a limit (world size, lengths)",
-    "429": "over max_jobs, max_jobs_per_node or max_nodes",
+    "429": "over max_jobs, max_jobs_per_node, max_ranks or max_nodes",
     "503": "over capacity: send the newest report after Retry-After",
 }
 

@@ -70,6 +70,27 @@ def make_room_for_node(
     return oldest
 
 
+def make_room_for_ranks(
+    jobs: dict[str, JobTrack], aliases: dict[str, str], needed: int, max_ranks: int, now: float, silent_s: float,
+) -> list[str]:
+    """At ``max_ranks``, forget jobs silent for over ``silent_s``, the longest silent first, until
+    ``needed`` new ranks fit (or no silent job is left), as ``make_room_for_jobs`` does for jobs."""
+    over = sum(len(job.ranks) for job in jobs.values()) + needed - max_ranks
+    if over <= 0:
+        return []
+    silent = sorted((job.last_report_at, job_id) for job_id, job in jobs.items() if now - job.last_report_at > silent_s)
+    dropped: list[str] = []
+    for _, job_id in silent:
+        if over <= 0:
+            break
+        job = jobs.pop(job_id)
+        over -= len(job.ranks)
+        for name in (job_id, *job.aliases):
+            aliases.pop(name, None)
+        dropped.append(job_id)
+    return dropped
+
+
 def make_room_for_jobs(
     jobs: dict[str, JobTrack], aliases: dict[str, str], needed: int, max_jobs: int, now: float, silent_s: float,
 ) -> list[str]:

@@ -63,7 +63,7 @@ MAX_REPLAY_AGE_S = 3600.0
 SUSPECT_WINDOW_S = 7 * 86400.0
 SUSPECTS_REFRESH_S = 60.0
 REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema", "disconnected", "unauthorized",
-                  "wrong_node", "world_size", "too_many_nodes", "too_many_jobs", "node_jobs", "stale")
+                  "wrong_node", "world_size", "too_many_nodes", "too_many_jobs", "too_many_ranks", "node_jobs", "stale")
 
 
 @dataclass(frozen=True)
@@ -267,14 +267,24 @@ class Monitor:
                 return Refusal(409, "stale", stale)
             now = self.clock()
             state.make_room_for_node(report.node, self.limits.max_nodes, now, self.job_retention_s)
-            refusal = check_report(report, self.limits, state.jobs.keys(), state.nodes.keys(), state.resolve)
+            limits = self.limits
+
+            def check() -> Refusal | None:
+                return check_report(report, limits, state.jobs.keys(), state.nodes.keys(), state.resolve,
+                                    state.known_ranks, state.ranks_total)
+
+            refusal = check()
+            made: list[str] = []
             if refusal is not None and refusal.reason == "too_many_jobs":
-                made = state.make_room_for_jobs(refusal.new_jobs, self.limits.max_jobs, now, self.limits.job_room_silent_s)
-                if made:
-                    self.jobs_displaced += len(made)
-                    log.info("at max_jobs: forgot %d jobs silent for over %.0fs (%s) to take new ones", len(made),
-                             self.limits.job_room_silent_s, ", ".join(made[:5]) + (" ..." if len(made) > 5 else ""))
-                    refusal = check_report(report, self.limits, state.jobs.keys(), state.nodes.keys(), state.resolve)
+                made = state.make_room_for_jobs(refusal.new_jobs, limits.max_jobs, now, limits.job_room_silent_s)
+            elif refusal is not None and refusal.reason == "too_many_ranks":
+                made = state.make_room_for_ranks(refusal.new_ranks, limits.max_ranks, now, limits.job_room_silent_s)
+            if made:
+                self.jobs_displaced += len(made)
+                log.info("at %s: forgot %d jobs silent for over %.0fs (%s) to take new ones",
+                         "max_jobs" if refusal.reason == "too_many_jobs" else "max_ranks", len(made),
+                         limits.job_room_silent_s, ", ".join(made[:5]) + (" ..." if len(made) > 5 else ""))
+                refusal = check()
             return refusal
 
     def reject(self, reason: str) -> None:

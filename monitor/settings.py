@@ -96,6 +96,7 @@ class Settings:
     max_jobs_per_node: int = 64
     # At max_jobs, a job no agent mentioned for this long gives its place to a new one.
     job_room_silent_s: float = 60.0
+    max_ranks: int = 100_000
     max_nodes: int = 10000
     max_world_size: int = 65536
     # Connection guards (monitor/http_guard.py): open connections at most (kept under the open-file
@@ -182,7 +183,7 @@ class Settings:
         if self.straggler_window_s < MIN_STRAGGLER_WINDOW_S:
             raise SettingsError(f"{named('straggler_window_s')} must be at least {MIN_STRAGGLER_WINDOW_S:g} s "
                                 f"(levels are medians of one report a second), not {self.straggler_window_s:g}")
-        for name in ("max_jobs", "max_jobs_per_node", "max_nodes", "max_world_size", "max_connections", "snapshots_per_node", "max_headers"):
+        for name in ("max_jobs", "max_jobs_per_node", "max_ranks", "max_nodes", "max_world_size", "max_connections", "snapshots_per_node", "max_headers"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{named(name)} must be at least 1, not {getattr(self, name)}")
         for name in ("fresh_read_ranks", "tick_interval_s", "capture_after_s"):

@@ -10,6 +10,8 @@ when, in ``monitor.retention``. ``monitor.views`` turns this into the diagnosis'
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from monitor import retention
 from monitor.diagnosis import stacks
 from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
@@ -140,6 +142,17 @@ class MonitorState:
     def make_room_for_jobs(self, needed: int, max_jobs: int, now: float, silent_s: float) -> list[str]:
         """See ``retention.make_room_for_jobs``: the jobs forgotten to let ``needed`` new ones in."""
         return retention.make_room_for_jobs(self.jobs, self.aliases, needed, max_jobs, now, silent_s)
+
+    def make_room_for_ranks(self, needed: int, max_ranks: int, now: float, silent_s: float) -> list[str]:
+        """See ``retention.make_room_for_ranks``: the jobs forgotten to let ``needed`` new ranks in."""
+        return retention.make_room_for_ranks(self.jobs, self.aliases, needed, max_ranks, now, silent_s)
+
+    def known_ranks(self, job_id: str) -> Container[int]:
+        job = self.jobs.get(job_id)
+        return job.ranks if job is not None else ()
+
+    def ranks_total(self) -> int:
+        return sum(len(job.ranks) for job in self.jobs.values())
 
     def prune(self, now: float, retention_s: float) -> list[str]:
         """See ``retention.prune``: the ids of the jobs forgotten."""

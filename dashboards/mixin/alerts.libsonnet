@@ -190,7 +190,7 @@ local lib = import 'lib.libsonnet';
           {
             alert: 'HangwatchReportsRefusedAtCapacity',
             expr: 'sum by (%s) (increase(hangwatch_reports_rejected_total%s[2m])) > 0'
-                  % [h.by(['instance', 'reason']), h.sel(['reason=~"too_many_jobs|too_many_nodes|node_jobs"'])],
+                  % [h.by(['instance', 'reason']), h.sel(['reason=~"too_many_jobs|too_many_nodes|too_many_ranks|node_jobs"'])],
             'for': '5m',
             labels: { severity: 'warning' },
             annotations: {
@@ -200,6 +200,8 @@ local lib = import 'lib.libsonnet';
                 + '{{ if eq $labels.reason "node_jobs" }}a node reports more jobs than HANGWATCH_MAX_JOBS_PER_NODE allows'
                 + '{{ else if eq $labels.reason "too_many_jobs" }}it already follows %s, the most HANGWATCH_MAX_JOBS allows'
                   % ('{{ with %s | query }}{{ . | first | value }} {{ end }}jobs' % h.instanceQuery('count(hangwatch_job_world_size{SEL})'))
+                + '{{ else if eq $labels.reason "too_many_ranks" }}it already follows %s, the most HANGWATCH_MAX_RANKS allows'
+                  % ('{{ with %s | query }}{{ . | first | value }} {{ end }}ranks' % h.instanceQuery('sum(hangwatch_monitor_ranks{SEL})'))
                 + '{{ else }}it already follows %s, the most HANGWATCH_MAX_NODES allows{{ end }}.'
                   % ('{{ with %s | query }}{{ . | first | value }} {{ end }}nodes'
                      % h.instanceQuery('count(hangwatch_agent_last_report_timestamp_seconds{SEL})')),

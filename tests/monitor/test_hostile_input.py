@@ -108,6 +108,22 @@ def test_limits_on_what_one_monitor_takes_in(node: str, job_ids: tuple[str, ...]
     assert (refusal.status, refusal.reason) == expected if expected else refusal is None
 
 
+@pytest.mark.parametrize(("ranks", "expected"), [
+    ((("job-a", 0), ("job-a", 1)), None),  # held already
+    ((("job-a", 2),), None),  # the fourth of four
+    ((("job-a", 2), ("job-a", 3)), (429, "too_many_ranks")),
+    ((("job-new", 0), ("job-new", 1)), (429, "too_many_ranks")),
+    ((("job-b", 0), ("job-c", 5)), None),  # job-c is a spelling of job-a: one new rank
+])
+def test_all_jobs_ranks_together_are_bounded(ranks: tuple[tuple[str, int], ...], expected: tuple[int, str] | None) -> None:
+    held = {"job-a": {0, 1}, "job-b": {0}}
+    decoded = decode_report(json.dumps(report(node="node-a", ranks=[rank(job_id=j, rank=r) for j, r in ranks])))
+    refusal = check_report(decoded, Limits(max_ranks=4), jobs=held.keys(), nodes={"node-a"},
+                           canonical=lambda j: {"job-c": "job-a"}.get(j, j),
+                           known_ranks=lambda job: held.get(job, ()), ranks_total=lambda: sum(map(len, held.values())))
+    assert (refusal.status, refusal.reason) == expected if expected else refusal is None
+
+
 def test_a_monitor_full_of_nodes_refuses_a_new_one() -> None:
     refusal = check_report(_limits_report("node-c", "job-a"), Limits(max_nodes=2), jobs={"job-a"},
                            nodes={"node-a", "node-b"}, canonical=lambda j: j)

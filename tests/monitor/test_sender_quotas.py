@@ -53,6 +53,35 @@ def test_junk_cannot_lock_new_jobs_out(tmp_path: Path) -> None:
         assert _metric_line(monitor.base, 'hangwatch_reports_rejected_total{reason="node_jobs"}').endswith(" 1.0")
 
 
+def test_junk_ranks_cannot_fill_the_monitor_and_give_their_room_once_silent(tmp_path: Path) -> None:
+    """A report may list 4,096 ranks under any node name: all jobs' ranks together are bounded
+    (max_ranks). Past it new ranks are refused, known ones still taken; junk that falls silent
+    makes room, junk that keeps talking keeps its ranks."""
+    env = {"HANGWATCH_MAX_RANKS": "40", "HANGWATCH_JOB_ROOM_SILENT_S": "2"}
+    with running_monitor(tmp_path, extra_env=env) as monitor, httpx.Client(base_url=monitor.base, timeout=5) as http:
+        def post(node: str, job: str, ranks: range) -> httpx.Response:
+            return http.post(URL, json=report(node=node, ranks=[rank(job_id=job, rank=r, pid=1000 + r,
+                                                                     world_size=64) for r in ranks]))
+
+        assert post("node-real", "job-real", range(8)).status_code == 202
+        assert post("junk-a", "junk-a", range(24)).status_code == 202
+        assert post("junk-b", "junk-b", range(8)).status_code == 202  # 40: full
+        refused = post("node-real-2", "job-real", range(8, 16))
+        assert refused.status_code == 429 and "max_ranks" in refused.json()["detail"], refused.text
+        assert post("node-real", "job-real", range(8)).status_code == 202  # ranks it holds: still taken
+        deadline = time.monotonic() + 15
+        while True:
+            assert post("junk-b", "junk-b", range(8)).status_code == 202  # the junk that keeps talking
+            assert post("node-real", "job-real", range(8)).status_code == 202
+            status = post("node-real-2", "job-real", range(8, 16)).status_code
+            if status == 202:
+                break
+            assert status == 429 and time.monotonic() < deadline, "the real ranks never got in"
+            time.sleep(0.5)
+        assert _job_ids(monitor.base) == {"job-real", "junk-b"}  # junk-a, silent, made the room
+        assert _metric_line(monitor.base, 'hangwatch_reports_rejected_total{reason="too_many_ranks"}').split()[-1] != "0.0"
+
+
 def _snapshot_bytes(db: Path) -> dict[str, int]:
     with sqlite3.connect(db) as conn:
         return dict(conn.execute("SELECT node, SUM(length(body)) FROM snapshots GROUP BY node").fetchall())
