@@ -260,6 +260,11 @@ def _signal_name(number: int) -> str:
 STUCK_MIN_S = 2.0
 LOW_CPU_PERCENT = 10.0
 STUCK_DUMP_EVERY_S = 3.0
+# A stuck rank's native dump (0.4-0.9 CPU-s of py-spy here, the rank held in a ptrace stop all the
+# while) is taken at the start of its stuck episode and again this often, or at once when a
+# Python dump (a hundredth of the cost) shows the rank moved; between them, Python dumps that show
+# it where the native one did carry the native one forward (``still_there``).
+NATIVE_REFRESH_S = 30.0
 # After a dump that timed out: the pause before the next (doubling, up to the max), and how long
 # native dumps stay off.
 TIMEOUT_QUIET_MAX_S = 60.0
@@ -329,10 +334,32 @@ def next_dump(now: float, plan: DumpPlan, stuck: bool) -> str | None:
         plan.stuck_since = now
         return native
     # Stuck ranks get native dumps: an async Work.wait or DDP's reducer shows only in native
-    # frames, and the monitor keeps just the newest stack.
+    # frames, and the monitor keeps just the newest stack. In between, Python dumps check that the
+    # rank is still where its native dump was (StackSampler._dump).
     if plan.last_dump_at is None or now - plan.last_dump_at >= STUCK_DUMP_EVERY_S:
-        return native
+        if plan.last_native_at is None or now - plan.last_native_at >= NATIVE_REFRESH_S:
+            return native
+        return "python"
     return None
+
+
+def _python_frames(thread: dict) -> list[tuple]:
+    return [(f.get("name"), f.get("file"), f.get("line")) for f in thread.get("frames") or [] if not f.get("native")]
+
+
+def still_there(native: dict, python: dict) -> dict | None:
+    """The native dump re-dated to ``python``'s time when the Python dump shows the main thread
+    where the native one did (the same Python frames, idle or running alike): the native frames
+    below them cannot have changed without the Python ones moving on. None when the rank moved."""
+    native_threads, python_threads = native.get("threads") or [], python.get("threads") or []
+    if not native_threads or not python_threads:
+        return None
+    then, now = native_threads[0], python_threads[0]
+    if then.get("tid") != now.get("tid") or then.get("active") != now.get("active"):
+        return None
+    if _python_frames(then) != _python_frames(now):
+        return None
+    return {**native, "taken_at": python["taken_at"], "duration_s": python.get("duration_s")}
 
 
 class StackSampler:
@@ -413,12 +440,21 @@ class StackSampler:
                 plan = self._plans.get(pid)
                 if plan is not None and isinstance(e, StackError) and e.reason == "timeout":
                     after_timeout(plan, self.clock(), native)
+                elif plan is not None and native:
+                    plan.last_native_at = None  # no native frames to carry forward: try again next tick
         else:
             with self._lock:
+                plan = self._plans.get(pid)
+                previous = self._stacks.get(pid)
+                if not native and plan is not None and plan.stuck_since is not None and previous and previous.get("native"):
+                    carried = still_there(previous, stack)
+                    if carried is None:
+                        plan.last_native_at = None  # it moved: the next dump is native
+                    else:
+                        stack = carried
                 self._stacks[pid] = stack
                 self._errors.pop(pid, None)
                 self.recent_failures = 0
-                plan = self._plans.get(pid)
                 if plan is not None:
                     plan.timeouts = 0
         finally:

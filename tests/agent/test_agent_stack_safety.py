@@ -329,3 +329,62 @@ def test_a_periodic_dump_that_meets_another_tracer_tries_again_once_it_lets_go(t
         other.kill()
         other.wait()
         other.stdout.close()
+
+
+PARKED = textwrap.dedent(
+    """
+    import sys, time
+    def parked():
+        sys.stdin.readline()
+    def moved_on():
+        time.sleep(3600)
+    print("ready", flush=True)
+    parked()
+    moved_on()
+    """
+)
+
+
+@needs_py_spy
+def test_a_stuck_ranks_native_dump_is_carried_by_python_dumps_until_it_moves() -> None:
+    """A stuck rank's native dump (the expensive one) is taken once; the Python dumps after it,
+    showing the rank where it was, carry its native frames forward with their own time; once a
+    Python dump shows the rank moved, the next dump is native again."""
+    # Through LAUNCH (not the test's child: the rules never dump those); the target reads its stdin.
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCH, sys.executable, "-c", PARKED], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+    pid = int(launcher.stdout.readline())
+    sampler = StackSampler(PY_SPY)
+
+    def dump(now: float) -> dict:
+        before = sampler.latest(pid)[0]
+        sampler.schedule(pid, now=now, stuck=True, state="S")
+        assert wait_until(lambda: sampler.latest(pid)[0] is not before and pid not in sampler._busy, 20.0, 0.05)
+        stack, error = sampler.latest(pid)
+        assert error is None and stack is not None, error
+        return stack
+
+    def python_names(stack: dict) -> list[str]:
+        return [f["name"] for f in stack["threads"][0]["frames"] if not f["native"]]
+
+    try:
+        first = dump(100.0)  # the episode's start: native
+        assert first["native"] and any(f["native"] for f in first["threads"][0]["frames"])
+        assert "parked" in python_names(first)
+        carried = dump(103.5)  # a Python dump, the rank where it was
+        assert carried["threads"] == first["threads"] and carried["taken_at"] > first["taken_at"]
+        assert sampler._plans[pid].last_native_at == 100.0
+        launcher.stdin.write("go\n")
+        launcher.stdin.flush()
+        assert wait_until(lambda: "moved_on" in python_names(take_stack(PY_SPY, "/proc", pid, native=False)), 10.0, 0.1)
+        moved = dump(107.0)  # a Python dump that sees it moved: kept as it is
+        assert not moved["native"] and "moved_on" in python_names(moved)
+        assert sampler._plans[pid].last_native_at is None
+        again = dump(110.5)
+        assert again["native"] and "moved_on" in python_names(again)
+    finally:
+        sampler.close()
+        os.kill(pid, signal.SIGKILL)
+        launcher.wait(timeout=10)
+        launcher.stdin.close()
+        launcher.stdout.close()

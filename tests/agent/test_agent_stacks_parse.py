@@ -15,6 +15,7 @@ from agent.stacks import (
     contended,
     looks_stuck,
     next_dump,
+    still_there,
     one_line,
     parse_dump,
     usual_step_interval,
@@ -90,15 +91,45 @@ def test_dump_schedule_background_then_stuck_episode():
     assert next_dump(10.0, plan, stuck=False) is None
     assert next_dump(22.0, plan, stuck=False) == "python"  # every 20 s
     plan.last_dump_at = 22.0
-    # stuck: a native dump at once, then another every 3 s
+    # stuck: a native dump at once, then a Python one every 3 s, a native one every 30 s
     assert next_dump(23.0, plan, stuck=True) == "native"
     plan.last_dump_at = plan.last_native_at = 23.0
     assert next_dump(24.0, plan, stuck=True) is None
-    assert next_dump(26.0, plan, stuck=True) == "native"
+    assert next_dump(26.0, plan, stuck=True) == "python"
+    plan.last_dump_at = 50.0
+    assert next_dump(53.0, plan, stuck=True) == "native"
+    plan.last_dump_at, plan.last_native_at = 56.0, None  # a Python dump saw it move: native at once
+    assert next_dump(59.0, plan, stuck=True) == "native"
     plan.last_dump_at = plan.last_native_at = 53.5
     # episode ends, and a new one gets its own native dump at once
     assert next_dump(54.0, plan, stuck=False) is None
     assert next_dump(55.0, plan, stuck=True) == "native"
+
+
+def _dump(taken_at: float, *frames: tuple[str, int, bool], active: bool = False) -> dict:
+    return {"taken_at": taken_at, "native": any(native for _, _, native in frames), "duration_s": 0.01,
+            "threads": [{"tid": 7, "name": "MainThread", "active": active, "owns_gil": False,
+                         "frames": [{"name": n, "file": "" if native else "train.py", "line": None if native else line,
+                                     "native": native} for n, line, native in frames]}]}
+
+
+WAITING = (("c10d::ProcessGroupGloo::AsyncWork::wait", 0, True), ("all_reduce", 161, False), ("train", 384, False))
+
+
+@pytest.mark.parametrize(("python", "carried"), [
+    (_dump(13.0, ("all_reduce", 161, False), ("train", 384, False)), True),  # where it was: native kept
+    (_dump(13.0, ("all_reduce", 170, False), ("train", 384, False)), False),  # another line
+    (_dump(13.0, ("train", 384, False)), False),  # left the collective
+    (_dump(13.0, ("all_reduce", 161, False), ("train", 384, False), active=True), False),  # running now
+    ({"taken_at": 13.0, "threads": []}, False),
+])
+def test_a_python_dump_carries_the_native_one_forward_only_where_the_rank_still_is(python: dict, carried: bool) -> None:
+    native = _dump(10.0, *WAITING)
+    got = still_there(native, python)
+    if carried:
+        assert got == {**native, "taken_at": 13.0, "duration_s": 0.01}  # native frames, the new time
+    else:
+        assert got is None
 
 
 def test_dumps_that_time_out_pause_and_go_python_only():
