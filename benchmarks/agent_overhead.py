@@ -11,6 +11,10 @@ healthy, logging on every rank). Each run then measures, over ``--duration`` sec
   (the py-spy dumps it runs) cutime+cstime — as a percent of one core; the monitor's too.
 
 The two phases alternate order between runs. Prints per-run figures and medians; no asserts.
+
+``--hung``: the job deadlocks at step 20 instead (rank 1 leaves the loop and lingers, the others
+wait in all_reduce), and each run measures the agent with the job hung: what a stuck job's stack
+dumps cost its node (the agent's native py-spy dumps and the Python ones in between).
 """
 
 from __future__ import annotations
@@ -74,13 +78,37 @@ def with_agent(job: Job, wd: Path, duration: float, warmup: float) -> dict:
             "monitor_cpu_pct": 100 * (m_own1 - m_own0) / dt}
 
 
+def hung(args: argparse.Namespace) -> int:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hangwatch-overhead-") as tmp, Reaper() as jobs:
+        wd = Path(tmp)
+        job = launch_plain(jobs, wd, ["--steps", "10000000", "--log-all-ranks", "--fail", "linger",
+                                      "--fail-at-step", "20"], world_size=args.ranks, name="overhead-hung")
+        job.wait_for(r"HANGWATCH-STALL", timeout=120)
+        print(f"{args.ranks} ranks hung (pids {sorted(job.rank_pids().values())}); {args.runs} runs of "
+              f"{args.duration:.0f}s with the agent, after {args.warmup:.0f}s of warm-up", flush=True)
+        for i in range(args.runs):
+            row = with_agent(job, wd, args.duration, args.warmup)
+            rows.append(row)
+            print(f"  run {i}: agent {row['agent_cpu_pct']:.1f}% of a core "
+                  f"({row['agent_with_children_cpu_pct']:.1f}% with its py-spy children), "
+                  f"monitor {row['monitor_cpu_pct']:.1f}%", flush=True)
+    print(f"\nmedian over {len(rows)} runs, {args.ranks} hung ranks, agent interval 1 s: agent "
+          f"{statistics.median(r['agent_cpu_pct'] for r in rows):.1f}% of one core, "
+          f"{statistics.median(r['agent_with_children_cpu_pct'] for r in rows):.1f}% with its py-spy children")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--hung", action="store_true", help="measure the agent beside a deadlocked job")
     args = p.parse_args(argv)
+    if args.hung:
+        return hung(args)
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="hangwatch-overhead-") as tmp, Reaper() as jobs:
