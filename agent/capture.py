@@ -29,10 +29,16 @@ WORKERS = 4
 MAX_RUNNING = 2
 
 
-def tail(path: str, limit: int = LOG_TAIL_BYTES) -> str:
-    """The last ``limit`` bytes of a file, from a line start where one is in reach."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+def tail(path: str, limit: int = LOG_TAIL_BYTES, follow: bool = True) -> str:
+    """The last ``limit`` bytes of a regular file, from a line start where one is in reach.
+    ``follow=False``: a symlink at ``path`` is refused (a log known by name may have been swapped
+    for a link to a file the agent, often root, must not upload)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat_module.S_ISREG(st.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        size = st.st_size
         f.seek(max(0, size - limit))
         data = f.read(limit)
     if size > limit and b"\n" in data:
@@ -45,21 +51,21 @@ def log_tails(proc_root: str, pid: int, known_paths: list[str]) -> dict[str, str
     its log follower last knew; path -> tail."""
     out: dict[str, str] = {}
     seen: set[tuple[int, int]] = set()
-    candidates: list[tuple[str, str]] = []
+    candidates: list[tuple[str, str, bool]] = []  # (shown, where to open, follow a symlink)
     for fd in (1, 2):
         link = f"{proc_root}/{pid}/fd/{fd}"
         try:
-            candidates.append((os.readlink(link), link))
+            candidates.append((os.readlink(link), link, True))  # the magic link: the open file itself
         except OSError:
             continue
-    candidates += [(p, p) for p in known_paths]
-    for shown, where in candidates:
+    candidates += [(p, p, False) for p in known_paths]
+    for shown, where, follow in candidates:
         try:
-            st = os.stat(where)
+            st = os.stat(where, follow_symlinks=follow)
             if not stat_module.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) in seen:
                 continue
             seen.add((st.st_dev, st.st_ino))
-            out[shown] = tail(where)
+            out[shown] = tail(where, follow=follow)
         except OSError:
             continue
     return out

@@ -22,7 +22,7 @@ import stat as stat_module
 from collections import deque
 from dataclasses import dataclass, field
 
-from agent.appended_files import AppendedFiles
+from agent.appended_files import AppendedFiles, is_appended_log
 from agent.discovery import RankProcess
 from agent.logpatterns import (
     LauncherBlockParser,
@@ -35,6 +35,7 @@ from agent.logpatterns import (
     split_prefixes,
 )
 from agent.log_owners import LogOwners, LogSource, job_aliases
+from agent.procstat import open_flags
 from agent.progress_learner import ProgressLearner
 
 log = logging.getLogger("agent")
@@ -164,6 +165,7 @@ class LogFollower:
         self.owners = LogOwners(proc_root)
         self.appended = AppendedFiles(proc_root)
         self._appended_keys: set[tuple[int, int]] = set()  # files found as a rank's appended log
+        self._unreadable: set[tuple[int, int]] = set()  # files that could not be opened (said once)
         self._files: dict[tuple[int, int], _File] = {}
         self._extra_seen: set[str] = set()
         self._mixed_jobs: set[tuple[int, int]] = set()  # files said to be written by several jobs
@@ -175,15 +177,22 @@ class LogFollower:
 
     def collect(self, ranks: list[RankProcess], now: float) -> list[LauncherFailure]:
         """Read new lines of every log; returns launcher failure records seen."""
-        writers, names, extras = self._find_files(ranks, now)
+        writers, stdio_keys, names, extras = self._find_files(ranks, now)
         for key in [k for k in self._files if k not in names]:
             self._files.pop(key).tailer.close()
-            self._appended_keys.discard(key)
-        credited = self._credited_ranks(writers, extras, ranks, now)
+        self._appended_keys &= names.keys()
+        credited = self._credited_ranks(writers, stdio_keys, extras, ranks, now)
         failures: list[LauncherFailure] = []
         for key, (name, opened, from_start) in names.items():
             if key not in self._files:
-                self._files[key] = _File(FileTailer(name, opened, from_start, text_only=key in self._appended_keys))
+                try:
+                    tailer = FileTailer(name, opened, from_start, text_only=key in self._appended_keys)
+                except OSError as e:  # not ours to read (a root-squashed mount), or gone meanwhile
+                    if key not in self._unreadable:
+                        self._unreadable.add(key)
+                        log.info("log %s: cannot read it: %s", name, e)
+                    continue
+                self._files[key] = _File(tailer)
             entry = self._files[key]
             lines = entry.tailer.read_lines()
             live = not entry.tailer.backlog
@@ -193,10 +202,11 @@ class LogFollower:
                 failures.extend(self._route(entry, line, file_ranks, now, live))
         return failures
 
-    def _credited_ranks(self, writers, extras, ranks, now) -> dict[tuple[int, int], list[RankProcess]]:
+    def _credited_ranks(self, writers, stdio_keys, extras, ranks, now) -> dict[tuple[int, int], list[RankProcess]]:
         """The ranks each file's lines may go to: those writing it, or for a --log file nobody
-        writes as stdout/stderr the ranks of the job it is tied to; always of one job."""
-        untied = {key: source for key, source in extras.items() if source.job is not None or key not in writers}
+        writes as stdout/stderr the ranks of the job it is tied to; always of one job. (A --log
+        file a rank appends to is still tied by agent/log_owners.py: all its job's ranks.)"""
+        untied = {key: source for key, source in extras.items() if source.job is not None or key not in stdio_keys}
         ties = self.owners.ties(untied, ranks, now)
         out: dict[tuple[int, int], list[RankProcess]] = {}
         for key in set(writers) | set(extras):
@@ -254,7 +264,8 @@ class LogFollower:
     def files_of(self, pid: int) -> list[str]:
         """The log files the rank wrote, as the follower knows them (for an evidence capture)."""
         keys = self._rank_files.get(pid, []) + self._rank_extras.get(pid, [])
-        return [self._files[k].tailer.path for k in dict.fromkeys(keys) if k in self._files]
+        return [self._files[k].tailer.path for k in dict.fromkeys(keys)
+                if k in self._files and not self._files[k].tailer.binary]
 
     def forget(self, pid: int) -> None:
         self.appended.forget(pid)
@@ -266,27 +277,38 @@ class LogFollower:
         for entry in self._files.values():
             entry.tailer.close()
         self._files.clear()
+        self._appended_keys.clear()
 
     def _find_files(self, ranks: list[RankProcess], now: float):
-        """(writers: inode -> ranks writing it, names: inode -> (path, path to open, from start),
-        extras: inode -> the --log argument it was found by)."""
+        """(writers: inode -> ranks writing it, stdio_keys: the inodes among them some rank's
+        stdout or stderr is, names: inode -> (path, path to open, from start), extras: inode ->
+        the --log argument it was found by)."""
         writers: dict[tuple[int, int], list[RankProcess]] = {}
+        stdio_keys: set[tuple[int, int]] = set()
         names: dict[tuple[int, int], tuple[str, str, bool]] = {}
         for proc in ranks:
             found = []
-            appended = self.appended.of(proc.pid, now)
-            for fd in (1, 2, *(fd for fd, _ in appended)):
+            appended = dict(self.appended.of(proc.pid, now))
+            for fd in (1, 2, *appended):
                 link = f"{self.proc_root}/{proc.pid}/fd/{fd}"
                 try:
                     target = os.readlink(link)
                     st = os.stat(link)  # follows the magic link to the open file itself
                 except OSError:
                     continue
+                if fd in appended and (target != appended[fd] or not is_appended_log(
+                        open_flags(self.proc_root, proc.pid, fd) or 0, target)):
+                    # The fd was closed and reused since the scan (code that opens its log per
+                    # write, then a data file): not the log it was; list the fds again next time.
+                    self.appended.forget(proc.pid)
+                    continue
                 if not stat_module.S_ISREG(st.st_mode):
                     continue  # a tty, pipe or socket
                 key = (st.st_dev, st.st_ino)
                 found.append(key)
-                if fd > 2 and key not in names:
+                if fd <= 2:
+                    stdio_keys.add(key)
+                elif key not in names:
                     self._appended_keys.add(key)
                 # Opening through /proc works even after the file was renamed or deleted.
                 names.setdefault(key, (target, link, False))
@@ -313,7 +335,7 @@ class LogFollower:
                 names.setdefault(key, (path, path, path in self._extra_seen))
                 extras.setdefault(key, source)
                 self._extra_seen.add(path)
-        return writers, names, extras
+        return writers, stdio_keys, names, extras
 
     @staticmethod
     def _learned(entry: _File, writer: tuple, text: str, now: float) -> list[tuple[Progress, float]]:

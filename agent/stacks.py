@@ -261,10 +261,12 @@ STUCK_MIN_S = 2.0
 LOW_CPU_PERCENT = 10.0
 STUCK_DUMP_EVERY_S = 3.0
 # A stuck rank's native dump (0.4-0.9 CPU-s of py-spy here, the rank held in a ptrace stop all the
-# while) is taken at the start of its stuck episode and again this often, or at once when a
-# Python dump (a hundredth of the cost) shows the rank moved; between them, Python dumps that show
-# it where the native one did carry the native one forward (``still_there``).
+# while) is taken at the start of its stuck episode and again this often, or at its next dump once
+# a Python dump (a hundredth of the cost) shows the rank moved; between them, Python dumps that
+# show it where the native one did carry the native one forward (``still_there``), for at most
+# NATIVE_CARRY_MAX_S (native dumps may be off after timeouts: the native frames would grow old).
 NATIVE_REFRESH_S = 30.0
+NATIVE_CARRY_MAX_S = 2 * NATIVE_REFRESH_S
 # After a dump that timed out: the pause before the next (doubling, up to the max), and how long
 # native dumps stay off.
 TIMEOUT_QUIET_MAX_S = 60.0
@@ -357,7 +359,12 @@ def still_there(native: dict, python: dict) -> dict | None:
     then, now = native_threads[0], python_threads[0]
     if then.get("tid") != now.get("tid") or then.get("active") != now.get("active"):
         return None
-    if _python_frames(then) != _python_frames(now):
+    before, after = _python_frames(then), _python_frames(now)
+    if len(then.get("frames") or []) >= MAX_FRAMES:
+        # The native dump was cut at MAX_FRAMES, its native frames taking room: it holds the
+        # innermost Python frames only.
+        after = after[:len(before)]
+    if before != after:
         return None
     return {**native, "taken_at": python["taken_at"], "duration_s": python.get("duration_s")}
 
@@ -446,7 +453,10 @@ class StackSampler:
             with self._lock:
                 plan = self._plans.get(pid)
                 previous = self._stacks.get(pid)
-                if not native and plan is not None and plan.stuck_since is not None and previous and previous.get("native"):
+                carry = (not native and plan is not None and plan.stuck_since is not None and previous
+                         and previous.get("native") and plan.last_native_at is not None
+                         and self.clock() - plan.last_native_at <= NATIVE_CARRY_MAX_S)
+                if carry:
                     carried = still_there(previous, stack)
                     if carried is None:
                         plan.last_native_at = None  # it moved: the next dump is native

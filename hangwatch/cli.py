@@ -506,8 +506,21 @@ def _merged(answers: Answers) -> list[tuple[dict, str]]:
     """Every job with the monitor that holds it."""
     jobs = [(j, m) for m, answer in answers.answered.items() for j in answer.get("jobs", [])]
     if len(answers.answered) > 1:  # each answer is most recently active first: keep that across monitors
-        jobs.sort(key=lambda jm: -(jm[0].get("last_report_at") or 0.0))
+        jobs.sort(key=lambda jm: -_report_time(jm[0]))
     return jobs
+
+
+def _job_list(answer: dict) -> None:
+    """Raises TypeError unless the answer is a monitor's list of jobs (objects)."""
+    if not isinstance(answer, dict) or not all(isinstance(j, dict) for j in answer.get("jobs", [])):
+        raise TypeError("not a list of jobs")
+
+
+def _report_time(job: dict) -> float:
+    try:
+        return float(job.get("last_report_at") or 0.0)
+    except (TypeError, ValueError, OverflowError):  # another version's answer: last
+        return 0.0
 
 
 def _exit_code(jobs: list[dict], answers: Answers, job: str | None) -> int:
@@ -533,7 +546,7 @@ def _report_text(answer: dict) -> str:
 
 
 # What rendering an answer of an unexpected shape raises (a monitor of another version).
-RENDER_ERRORS = (KeyError, TypeError, ValueError, AttributeError)
+RENDER_ERRORS = (KeyError, TypeError, ValueError, AttributeError, OverflowError)
 
 
 def _say_failures(answers: Answers, job: str | None, jobs: list) -> None:
@@ -552,8 +565,6 @@ def _set_aside_unreadable(answers: Answers, render: Callable[[dict], object], wh
     for monitor, answer in list(answers.answered.items()):
         try:
             render(answer)
-            for job in answer.get("jobs", []):
-                float(job.get("last_report_at") or 0.0)  # the order across monitors (_merged)
         except RENDER_ERRORS as e:
             del answers.answered[monitor]
             answers.failed[monitor] = Unreadable(monitor, f"its jobs cannot be {what} ({e!r})")
@@ -570,8 +581,7 @@ def _unreadable(answers: Answers, what: str, error: Exception) -> int:
 
 def cmd_diagnose(args, ask: Ask) -> int:
     answers = _answers(ask)
-    if not args.json:
-        _set_aside_unreadable(answers, _report_text, "written as text")
+    _set_aside_unreadable(answers, _job_list if args.json else _report_text, "listed" if args.json else "written as text")
     jobs = [j for j, _ in _merged(answers)]
     if args.json:
         unanswered = [{"monitor": m, "error": str(f)} for m, f in answers.failed.items()]

@@ -79,16 +79,18 @@ def make_room_for_ranks(
     if over <= 0:
         return []
     silent = sorted((job.last_report_at, job_id) for job_id, job in jobs.items() if now - job.last_report_at > silent_s)
-    dropped: list[str] = []
+    chosen: list[str] = []
     for _, job_id in silent:
         if over <= 0:
             break
-        job = jobs.pop(job_id)
-        over -= len(job.ranks)
-        for name in (job_id, *job.aliases):
+        over -= len(jobs[job_id].ranks)
+        chosen.append(job_id)
+    if over > 0:
+        return []  # not room enough even so: the report is refused, and nobody is forgotten for it
+    for job_id in chosen:
+        for name in (job_id, *jobs.pop(job_id).aliases):
             aliases.pop(name, None)
-        dropped.append(job_id)
-    return dropped
+    return chosen
 
 
 def make_room_for_jobs(
@@ -101,6 +103,8 @@ def make_room_for_jobs(
     if over <= 0:
         return []
     silent = [(job.last_report_at, job_id) for job_id, job in jobs.items() if now - job.last_report_at > silent_s]
+    if len(silent) < over:
+        return []  # not room enough even so: the report is refused, and nobody is forgotten for it
     dropped = [job_id for _, job_id in heapq.nsmallest(over, silent)]
     for job_id in dropped:
         for name in (job_id, *jobs.pop(job_id).aliases):

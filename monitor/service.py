@@ -274,12 +274,18 @@ class Monitor:
                                     state.known_ranks, state.ranks_total)
 
             refusal = check()
-            made: list[str] = []
-            if refusal is not None and refusal.reason == "too_many_jobs":
-                made = state.make_room_for_jobs(refusal.new_jobs, limits.max_jobs, now, limits.job_room_silent_s)
-            elif refusal is not None and refusal.reason == "too_many_ranks":
-                made = state.make_room_for_ranks(refusal.new_ranks, limits.max_ranks, now, limits.job_room_silent_s)
-            if made:
+            # Silence means nothing until the monitor has listened that long: after a restart every
+            # job's last report is its snapshot's, and live jobs would make room for junk.
+            if now - self.started_at <= limits.job_room_silent_s:
+                return refusal
+            for _ in range(2):  # room for new jobs may leave the report short of rank room, or the other way
+                made: list[str] = []
+                if refusal is not None and refusal.reason == "too_many_jobs":
+                    made = state.make_room_for_jobs(refusal.new_jobs, limits.max_jobs, now, limits.job_room_silent_s)
+                elif refusal is not None and refusal.reason == "too_many_ranks":
+                    made = state.make_room_for_ranks(refusal.new_ranks, limits.max_ranks, now, limits.job_room_silent_s)
+                if not made:
+                    break
                 self.jobs_displaced += len(made)
                 log.info("at %s: forgot %d jobs silent for over %.0fs (%s) to take new ones",
                          "max_jobs" if refusal.reason == "too_many_jobs" else "max_ranks", len(made),

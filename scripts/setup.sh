@@ -64,11 +64,17 @@ pip() {
 # in parallel, 21 s for a fresh test set-up here against pip's 59 s, and a second set-up on the
 # same machine links from its cache. It is told where pip looks for local wheels (this machine's
 # CPU torch lies in a find-links folder) and trusts the system's certificates, as pip is set up to.
-# Without uv (no PyPI, an old platform), pip does it all.
+# pip does it all where pip is given an index of its own (a mirror: uv reads no pip.conf and would
+# go to PyPI), where uv cannot be had, and when uv fails.
 uv_args=()
 uv_ready=0
 use_uv() {
     [ "$uv_ready" -eq 1 ] && return 0
+    [ "$uv_ready" -eq 2 ] && return 1
+    uv_ready=2
+    if [ -n "${PIP_INDEX_URL:-}" ] || "$VENV/bin/python" -m pip config list 2>/dev/null | grep -q '^[a-z]*\.index-url='; then
+        return 1
+    fi
     [ -x "$VENV/bin/uv" ] || "$VENV/bin/python" -m pip --disable-pip-version-check install --quiet uv >>"$LOG" 2>&1 ||
         return 1
     local loc
@@ -79,17 +85,15 @@ use_uv() {
     uv_ready=1
 }
 install() {
-    if [ -x "$VENV/bin/uv" ]; then
-        if ! "$VENV/bin/uv" pip install --python "$VENV/bin/python" --compile-bytecode --native-tls \
+    if [ "$uv_ready" -eq 1 ]; then
+        if "$VENV/bin/uv" pip install --python "$VENV/bin/python" --compile-bytecode --native-tls \
             "${uv_args[@]}" "$@" >>"$LOG" 2>&1; then
-            echo "failed" >&2
-            say "uv pip install failed; the end of $LOG:"
-            tail -n 25 "$LOG" >&2
-            exit 1
+            return 0
         fi
-    else
-        pip install "$@"
+        printf '(uv failed, see %s; pip instead) ' "$LOG" >&2
+        uv_ready=2
     fi
+    pip install "$@"
 }
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -354,9 +354,11 @@ def test_a_stuck_ranks_native_dump_is_carried_by_python_dumps_until_it_moves() -
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCH, sys.executable, "-c", PARKED], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
     pid = int(launcher.stdout.readline())
-    sampler = StackSampler(PY_SPY)
+    clock = [100.0]
+    sampler = StackSampler(PY_SPY, clock=lambda: clock[0])
 
     def dump(now: float) -> dict:
+        clock[0] = now
         before = sampler.latest(pid)[0]
         sampler.schedule(pid, now=now, stuck=True, state="S")
         assert wait_until(lambda: sampler.latest(pid)[0] is not before and pid not in sampler._busy, 20.0, 0.05)
@@ -382,6 +384,11 @@ def test_a_stuck_ranks_native_dump_is_carried_by_python_dumps_until_it_moves() -
         assert sampler._plans[pid].last_native_at is None
         again = dump(110.5)
         assert again["native"] and "moved_on" in python_names(again)
+        # Native dumps off (after timeouts, say): a native dump is carried for a minute at most.
+        sampler._plans[pid].native_off_until = 1000.0
+        assert dump(113.6)["native"] and dump(170.4)["native"]  # still within the minute of 110.5
+        late = dump(173.5)
+        assert not late["native"] and "moved_on" in python_names(late)
     finally:
         sampler.close()
         os.kill(pid, signal.SIGKILL)

@@ -14,6 +14,7 @@ from agent.stacks import (
     after_timeout,
     contended,
     looks_stuck,
+    MAX_FRAMES,
     next_dump,
     still_there,
     one_line,
@@ -188,3 +189,13 @@ def test_py_spys_failure_is_its_error_line_not_its_backtrace(output: str, said: 
 ])
 def test_which_failed_dumps_are_tried_again(reason: str, again: bool) -> None:
     assert contended(StackError("why", reason)) is again
+
+
+def test_a_native_dump_cut_at_the_frame_limit_is_matched_on_the_python_frames_it_kept() -> None:
+    """Native frames take room in a deep stack: a dump cut at MAX_FRAMES holds only the innermost
+    Python frames, which the Python dump must start with."""
+    natives = [(f"native_{i}", 0, True) for i in range(MAX_FRAMES - 2)]
+    native = _dump(10.0, natives[0], ("all_reduce", 161, False), *natives[1:], ("train_step", 90, False))
+    deep = [("all_reduce", 161, False), ("train_step", 90, False), ("fit", 40, False), ("main", 9, False)]
+    assert still_there(native, _dump(13.0, *deep)) is not None
+    assert still_there(native, _dump(13.0, ("all_reduce", 161, False), ("eval_step", 70, False), *deep[2:])) is None

@@ -105,8 +105,8 @@ def test_progress_comes_from_a_ranks_own_log_file_and_not_from_its_other_files(r
         assert len(set(steps)) >= 3 and steps == sorted(steps), steps  # the rank is seen stepping
         progress = follower.progress_of(proc.pid)
         assert progress["source"] == str(log_path) and progress["scope"] == "rank", progress
-        # The binary file was read, found not to be text and dropped; the checkpoint never opened.
-        assert follower.files_of(proc.pid) == [str(log_path), str(log_path.parent / "events.bin")]
+        # The binary file was read, found not to be text and dropped (not a log to capture either).
+        assert follower.files_of(proc.pid) == [str(log_path)]  # not the binary one, nor the checkpoint
         binary = next(e.tailer for e in follower._files.values() if e.tailer.path.endswith("events.bin"))
         assert binary.binary
     finally:
@@ -141,6 +141,48 @@ def test_a_log_opened_after_the_rank_was_found_is_seen_within_a_second(tmp_path:
         files.forget(proc.pid)
         assert files.of(proc.pid, now=200.0) != ()
     finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+REOPENER = textwrap.dedent(
+    """
+    import sys
+    log = open(sys.argv[1], "a")
+    log.write("step 1/100\\n"); log.flush()
+    print("logged", flush=True)
+    sys.stdin.readline()
+    fd = log.fileno()
+    log.close()
+    data = open(sys.argv[2], "w")  # the same fd number, not a log
+    assert data.fileno() == fd
+    data.write("step 99/100\\n"); data.flush()
+    print("reused", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_an_fd_reused_for_another_file_since_the_scan_is_not_read_as_the_log(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", REOPENER, str(tmp_path / "a.log"), str(tmp_path / "data.txt")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    follower = LogFollower()
+    try:
+        assert proc.stdout.readline() == b"logged\n"
+        follower.appended.rescan_s = 3600.0  # the scan's answer stays cached
+        follower.collect([_rank(proc.pid)], now=100.0)
+        assert [path for _, path in follower.appended.of(proc.pid, 100.0)] == [str(tmp_path / "a.log")]
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"reused\n"
+        follower.collect([_rank(proc.pid)], now=100.5)  # within a second: the cached scan is used
+        progress = follower.progress_of(proc.pid)
+        assert progress is None or progress["step"] != 99, progress
+        assert str(tmp_path / "data.txt") not in follower.files_of(proc.pid)
+    finally:
+        follower.close()
         proc.kill()
         proc.wait()
         proc.stdin.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+
+import pytest
 from pathlib import Path
 
 from agent.capture import Capturer, log_tails, tail
@@ -27,7 +29,7 @@ def test_a_live_ranks_stdout_is_read_through_proc(tmp_path: Path) -> None:
                                 stdout=f, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
-        while "hi" not in out.read_text() and time.monotonic() < deadline:
+        while "hi\n" not in out.read_text() and time.monotonic() < deadline:
             time.sleep(0.05)
         tails = log_tails("/proc", proc.pid, [str(out)])
         assert tails == {str(out): "rank says hi\n"}  # one file, read once though named twice
@@ -46,3 +48,16 @@ def test_only_tracked_ranks_are_captured_and_failures_are_said() -> None:
     assert [r["pid"] for r in part["ranks"]] == [11]
     assert part["ranks"][0]["errors"] == {"stack": "py-spy failed: Permission denied"}
     assert part["node"] == "node-a" and part["nccl_ras"] == {"status": "no listener"}
+
+
+def test_a_log_known_by_name_is_not_followed_through_a_symlink(tmp_path: Path) -> None:
+    """A log the follower knew by name, swapped for a link to another file (the rank's user owns
+    the log's folder; the agent is often root): its tail is not taken."""
+    secret = tmp_path / "secret"
+    secret.write_text("not for the bundle\n")
+    log = tmp_path / "train.log"
+    log.symlink_to(secret)
+    assert log_tails("/proc", 2**22 + 1, [str(log)]) == {}
+    with pytest.raises(OSError):
+        tail(str(log), follow=False)
+    assert tail(str(log)) == "not for the bundle\n"  # the magic links of /proc/PID/fd are followed

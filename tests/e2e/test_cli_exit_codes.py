@@ -352,3 +352,14 @@ def test_a_monitor_that_answers_an_unknown_job_with_no_jobs_is_still_unknown() -
     with odd_monitor(b'{"jobs": [], "total_jobs": 0}') as odd:
         res = run("status", "--monitor", odd, "--job", "no-such-job")
     assert res.returncode == EXIT_UNKNOWN_JOB and "no job 'no-such-job'" in res.stderr, res
+
+
+@pytest.mark.parametrize("args", [("diagnose",), ("diagnose", "--json"), ("status",)])
+def test_answers_of_another_shape_from_two_monitors_are_set_aside_not_a_traceback(args: tuple[str, ...]) -> None:
+    """Two monitors of another version: a report time that is a string, a job that is not an object."""
+    with odd_monitor(b'{"jobs": [{"job_id": "j", "verdict": "healthy", "last_report_at": "1700000000"}]}') as one, \
+            odd_monitor(b'{"jobs": [7]}') as other:
+        res = run(*args, "--monitor", one, "--monitor", other)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == EXIT_UNREACHABLE, res  # the first is read (its job healthy), the other is not
+    assert other in res.stderr and "cannot read" in res.stderr, res.stderr

@@ -172,3 +172,33 @@ def test_replay_restores_launchers_sockets_and_stacks(settings: Settings, clock:
         assert views["busy"].ranks[0].stack is not None
     finally:
         store.close()
+
+
+def test_a_restarted_monitor_makes_no_room_until_it_has_listened_as_long_as_silence_takes(
+        db_path: Path, clock: FakeClock) -> None:
+    """After a restart every job's last report is its snapshot's, so all look silent: a report
+    bringing new ranks must not make live jobs give their room until the monitor has listened for
+    job_room_silent_s; a job still silent then does give it."""
+    settings = Settings.from_raw({"db": db_path, "tick_interval_s": 0, "max_ranks": 4, "job_room_silent_s": 60,
+                                  "shed_lag_s": 4.0})
+    newcomer = report(node="node-b", ranks=[rank(job_id="job-new", rank=0), rank(job_id="job-new", rank=1)])
+    store = open_store(settings, clock)
+    try:
+        with TestClient(create_app(settings, store, clock=clock)) as client:
+            body = report(node="node-a", ranks=[rank(job_id="job-a", rank=r) for r in range(4)], sent_at=clock.now)
+            assert client.post("/api/v1/reports", json=body).status_code == 202
+    finally:
+        store.close()
+
+    clock.advance(120)  # down two minutes: job-a's snapshot is that old
+    store = open_store(settings, clock)
+    try:
+        with TestClient(create_app(settings, store, clock=clock)) as client:
+            refused = client.post("/api/v1/reports", json={**newcomer, "sent_at": clock.now})
+            assert refused.status_code == 429 and "max_ranks" in refused.json()["detail"], refused.text
+            assert "job-a" in monitor_of(client).state.jobs  # not forgotten for a newcomer
+            clock.advance(61)  # listened a minute: job-a, still silent, gives its room
+            assert client.post("/api/v1/reports", json={**newcomer, "sent_at": clock.now}).status_code == 202
+            assert set(monitor_of(client).state.jobs) == {"job-new"}
+    finally:
+        store.close()

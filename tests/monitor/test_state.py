@@ -13,6 +13,8 @@ from monitor.state import MonitorState
 from monitor.tracks import PROGRESS_POINTS_KEPT
 from monitor.views import job_view
 from monitor.wire import Report
+from monitor.job_track import JobTrack
+from monitor.retention import make_room_for_jobs, make_room_for_ranks
 
 T0 = 1_700_000_000.0
 
@@ -411,3 +413,26 @@ def test_the_job_keeps_its_rhythm_from_its_ranks_cpu() -> None:
     assert got.working_since == T0 + 1
     # Idle from the report before the first idle one (T0 + 2) to the last idle report (T0 + 5).
     assert got.longest_pause_s == pytest.approx(3.0)
+
+
+def _jobs_of(*spec: tuple[str, int, float]) -> dict:
+    """job id -> a JobTrack of ``ranks`` ranks last heard from at ``at``."""
+    return {job_id: JobTrack(job_id, ranks=dict.fromkeys(range(ranks)), last_report_at=at) for job_id, ranks, at in spec}
+
+
+@pytest.mark.parametrize(("needed", "forgotten"), [
+    (2, []),  # 8 + 2 fit in 10
+    (4, ["old"]),  # the longest silent goes first, and is enough
+    (7, ["old", "quiet"]),
+    (9, []),  # the silent jobs' 5 ranks cannot make room for 9: nobody is forgotten for nothing
+])
+def test_room_for_new_ranks_is_made_from_silent_jobs_only_when_it_is_enough(needed: int, forgotten: list[str]) -> None:
+    jobs = _jobs_of(("old", 2, 10.0), ("quiet", 3, 20.0), ("live", 3, 99.0))
+    assert make_room_for_ranks(jobs, {}, needed, max_ranks=10, now=100.0, silent_s=60.0) == forgotten
+    assert set(jobs) == {"old", "quiet", "live"} - set(forgotten)
+
+
+@pytest.mark.parametrize(("needed", "forgotten"), [(1, ["old"]), (2, ["old", "quiet"]), (3, [])])
+def test_room_for_new_jobs_is_made_only_when_it_is_enough(needed: int, forgotten: list[str]) -> None:
+    jobs = _jobs_of(("old", 2, 10.0), ("quiet", 3, 20.0), ("live", 3, 99.0))
+    assert sorted(make_room_for_jobs(jobs, {}, needed, max_jobs=3, now=100.0, silent_s=60.0)) == forgotten
