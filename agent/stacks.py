@@ -95,7 +95,7 @@ def parse_dump(
     """ThreadStackReport dicts from py-spy's JSON (frames innermost first), main thread first."""
     threads = json.loads(text)
     if not isinstance(threads, list):
-        raise StackError("py-spy printed no thread list", "failed")
+        raise StackError("py-spy printed no thread list")
 
     def is_main(t: dict) -> bool:
         return t.get("os_thread_id") == pid or t.get("thread_name") == "MainThread"
