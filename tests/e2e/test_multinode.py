@@ -141,7 +141,11 @@ def test_worker_firewall_drops_master_gloo_connections(cluster: Cluster):
     cluster.launch(a, 0, "--steps", "100000")
     cluster.launch(b, 1, "--steps", "100000")
     got = cluster.wait_for_verdict("rendezvous_hang", timeout=60)
-    pending = syn_sent(a)
+    # gloo dials again after each connect attempt times out: between two, nothing is in SYN-SENT
+    # (a CI run once read the sockets in such a gap).
+    deadline = time.monotonic() + 30
+    while not (pending := syn_sent(a)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert pending and all(addr == b.addr for addr, _ in pending), a.tcp_sockets()
     text = text_of(got)
     assert "node-a" in text and "node-b" in text, compact(got)
