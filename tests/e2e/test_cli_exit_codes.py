@@ -40,13 +40,44 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
                           env={**os.environ, **(env or {})})
 
 
-def post_jobs(monitor: RunningMonitor, *, exited: bool) -> None:
+def post_jobs(monitor: RunningMonitor, *, exited: bool, exit_at: float | None = None) -> None:
     ranks = [rank(job_id="job-ok", rank=0), rank(job_id="job-ok", rank=1)]
     if exited:
         gone = rank(job_id="job-bad", rank=1, alive=False, pid=2001, cpu_percent=None,
-                    exit={"at": time.time(), "code": 1, "source": "proc"})
+                    exit={"at": exit_at or time.time(), "code": 1, "source": "proc"})
         ranks += [rank(job_id="job-bad", rank=0), gone]
     assert httpx.post(monitor.base + REPORTS, json=report(ranks=ranks), timeout=5).status_code == 202
+
+
+@contextlib.contextmanager
+def reporting(monitor: RunningMonitor, *, exited: bool) -> Iterator[None]:
+    """The node reports every second, as its agent would, while the block runs: on a loaded machine
+    a few CLI runs outlast the silence after which a node's jobs are unknown (CI saw job-ok so)."""
+    exit_at = time.time()
+    post_jobs(monitor, exited=exited, exit_at=exit_at)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(1.0):
+            try:
+                post_jobs(monitor, exited=exited, exit_at=exit_at)
+            except (httpx.HTTPError, AssertionError):
+                pass  # the next beat tries again; the test's own reads say what matters
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def beating() -> Iterator[Callable[..., None]]:
+    """``beating(monitor, exited=...)``: the node reports every second until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda monitor, exited: stack.enter_context(reporting(monitor, exited=exited))
 
 
 def wait_for(monitor: RunningMonitor, job_id: str, verdict: str, timeout: float = 20.0) -> None:
@@ -73,21 +104,21 @@ def test_each_exit_code(cmd: str, monitor: RunningMonitor) -> None:
     at = ("--monitor", monitor.base)
     assert run(cmd, *at).returncode == EXIT_OK  # no job at all
 
-    post_jobs(monitor, exited=False)
-    wait_for(monitor, "job-ok", "healthy")
-    res = run(cmd, *at)
-    assert res.returncode == EXIT_OK and "job-ok" in res.stdout, res
+    with reporting(monitor, exited=False):
+        wait_for(monitor, "job-ok", "healthy")
+        res = run(cmd, *at)
+        assert res.returncode == EXIT_OK and "job-ok" in res.stdout, res
 
-    post_jobs(monitor, exited=True)
-    wait_for(monitor, "job-bad", "rank_exited")
-    res = run(cmd, *at)
-    assert res.returncode == EXIT_ALARM and "RANK_EXITED" in res.stdout, res
-    res = run(cmd, *at, "--job", "job-ok")  # only the job asked about counts
-    assert res.returncode == EXIT_OK and "job-bad" not in res.stdout, res
+    with reporting(monitor, exited=True):
+        wait_for(monitor, "job-bad", "rank_exited")
+        res = run(cmd, *at)
+        assert res.returncode == EXIT_ALARM and "RANK_EXITED" in res.stdout, res
+        res = run(cmd, *at, "--job", "job-ok")  # only the job asked about counts
+        assert res.returncode == EXIT_OK and "job-bad" not in res.stdout, res
 
-    unknown = run(cmd, *at, "--job", "no-such-job")
-    assert unknown.returncode == EXIT_UNKNOWN_JOB, unknown
-    assert unknown.stdout == "" and unknown.stderr.startswith("hangwatch: no job 'no-such-job'"), unknown
+        unknown = run(cmd, *at, "--job", "no-such-job")
+        assert unknown.returncode == EXIT_UNKNOWN_JOB, unknown
+        assert unknown.stdout == "" and unknown.stderr.startswith("hangwatch: no job 'no-such-job'"), unknown
 
     gone = run(cmd, "--monitor", f"http://127.0.0.1:{free_port()}")
     assert gone.returncode == EXIT_UNREACHABLE and "unreachable" in gone.stderr, gone
@@ -147,8 +178,8 @@ def _stderr_lines(res: subprocess.CompletedProcess[str]) -> list[str]:
 
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
 def test_an_alarm_on_one_monitor_is_shown_while_others_are_down_or_silent(
-        cmd: str, monitor: RunningMonitor, silent: Callable[[], SilentMonitor]) -> None:
-    post_jobs(monitor, exited=True)
+        cmd: str, monitor: RunningMonitor, silent: Callable[[], SilentMonitor], beating) -> None:
+    beating(monitor, exited=True)
     wait_for(monitor, "job-bad", "rank_exited")
     down = f"http://127.0.0.1:{free_port()}"
     quiet = [silent(), silent()]
@@ -178,8 +209,8 @@ def test_an_alarm_on_one_monitor_is_shown_while_others_are_down_or_silent(
 
 
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
-def test_a_monitor_down_is_not_hidden_by_healthy_answers(cmd: str, monitor: RunningMonitor) -> None:
-    post_jobs(monitor, exited=False)
+def test_a_monitor_down_is_not_hidden_by_healthy_answers(cmd: str, monitor: RunningMonitor, beating) -> None:
+    beating(monitor, exited=False)
     wait_for(monitor, "job-ok", "healthy")
     down = f"http://127.0.0.1:{free_port()}"
     res = run(cmd, "--monitor", down, "--monitor", monitor.base)
@@ -196,8 +227,8 @@ def test_a_monitor_down_is_not_hidden_by_healthy_answers(cmd: str, monitor: Runn
 
 
 def test_diagnose_json_lists_the_monitors_that_did_not_answer(monitor: RunningMonitor,
-                                                              silent: Callable[[], SilentMonitor]) -> None:
-    post_jobs(monitor, exited=True)
+                                                              silent: Callable[[], SilentMonitor], beating) -> None:
+    beating(monitor, exited=True)
     wait_for(monitor, "job-bad", "rank_exited")
     quiet = silent()
     # The timeout from the environment, named as such in the message.
@@ -337,9 +368,9 @@ def test_an_answer_it_cannot_read_is_one_line_and_exit_2(cmd: str, body: bytes) 
 def test_an_answer_it_cannot_read_hides_nothing_the_other_monitors_say(cmd: str, monitor: RunningMonitor) -> None:
     """Sharded monitors of mixed versions: the readable answers are shown, the unreadable monitor
     is named in one line, and the exit code says both the alarm and the monitor unheard."""
-    post_jobs(monitor, exited=True)
-    wait_for(monitor, "job-bad", "rank_exited")
-    with odd_monitor(b'{"jobs": [{"job_id": "j", "verdict": "deadlock", "ranks": 7}]}') as odd:
+    with reporting(monitor, exited=True), \
+            odd_monitor(b'{"jobs": [{"job_id": "j", "verdict": "deadlock", "ranks": 7}]}') as odd:
+        wait_for(monitor, "job-bad", "rank_exited")
         res = run(cmd, "--monitor", monitor.base, "--monitor", odd)
     assert res.returncode == EXIT_ALARM_UNREACHABLE, res
     assert "job-bad" in res.stdout and "RANK_EXITED" in res.stdout and "job-ok" in res.stdout, res.stdout
