@@ -66,7 +66,7 @@ class AppendedFiles:
     def _scan(self, pid: int) -> tuple[tuple[int, str], ...]:
         fd_dir = f"{self.proc_root}/{pid}/fd"
         try:
-            fds = sorted(int(fd) for fd in os.listdir(fd_dir) if fd.isdigit() and int(fd) > 2)
+            fds = sorted(fd for fd in map(int, filter(str.isdigit, os.listdir(fd_dir))) if fd > 2)
         except OSError:  # gone, or not ours to read
             return ()
         found: list[tuple[int, str]] = []

@@ -22,7 +22,7 @@ import stat as stat_module
 from collections import deque
 from dataclasses import dataclass, field
 
-from agent.appended_files import AppendedFiles, is_appended_log
+from agent.appended_files import AppendedFiles
 from agent.discovery import RankProcess
 from agent.logpatterns import (
     LauncherBlockParser,
@@ -35,7 +35,6 @@ from agent.logpatterns import (
     split_prefixes,
 )
 from agent.log_owners import LogOwners, LogSource, job_aliases
-from agent.procstat import open_flags
 from agent.progress_learner import ProgressLearner
 
 log = logging.getLogger("agent")
@@ -296,10 +295,10 @@ class LogFollower:
                     st = os.stat(link)  # follows the magic link to the open file itself
                 except OSError:
                     continue
-                if fd in appended and (target != appended[fd] or not is_appended_log(
-                        open_flags(self.proc_root, proc.pid, fd) or 0, target)):
+                if fd in appended and target != appended[fd]:
                     # The fd was closed and reused since the scan (code that opens its log per
                     # write, then a data file): not the log it was; list the fds again next time.
+                    # (The link, read here anyway, tells; no fdinfo read per fd per tick.)
                     self.appended.forget(proc.pid)
                     continue
                 if not stat_module.S_ISREG(st.st_mode):
