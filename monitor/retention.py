@@ -70,12 +70,17 @@ def make_room_for_node(
     return oldest
 
 
+def ranks_total(jobs: dict[str, JobTrack]) -> int:
+    """Every job's ranks together (what max_ranks bounds)."""
+    return sum(len(job.ranks) for job in jobs.values())
+
+
 def make_room_for_ranks(
     jobs: dict[str, JobTrack], aliases: dict[str, str], needed: int, max_ranks: int, now: float, silent_s: float,
 ) -> list[str]:
     """At ``max_ranks``, forget jobs silent for over ``silent_s``, the longest silent first, until
     ``needed`` new ranks fit (or no silent job is left), as ``make_room_for_jobs`` does for jobs."""
-    over = sum(len(job.ranks) for job in jobs.values()) + needed - max_ranks
+    over = ranks_total(jobs) + needed - max_ranks
     if over <= 0:
         return []
     silent = sorted((job.last_report_at, job_id) for job_id, job in jobs.items() if now - job.last_report_at > silent_s)

@@ -152,7 +152,7 @@ class MonitorState:
         return job.ranks if job is not None else ()
 
     def ranks_total(self) -> int:
-        return sum(len(job.ranks) for job in self.jobs.values())
+        return retention.ranks_total(self.jobs)
 
     def prune(self, now: float, retention_s: float) -> list[str]:
         """See ``retention.prune``: the ids of the jobs forgotten."""
