@@ -19,7 +19,7 @@ from monitor.actions.engine import ActionEngine
 from monitor.answers import AnswerCache
 from monitor.capture_requests import CaptureRequests
 from monitor.capture_store import CaptureStore
-from monitor.auth import INGEST, METRICS, READ, AuthLayer, TokenFile
+from monitor.auth import INGEST, METRICS, READ, RELAY, AuthLayer, TokenFile
 from monitor.http_guard import HttpStats
 from monitor.limits import Limits
 from monitor.load import LoadGuard
@@ -110,7 +110,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
     if token_files:
         def refused(kind: str) -> None:
             http_stats.unauthorized[kind] += 1
-            if kind == INGEST:
+            if kind in (INGEST, RELAY):
                 monitor.reject("unauthorized")
 
         app.add_middleware(AuthLayer, files=token_files, on_refused=refused)
@@ -123,7 +123,8 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
 
 def _token_files(settings: Settings) -> dict[str, TokenFile]:
     """The configured token files, read now: raises TokenFileError rather than serve open by mistake."""
-    paths = {INGEST: settings.token_file, READ: settings.read_token_file, METRICS: settings.metrics_token_file}
+    paths = {INGEST: settings.token_file, READ: settings.read_token_file, METRICS: settings.metrics_token_file,
+             RELAY: settings.relay_token_file}
     files = {kind: TokenFile(path, allow_nodes=kind == INGEST) for kind, path in paths.items() if path is not None}
     if INGEST not in files:
         log.warning("no token file: any client that reaches the monitor can post reports (see --token-file)")

@@ -9,6 +9,10 @@ Three kinds of request, each with its own optional token file:
   a bearer header to a page load, so ``Basic`` credentials whose password is the token are taken
   too; a 401 on a read offers ``Basic`` and the browser asks for it.
 - ``metrics`` (``/metrics``): Prometheus, with its ``authorization`` (bearer) setting.
+- ``relay`` (``POST /api/v1/report-batches``): relays (monitor/relay/) forwarding many nodes'
+  reports. A relay checks each report against the agents' node-bound tokens itself; the monitor
+  believes those checks (opt-in actions need them) only from a token of the relay file. Without
+  a relay file, batches take an ingest token that is bound to no node, and vouch for nothing.
 
 A kind whose file is not configured is open. ``/healthz`` is always open: liveness probes carry
 no secrets. Files are re-read when they change (rotation without a restart); a file that turns
@@ -36,12 +40,15 @@ from hangwatch_common.watched_file import SecretFileError, Signature, WatchedFil
 
 log = logging.getLogger("hangwatch.monitor.auth")
 
-INGEST, READ, METRICS, OPEN = "ingest", "read", "metrics", "open"
-KINDS = (INGEST, READ, METRICS)
+INGEST, READ, METRICS, RELAY, OPEN = "ingest", "read", "metrics", "relay", "open"
+KINDS = (INGEST, READ, METRICS, RELAY)
 INGEST_PATH = "/api/v1/reports"
+BATCH_PATH = "/api/v1/report-batches"
 CAPTURE_UPLOAD_PREFIX = "/api/v1/capture-uploads/"
 # Where the ingest layer finds the node an accepted token is bound to (None: any node).
 BOUND_NODE_KEY = "hangwatch.bound_node"
+# Set when a batch came with a token of the relay file: its node checks are believed.
+RELAY_KEY = "hangwatch.relay"
 # A file of many per-node tokens: 10,000 nodes at ~80 bytes a line.
 MAX_TOKEN_FILE_BYTES = 4 << 20
 
@@ -131,6 +138,8 @@ def request_kind(path: str) -> str:
         return OPEN
     if path == INGEST_PATH or path.startswith(CAPTURE_UPLOAD_PREFIX):
         return INGEST  # an agent's report, or its part of an evidence capture
+    if path == BATCH_PATH:
+        return RELAY
     if path == "/metrics":
         return METRICS
     return READ
@@ -167,6 +176,8 @@ class AuthLayer:
             return
         kind = request_kind(scope["path"])
         token_file = self.files.get(kind)
+        if kind == RELAY and token_file is None:
+            kind, token_file = INGEST, self.files.get(INGEST)
         if token_file is None:
             await self.app(scope, receive, send)
             return
@@ -178,12 +189,14 @@ class AuthLayer:
             return
         if kind == INGEST:
             scope[BOUND_NODE_KEY] = node
+        elif kind == RELAY:
+            scope[RELAY_KEY] = True
         await self.app(scope, receive, send)
 
 
 async def _unauthorized(send: Send, kind: str, had_token: bool) -> None:
     detail = "the token is not accepted" if had_token else "authentication required: send Authorization: Bearer TOKEN"
-    body = orjson.dumps({"accepted": False, "detail": detail} if kind == INGEST else {"detail": detail})
+    body = orjson.dumps({"accepted": False, "detail": detail} if kind in (INGEST, RELAY) else {"detail": detail})
     # A browser shows its password prompt for Basic: the page's reader types the read token there.
     challenge = b'Basic realm="hangwatch", charset="UTF-8"' if kind == READ else b'Bearer realm="hangwatch"'
     await send({"type": "http.response.start", "status": 401,

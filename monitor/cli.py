@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "HANGWATCH_READ_TOKEN_FILE; unset: reads are open)")
     parser.add_argument("--metrics-token-file", help="tokens for /metrics (env HANGWATCH_METRICS_TOKEN_FILE; "
                         "unset: /metrics is open)")
+    parser.add_argument("--relay-token-file", help="tokens of relays (hangwatch-relay), whose checks of node-bound "
+                        "agent tokens the monitor then believes (env HANGWATCH_RELAY_TOKEN_FILE)")
     parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM; with --ssl-keyfile)")
     parser.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
     parser.add_argument("--max-connections", help="open connections at most (default 4096, kept under the "

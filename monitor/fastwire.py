@@ -104,6 +104,16 @@ def struct_for(model: type[BaseModel]) -> type[msgspec.Struct]:
 Report = struct_for(wire.Report)
 _decoder = msgspec.json.Decoder(Report)
 
+# A relay's batch (monitor/relay/): reports it decoded with this module, encoded again, so they
+# decode here strictly; ``attributed``: the relay checked the report against a node-bound token.
+MAX_BATCH_REPORTS = 4096
+BatchEntry = msgspec.defstruct("BatchEntry", [("report", Report), ("attributed", bool, False)],
+                               frozen=True, kw_only=True, module=__name__, gc=False)
+ReportBatch = msgspec.defstruct(
+    "ReportBatch", [("reports", Annotated[list[BatchEntry], msgspec.Meta(max_length=MAX_BATCH_REPORTS)])],  # type: ignore[valid-type]
+    frozen=True, kw_only=True, module=__name__, gc=False)
+_batch_decoder = msgspec.json.Decoder(ReportBatch)
+
 
 def decode_report(body: bytes | str) -> Any:
     """The report as structs; raises ``pydantic.ValidationError`` (with every error) when invalid."""
@@ -118,4 +128,18 @@ def decode_report(body: bytes | str) -> Any:
     return msgspec.convert(model.model_dump(mode="python"), Report)
 
 
-__all__ = ["Report", "decode_report", "struct_for"]
+def decode_batch(body: bytes) -> Any:
+    """A relay's batch as structs; ValueError saying where when it is not one."""
+    try:
+        return _batch_decoder.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+def encode_report(report: Any) -> bytes:
+    """A decoded report as JSON again: what a relay forwards, strict enough for ``decode_batch``."""
+    return msgspec.json.encode(report)
+
+
+__all__ = ["BatchEntry", "MAX_BATCH_REPORTS", "Report", "ReportBatch", "decode_batch", "decode_report",
+           "encode_report", "struct_for"]

@@ -44,7 +44,7 @@ class HttpStats:
     open_connections: int = 0
     closed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CLOSE_REASONS, 0))
     # Requests refused with 401, by kind: "ingest", "read", "metrics".
-    unauthorized: dict[str, int] = field(default_factory=lambda: {"ingest": 0, "read": 0, "metrics": 0})
+    unauthorized: dict[str, int] = field(default_factory=lambda: {"ingest": 0, "read": 0, "metrics": 0, "relay": 0})
 
 
 class HeadTooLarge(Exception):

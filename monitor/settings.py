@@ -114,6 +114,8 @@ class Settings:
     read_token_file: Path | None = None
     # /metrics, for Prometheus's authorization setting.
     metrics_token_file: Path | None = None
+    # Relays' batches (monitor/relay/); without it, an ingest token bound to no node, vouching for nothing.
+    relay_token_file: Path | None = None
     # TLS: served over HTTPS when both are set (uvicorn's certificate options).
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None

@@ -1,9 +1,14 @@
 """``POST /api/v1/reports``: an agent's report in; nothing changes unless all of it is valid.
+``POST /api/v1/report-batches``: many agents' reports in one post, from a relay (monitor/relay/).
 
 This is the monitor's hot path (1,250 posts a second at 10,000 ranks), so it is answered by a
 plain ASGI layer in front of the FastAPI app rather than by a routed endpoint: the framework's
 middleware, routing and dependency injection cost more per post than decoding and applying the
 report itself. Every other path goes on to the app.
+
+A batch holds reports a relay has already checked and decoded; each is taken or refused on its
+own, exactly as if its agent had posted it here, and the answer lists each one's status and body
+in order, for the relay to hand back to the agent that is waiting for it.
 """
 
 from __future__ import annotations
@@ -15,14 +20,17 @@ from typing import Any
 import orjson
 import pydantic
 
-from monitor.auth import BOUND_NODE_KEY
-from monitor.fastwire import decode_report
+from monitor.auth import BOUND_NODE_KEY, RELAY_KEY
+from monitor.fastwire import decode_batch, decode_report
 from monitor.load import LoadGuard, peek_node
 from monitor.service import Monitor
 from monitor.settings import Settings
 
 PATH = "/api/v1/reports"
+BATCH_PATH = "/api/v1/report-batches"
 MAX_ERRORS_SHOWN = 10
+# A relay flushes once its batch reaches max_body_bytes, so a batch may be up to twice that.
+BATCH_BODY_FACTOR = 2
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -46,17 +54,21 @@ class IngestLayer:
         self.app, self.monitor, self.settings, self.guard = app, monitor, settings, guard
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != PATH:
+        path = scope["path"] if scope["type"] == "http" else None
+        if path not in (PATH, BATCH_PATH):
             await self.app(scope, receive, send)
             return
         try:
             if scope["method"] != "POST":
                 raise Answer(405, {"detail": "Method Not Allowed"}, ((b"allow", b"POST"),))
-            answer = await self._ingest(scope, receive)
-            status, headers = 202, ()
+            if path == PATH:
+                answer, status = await self._ingest(scope, receive), 202
+            else:
+                answer, status = await self._ingest_batch(scope, receive), 200
+            headers = ()
         except Answer as refusal:
             answer, status, headers = refusal.body, refusal.status, refusal.headers
-        except _Disconnected:
+        except Disconnected:
             return  # nobody is left to answer
         body = orjson.dumps(answer)
         await send({"type": "http.response.start", "status": status,
@@ -66,48 +78,56 @@ class IngestLayer:
 
     async def _ingest(self, scope: Scope, receive: Receive) -> dict[str, Any]:
         monitor = self.monitor
-        headers = {k: v for k, v in scope["headers"] if k in (b"content-type", b"content-length")}
-        content_type = headers.get(b"content-type", b"").decode("latin-1")
-        if content_type.split(";")[0].strip().lower() != "application/json":
-            monitor.reject("content_type")
-            raise _refuse(415, f"content-type must be application/json, not {content_type or 'missing'!r}")
-        limit = self.settings.max_body_bytes
-        declared = headers.get(b"content-length")
-        if declared is not None:
-            try:
-                too_big = int(declared) > limit
-            except ValueError:
-                monitor.reject("invalid_json")
-                raise _refuse(400, "content-length is not a number") from None
-            if too_big:
-                monitor.reject("too_large")
-                raise _refuse(413, f"report is larger than the limit of {limit} bytes")
-        body = await self._read_body(receive, limit)
-
+        body = await receive_body(scope, receive, self.settings.max_body_bytes, monitor.reject)
         if self.guard.should_shed(peek_node(body), time.monotonic()):
-            # Past capacity: this node reported moments ago, its next report will do.
-            raise Answer(503, {"accepted": False, "detail": "monitor overloaded: send the newest report later"},
-                         ((b"retry-after", str(max(1, round(self.guard.shed_keep_s / 2))).encode()),))
-        try:
-            report = decode_report(body)
-        except pydantic.ValidationError as exc:
-            errors = exc.errors(include_url=False, include_context=False, include_input=False)
-            if any(e["type"] == "json_invalid" for e in errors):
-                monitor.reject("invalid_json")
-                raise _refuse(422, f"body is not valid JSON: {errors[0]['msg']}") from None
-            monitor.reject("schema")
-            raise _refuse(422, _describe(errors), errors=[_error(e) for e in errors[:MAX_ERRORS_SHOWN]]) from None
-
+            raise self._shed()
+        report = decode_or_refuse(body, monitor.reject)
         bound_node = scope.get(BOUND_NODE_KEY)
         if bound_node is not None and report.node != bound_node:
             # A per-node token (monitor/auth.py): one node cannot speak for another.
             monitor.reject("wrong_node")
-            raise _refuse(403, f"this token may only report for node {bound_node!r}")
+            raise wrong_node(bound_node)
+        return self._take(report, attributed=bound_node is not None)
+
+    async def _ingest_batch(self, scope: Scope, receive: Receive) -> dict[str, Any]:
+        monitor = self.monitor
+        if scope.get(BOUND_NODE_KEY) is not None:
+            monitor.reject("wrong_node")
+            raise _refuse(403, "a token bound to one node cannot post other nodes' reports")
+        body = await receive_body(scope, receive, self.settings.max_body_bytes * BATCH_BODY_FACTOR, monitor.reject)
+        try:
+            batch = decode_batch(body)
+        except ValueError as exc:
+            # The relay decoded each report with this monitor's own decoder: a batch that does not
+            # decode is a relay of another version (or not a relay), refused whole.
+            monitor.reject("schema")
+            raise _refuse(422, f"not a batch of reports: {exc}") from None
+        # Only a relay's own token vouches for its bound-node checks (monitor/auth.py).
+        vouched = bool(scope.get(RELAY_KEY))
+        results = []
+        for entry in batch.reports:
+            try:
+                if self.guard.should_shed(entry.report.node, time.monotonic()):
+                    raise self._shed()
+                results.append({"status": 202, "body": self._take(entry.report, attributed=entry.attributed and vouched)})
+            except Answer as refusal:
+                headers = {k.decode(): v.decode() for k, v in refusal.headers if k != b"connection"}
+                results.append({"status": refusal.status, "body": refusal.body, "headers": headers})
+        return {"results": results}
+
+    def _shed(self) -> Answer:
+        # Past capacity: this node reported moments ago, its next report will do.
+        return Answer(503, {"accepted": False, "detail": "monitor overloaded: send the newest report later"},
+                      ((b"retry-after", str(max(1, round(self.guard.shed_keep_s / 2))).encode()),))
+
+    def _take(self, report: Any, attributed: bool) -> dict[str, Any]:
+        """Apply one decoded report: its answer, or the refusal raised as an Answer."""
+        monitor = self.monitor
         refusal = monitor.refusal(report)
         if refusal is not None:
             monitor.reject(refusal.reason)
             raise _refuse(refusal.status, refusal.detail)
-        answer = monitor.ingest(report, attributed=bound_node is not None)
+        answer = monitor.ingest(report, attributed=attributed)
         self.guard.accepted(report.node, time.monotonic())
         # "delta": this monitor takes delta reports (agent/delta.py); "send_full": make the next one full.
         # "replay": this monitor applies reports kept through an outage at their own times.
@@ -122,28 +142,66 @@ class IngestLayer:
             out["orders"] = orders
         return out
 
-    async def _read_body(self, receive: Receive, limit: int) -> bytes:
-        # Content-Length may be absent (chunked) or lie: count what actually arrives.
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                # The agent gave up (its timeout) before sending it all.
-                self.monitor.reject("disconnected")
-                raise _Disconnected
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                self.monitor.reject("too_large")
-                raise _refuse(413, f"report is larger than the limit of {limit} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+
+async def receive_body(scope: Scope, receive: Receive, limit: int, reject: Callable[[str], None]) -> bytes:
+    """A report's body after the content-type and size checks; an Answer (415, 400, 413) when they fail."""
+    headers = {k: v for k, v in scope["headers"] if k in (b"content-type", b"content-length")}
+    content_type = headers.get(b"content-type", b"").decode("latin-1")
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        reject("content_type")
+        raise _refuse(415, f"content-type must be application/json, not {content_type or 'missing'!r}")
+    declared = headers.get(b"content-length")
+    if declared is not None:
+        try:
+            too_big = int(declared) > limit
+        except ValueError:
+            reject("invalid_json")
+            raise _refuse(400, "content-length is not a number") from None
+        if too_big:
+            reject("too_large")
+            raise _refuse(413, f"report is larger than the limit of {limit} bytes")
+    return await _read_body(receive, limit, reject)
 
 
-class _Disconnected(Exception):
-    pass
+def decode_or_refuse(body: bytes, reject: Callable[[str], None]) -> Any:
+    """The decoded report (monitor.fastwire), or a 422 Answer saying which fields are wrong."""
+    try:
+        return decode_report(body)
+    except pydantic.ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        if any(e["type"] == "json_invalid" for e in errors):
+            reject("invalid_json")
+            raise _refuse(422, f"body is not valid JSON: {errors[0]['msg']}") from None
+        reject("schema")
+        raise _refuse(422, _describe(errors), errors=[_error(e) for e in errors[:MAX_ERRORS_SHOWN]]) from None
+
+
+def wrong_node(bound_node: str) -> Answer:
+    return _refuse(403, f"this token may only report for node {bound_node!r}")
+
+
+async def _read_body(receive: Receive, limit: int, reject: Callable[[str], None]) -> bytes:
+    # Content-Length may be absent (chunked) or lie: count what actually arrives.
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            # The agent gave up (its timeout) before sending it all.
+            reject("disconnected")
+            raise Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            reject("too_large")
+            raise _refuse(413, f"report is larger than the limit of {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class Disconnected(Exception):
+    """The client went away before its body arrived: nobody is left to answer."""
 
 
 def _refuse(status: int, detail: str, **extra: Any) -> Answer:

@@ -1,0 +1,149 @@
+"""The relay's ASGI app: agents' reports in (checked as the monitor checks them), batches out.
+
+Paths: ``POST /api/v1/reports`` (agents), ``POST /api/v1/capture-uploads/...`` (agents' evidence,
+passed to the monitor as it came, token and all), ``/healthz``, ``/metrics``. Anything else is a
+404 that says where the monitor is: people read the monitor, never a relay.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from monitor.auth import BOUND_NODE_KEY, CAPTURE_UPLOAD_PREFIX, INGEST_PATH
+from monitor.capture_store import MAX_PART_BYTES
+from monitor.fastwire import encode_report
+from monitor.relay.forwarder import Forwarder, Outcome, unavailable
+from monitor.routes.ingest import Answer, Disconnected, Message, Receive, Scope, Send, decode_or_refuse, \
+    receive_body, wrong_node
+
+# Seconds from a report's arrival to its answer: the batch's wait (FLUSH_S) plus the monitor's work.
+ANSWER_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class RelayApp:
+    def __init__(self, forwarder: Forwarder, *, max_body_bytes: int) -> None:
+        self.forwarder, self.max_body_bytes = forwarder, max_body_bytes
+        # Refused here, never sent on: by reason, as the monitor counts its own refusals.
+        self.refused: dict[str, int] = {}
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.answer_seconds = Histogram("hangwatch_relay_answer_seconds", "From a report's arrival at the relay to "
+                                        "its answer", buckets=ANSWER_BUCKETS, registry=self.registry)
+        self.batch_seconds = Histogram("hangwatch_relay_batch_seconds", "A batch's round trip to the monitor",
+                                       buckets=ANSWER_BUCKETS, registry=self.registry)
+        forwarder.on_batch = self.batch_seconds.observe
+        self.registry.register(_Counts(self))
+
+    def reject(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if path == "/healthz":
+            await _answer(send, 200, b"ok\n", b"text/plain; charset=utf-8")
+        elif path == "/metrics":
+            await _answer(send, 200, generate_latest(self.registry), b"text/plain; version=0.0.4; charset=utf-8")
+        elif path == INGEST_PATH and method == "POST":
+            started = time.monotonic()
+            try:
+                outcome = await self._relay_report(scope, receive)
+            except Answer as refusal:
+                outcome = Outcome(refusal.status, refusal.body, {k.decode(): v.decode() for k, v in refusal.headers})
+            except Disconnected:
+                return
+            await _answer_json(send, outcome)
+            self.answer_seconds.observe(time.monotonic() - started)
+        elif path.startswith(CAPTURE_UPLOAD_PREFIX) and method == "POST":
+            await _answer_json(send, await self._pass_upload(scope, receive))
+        else:
+            await _answer_json(send, Outcome(404, {"detail": f"a hangwatch relay takes agents' reports only: read "
+                                                             f"the monitor at {self.forwarder.owner}"}))
+
+    async def _relay_report(self, scope: Scope, receive: Receive) -> Outcome:
+        body = await receive_body(scope, receive, self.max_body_bytes, self.reject)
+        report = decode_or_refuse(body, self.reject)
+        bound_node = scope.get(BOUND_NODE_KEY)
+        if bound_node is not None and report.node != bound_node:
+            self.reject("wrong_node")
+            raise wrong_node(bound_node)
+        return await self.forwarder.forward(encode_report(report), attributed=bound_node is not None)
+
+    async def _pass_upload(self, scope: Scope, receive: Receive) -> Outcome:
+        """An agent's part of an evidence capture, to the monitor with the agent's own token."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return Outcome(400, {"detail": "upload cut off"})
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > MAX_PART_BYTES:
+                return Outcome(413, {"detail": f"a capture part is at most {MAX_PART_BYTES} bytes"})
+            if not message.get("more_body", False):
+                break
+        passed = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
+                  if k in (b"authorization", b"content-type", b"content-encoding")}
+        try:
+            async with httpx.AsyncClient(timeout=60.0) as client:
+                response = await client.post(self.forwarder.owner + scope["path"], content=b"".join(chunks),
+                                             headers=passed)
+            return Outcome(response.status_code, orjson.loads(response.content))
+        except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
+            return unavailable(f"relay: the monitor at {self.forwarder.owner} did not take the upload "
+                               f"({type(exc).__name__})")
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message: Message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.forwarder.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+class _Counts:
+    """The relay's counters, read from the app and its forwarder at each scrape."""
+
+    def __init__(self, app: RelayApp) -> None:
+        self.app = app
+
+    def collect(self) -> Iterator[Metric]:
+        forwarder = self.app.forwarder
+        reports = CounterMetricFamily("hangwatch_relay_reports", "Agents' reports by what became of them: answered "
+                                      "(by the monitor, taken or refused there), monitor_unreachable, shed (too "
+                                      "many waiting), refused here (reason: schema, too_large, ...)",
+                                      labels=["outcome", "reason"])
+        for outcome, count in sorted(forwarder.reports.items()):
+            reports.add_metric([outcome, ""], count)
+        for reason, count in sorted(self.app.refused.items()):
+            reports.add_metric(["refused", reason], count)
+        yield reports
+        yield CounterMetricFamily("hangwatch_relay_batches", "Batches sent to the monitor", value=forwarder.batches)
+        yield GaugeMetricFamily("hangwatch_relay_waiting_reports", "Reports waiting for the next batch",
+                                value=forwarder.waiting)
+
+
+async def _answer_json(send: Send, outcome: Outcome) -> None:
+    await _answer(send, outcome.status, orjson.dumps(outcome.body), b"application/json",
+                  [(k.encode("latin-1"), v.encode("latin-1")) for k, v in outcome.headers.items()])
+
+
+async def _answer(send: Send, status: int, body: bytes, content_type: bytes,
+                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})

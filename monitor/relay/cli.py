@@ -1,0 +1,106 @@
+"""``hangwatch-relay``: take a share of the nodes' reports and forward them to the monitor in batches.
+
+    hangwatch-relay --monitor http://monitor:8787 [--port 8788] [--token-file agents.tokens]
+                    [--relay-token-file relay.token]
+
+Agents are pointed at the relay (``hangwatch-agent --monitor http://relay:8788``) instead of the
+monitor; docs/scaling.md says when a job needs relays and how many.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+import uvicorn
+
+from hangwatch_common.cli_common import add_version_option
+from hangwatch_common.token_file import TokenSource
+from hangwatch_common.watched_file import SecretFileError
+from monitor.auth import INGEST, METRICS, AuthLayer, TokenFile
+from monitor.http_guard import ConnectionLimits, HttpStats, connection_cap, guarded_protocol, raise_open_file_limit
+from monitor.log_limit import limit_repeated_logs
+from monitor.relay.app import RelayApp
+from monitor.relay.forwarder import FLUSH_S, Forwarder
+
+PROG = "hangwatch-relay"
+EXIT_USAGE = 2
+DEFAULT_PORT = 8788
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{PROG}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = _Parser(prog=PROG, description="Forward a share of the nodes' reports to the hangwatch monitor "
+                                            "in batches (one giant job's first level of ingest).")
+    add_version_option(parser)
+    parser.add_argument("--monitor", default=env("HANGWATCH_MONITOR"),
+                        help="the monitor's base URL (env HANGWATCH_MONITOR)")
+    parser.add_argument("--host", default=env("HANGWATCH_HOST", "127.0.0.1"), help="address to listen on")
+    parser.add_argument("--port", type=int, default=int(env("HANGWATCH_PORT", DEFAULT_PORT)),
+                        help=f"port to listen on (default {DEFAULT_PORT})")
+    parser.add_argument("--token-file", default=env("HANGWATCH_TOKEN_FILE"),
+                        help="the agents' tokens, as the monitor's --token-file (NODE TOKEN lines bind a node)")
+    parser.add_argument("--metrics-token-file", default=env("HANGWATCH_METRICS_TOKEN_FILE"),
+                        help="tokens for the relay's /metrics")
+    parser.add_argument("--relay-token-file", default=env("HANGWATCH_RELAY_TOKEN_FILE"),
+                        help="the token this relay presents to the monitor: one of the monitor's "
+                             "--relay-token-file (then it believes the relay's node checks), else an ingest token")
+    parser.add_argument("--max-body-bytes", type=int, default=int(env("HANGWATCH_MAX_BODY_BYTES", MAX_BODY_BYTES)),
+                        help="largest accepted report, as on the monitor (default 8 MiB)")
+    parser.add_argument("--flush-ms", type=float, default=FLUSH_S * 1000,
+                        help="how long a batch gathers reports before it is sent (default %(default)g)")
+    parser.add_argument("--log-level", default=env("HANGWATCH_LOG_LEVEL", "info"),
+                        choices=("critical", "error", "warning", "info", "debug"))
+    return parser
+
+
+def _quiet_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.monitor or not args.monitor.startswith(("http://", "https://")):
+        print(f"{PROG}: error: --monitor must be the monitor's http:// or https:// address", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _quiet_exit)
+    try:
+        # The relay's own token (one per file, like an agent's), re-read when the file changes.
+        token = TokenSource(args.relay_token_file) if args.relay_token_file else None
+        files = {kind: TokenFile(Path(path), allow_nodes=kind == INGEST)
+                 for kind, path in ((INGEST, args.token_file), (METRICS, args.metrics_token_file)) if path}
+    except SecretFileError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    forwarder = Forwarder(args.monitor, token.current if token is not None else lambda: None,
+                          max_batch_bytes=args.max_body_bytes, flush_s=args.flush_ms / 1000)
+    relay = RelayApp(forwarder, max_body_bytes=args.max_body_bytes)
+    stats = HttpStats()
+    app = AuthLayer(relay, files, on_refused=lambda kind: relay.reject("unauthorized")) if files else relay
+    limits = ConnectionLimits()
+    limit_repeated_logs()
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                    http=guarded_protocol(limits, connection_cap(limits, raise_open_file_limit()), stats),
+                    lifespan="on")
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Reports waiting at a relay, sent to the monitor in batches; each waiting agent gets its own answer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+import orjson
+
+from monitor.auth import BATCH_PATH
+from monitor.fastwire import MAX_BATCH_REPORTS
+
+log = logging.getLogger("hangwatch.relay")
+
+# How long the first report of a batch waits for others: an agent's answer comes this much later,
+# and the monitor gets at most 1/flush_s posts a second from each relay.
+FLUSH_S = 0.05
+# Past this many reports waiting (a slow or stalled monitor), new ones are turned away at once.
+MAX_WAITING = 4 * MAX_BATCH_REPORTS
+# An agent told to come back later spreads its retries over this many seconds and more (agent/sender.py).
+RETRY_AFTER_S = 2
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the agent is answered: the monitor's status and body for its report, or the relay's."""
+
+    status: int
+    body: dict
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def unavailable(detail: str, retry_after_s: int = RETRY_AFTER_S) -> Outcome:
+    # 503 with Retry-After: the agent keeps its newest report (and its outage journal) and retries.
+    return Outcome(503, {"accepted": False, "detail": detail}, {"retry-after": str(retry_after_s)})
+
+
+def batch_body(entries: list[tuple[bytes, bool]]) -> bytes:
+    """The batch as JSON, made of the reports' own encodings (not decoded and encoded again)."""
+    parts = [b'{"attributed":%s,"report":%s}' % (b"true" if attributed else b"false", encoded)
+             for encoded, attributed in entries]
+    return b'{"reports":[' + b",".join(parts) + b"]}"
+
+
+class Forwarder:
+    """Batches reports to ``owner`` (a monitor's base URL): one batch in flight at a time, so a slow
+    monitor makes batches larger, not more numerous."""
+
+    def __init__(self, owner: str, token: Callable[[], str | None], *, max_batch_bytes: int,
+                 flush_s: float = FLUSH_S, max_waiting: int = MAX_WAITING, timeout_s: float = 10.0,
+                 client: httpx.AsyncClient | None = None,
+                 on_batch: Callable[[float], None] = lambda seconds: None) -> None:
+        self.owner, self.token, self.flush_s = owner.rstrip("/"), token, flush_s
+        self.max_batch_bytes, self.max_waiting, self.timeout_s = max_batch_bytes, max_waiting, timeout_s
+        # Reports by what became of them, for the relay's /metrics; on_batch(seconds) times each batch.
+        self.reports = {"answered": 0, "monitor_unreachable": 0, "shed": 0}
+        self.batches, self.on_batch = 0, on_batch
+        self._client = client
+        self._waiting: list[tuple[bytes, bool, asyncio.Future[Outcome]]] = []
+        self._first_waiting_at = 0.0
+        self._wake: asyncio.Event | None = None
+        self._sender: asyncio.Task[None] | None = None
+        self._complained: str | None = None
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def forward(self, encoded: bytes, attributed: bool) -> Outcome:
+        """Send one decoded report (``fastwire.encode_report``) with the next batch; its answer."""
+        if len(self._waiting) >= self.max_waiting:
+            self.reports["shed"] += 1
+            return unavailable("relay overloaded: the monitor is taking reports slower than they come")
+        loop = asyncio.get_running_loop()
+        if self._sender is None or self._sender.done():
+            self._wake = asyncio.Event()
+            self._sender = loop.create_task(self._send_forever())
+        if not self._waiting:
+            self._first_waiting_at = loop.time()
+        future: asyncio.Future[Outcome] = loop.create_future()
+        self._waiting.append((encoded, attributed, future))
+        assert self._wake is not None
+        self._wake.set()
+        return await future
+
+    async def close(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+        for _, _, future in self._waiting:
+            if not future.done():
+                future.set_result(unavailable("relay stopping"))
+        self._waiting.clear()
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def _send_forever(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._waiting:
+                wait = self._first_waiting_at + self.flush_s - loop.time()
+                if wait > 0 and len(self._waiting) < MAX_BATCH_REPORTS:
+                    await asyncio.sleep(wait)
+                batch = self._take_batch()
+                if not self._waiting:
+                    self._wake.clear()
+                else:
+                    self._first_waiting_at = loop.time()
+                await self._send(batch)
+
+    def _take_batch(self) -> list[tuple[bytes, bool, asyncio.Future[Outcome]]]:
+        size, count = 0, 0
+        for encoded, _, _ in self._waiting:
+            if count and (count >= MAX_BATCH_REPORTS or size + len(encoded) > self.max_batch_bytes):
+                break
+            size += len(encoded)
+            count += 1
+        batch, self._waiting = self._waiting[:count], self._waiting[count:]
+        return batch
+
+    async def _send(self, batch: list[tuple[bytes, bool, asyncio.Future[Outcome]]]) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        outcomes, delivered = await self._post(
+            batch_body([(encoded, attributed) for encoded, attributed, _ in batch]), len(batch))
+        self.batches += 1
+        self.on_batch(loop.time() - started)
+        self.reports["answered" if delivered else "monitor_unreachable"] += len(batch)
+        for (_, _, future), outcome in zip(batch, outcomes):
+            if not future.done():  # the agent's request may have gone (its timeout)
+                future.set_result(outcome)
+
+    async def _post(self, body: bytes, count: int) -> tuple[list[Outcome], bool]:
+        """Each report's outcome, and whether the monitor gave them (False: the relay's 503s)."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout_s)
+        headers = {"content-type": "application/json"}
+        token = self.token()
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        try:
+            response = await self._client.post(self.owner + BATCH_PATH, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            return self._failed(count, f"the monitor at {self.owner} is unreachable ({type(exc).__name__})")
+        if response.status_code != 200:
+            return self._failed(count, f"the monitor at {self.owner} answered the batch with HTTP "
+                                       f"{response.status_code}: {response.text[:200]}")
+        try:
+            results = orjson.loads(response.content)["results"]
+            outcomes = [Outcome(int(r["status"]), dict(r["body"]), dict(r.get("headers") or {})) for r in results]
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            outcomes = []
+        if len(outcomes) != count:
+            return self._failed(count, f"the monitor at {self.owner} answered the batch with something else "
+                                       "than one result per report")
+        if self._complained is not None:
+            log.warning("the monitor at %s takes batches again", self.owner)
+            self._complained = None
+        return outcomes, True
+
+    def _failed(self, count: int, why: str) -> tuple[list[Outcome], bool]:
+        if self._complained != why:  # once per distinct problem, not once a batch
+            log.error("%s; agents are told to retry", why)
+            self._complained = why
+        return [unavailable(f"relay: {why}")] * count, False

@@ -1,0 +1,116 @@
+"""POST /api/v1/report-batches: a relay's batch, each report taken or refused as if posted alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from monitor_testkit import FakeClock, TestClient, monitor_of
+from monitor_reports import rank, report
+
+from monitor.app import create_app
+from monitor.fastwire import decode_report, encode_report
+from monitor.relay.forwarder import batch_body
+from monitor.settings import Settings
+from monitor.store import Store
+
+BATCHES = "/api/v1/report-batches"
+AGENTS = "agents-token-0123456789abcdef"
+NODE_A = "node-a-token-0123456789abcdef"
+RELAY = "relay-token-0123456789abcdef"
+
+
+def batch(*entries: tuple[dict, bool]) -> bytes:
+    """What a relay sends: each report decoded and encoded again (monitor/relay/app.py)."""
+    return batch_body([(encode_report(decode_report(json.dumps(body).encode())), attributed)
+                       for body, attributed in entries])
+
+
+def post(client: TestClient, body: bytes, token: str | None = None):  # type: ignore[no-untyped-def]
+    headers = {"content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    return client.post(BATCHES, content=body, headers=headers)
+
+
+def test_each_report_of_a_batch_is_answered_in_order_as_if_posted_alone(client: TestClient, clock: FakeClock) -> None:
+    taken = report(node="node-a", ranks=[rank(rank=0)], sent_at=clock.now)
+    # A job larger than this monitor takes (max_world_size): refused on its own, the rest still taken.
+    too_large = report(node="node-b", ranks=[rank(job_id="job-b", world_size=70_000)], sent_at=clock.now)
+    also_taken = report(node="node-c", ranks=[rank(rank=1)], sent_at=clock.now, delta=True)
+    response = post(client, batch((taken, False), (too_large, False), (also_taken, False)))
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert [r["status"] for r in results] == [202, 422, 202], results
+    assert results[0]["body"] == {"accepted": True, "ranks": 1, "delta": True, "send_full": False, "replay": True}
+    assert results[1]["body"]["accepted"] is False and "world" in results[1]["body"]["detail"], results[1]
+    # A delta from a node this monitor has no full picture of: asked for a full report, as a direct post is.
+    assert results[2]["body"]["send_full"] is True
+    monitor = monitor_of(client)
+    assert monitor.reports_total == 2
+    assert sorted(monitor.state.nodes) == ["node-a", "node-c"]
+
+
+@pytest.mark.parametrize("body", [
+    b'{"reports": [',
+    b'{"reports": [{"report": {"node": "n"}}]}',
+    b'[{"schema_version": 1}]',
+])
+def test_what_is_not_a_batch_is_refused_whole_and_changes_nothing(client: TestClient, body: bytes) -> None:
+    response = post(client, body)
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith("not a batch of reports")
+    monitor = monitor_of(client)
+    assert monitor.reports_total == 0 and monitor.rejected["schema"] == 1
+
+
+@pytest.fixture
+def guarded(settings: Settings, store: Store, clock: FakeClock, tmp_path: Path) -> Iterator[TestClient]:
+    """A monitor with agents' tokens (one bound to node-a) and a relay's token."""
+    agents, relay = tmp_path / "agents.tokens", tmp_path / "relay.tokens"
+    agents.write_text(f"{AGENTS}\nnode-a {NODE_A}\n")
+    relay.write_text(f"{RELAY}\n")
+    for path in (agents, relay):
+        path.chmod(0o600)
+    guarded = dataclasses.replace(settings, token_file=agents, relay_token_file=relay)
+    with TestClient(create_app(guarded, store, clock=clock)) as client:
+        yield client
+
+
+@pytest.mark.parametrize(("token", "status", "believed"), [
+    (RELAY, 200, True),      # a relay's token: its node checks are believed
+    (AGENTS, 401, None),     # with a relay file, agents' tokens post reports, never batches
+    (NODE_A, 401, None),
+    (None, 401, None),
+    ("not-a-token-0123456789abcdef", 401, None),
+])
+def test_with_a_relay_file_only_a_relay_token_posts_batches_and_is_believed(guarded: TestClient, clock: FakeClock, token: str | None,
+                                                     status: int, believed: bool | None) -> None:
+    response = post(guarded, batch((report(node="node-a", sent_at=clock.now), True)), token)
+    assert response.status_code == status, response.text
+    nodes = monitor_of(guarded).state.nodes
+    if believed is None:
+        assert "node-a" not in nodes
+    else:
+        assert response.json()["results"][0]["status"] == 202
+        assert nodes["node-a"].attributed is believed
+
+
+def test_without_a_relay_token_file_batches_take_an_unbound_agent_token(client: TestClient, clock: FakeClock,
+                                                                        settings: Settings, store: Store,
+                                                                        tmp_path: Path) -> None:
+    agents = tmp_path / "agents.tokens"
+    agents.write_text(f"{AGENTS}\nnode-a {NODE_A}\n")
+    agents.chmod(0o600)
+    with TestClient(create_app(dataclasses.replace(settings, token_file=agents), store, clock=clock)) as guarded:
+        assert post(guarded, batch((report(sent_at=clock.now), True)), None).status_code == 401
+        # A node's token cannot speak for other nodes, even its own report in a batch.
+        bound = post(guarded, batch((report(sent_at=clock.now), True)), NODE_A)
+        assert bound.status_code == 403 and "bound to one node" in bound.json()["detail"]
+        assert "node-a" not in monitor_of(guarded).state.nodes
+        response = post(guarded, batch((report(sent_at=clock.now), True)), AGENTS)
+        assert response.status_code == 200
+        assert monitor_of(guarded).state.nodes["node-a"].attributed is False
