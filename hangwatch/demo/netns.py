@@ -304,6 +304,7 @@ class Fabric:
     nodes: dict[str, Node] = field(default_factory=dict)
     monitor: Service | None = None
     monitor_url: str = ""  # as the nodes see it
+    relay_url: str = ""  # a relay in front of the monitor (start_relay), as the nodes see it
     monitor_uds: str = ""  # for this process
     _namespaces: list[str] = field(default_factory=list)
     _closed: bool = False
@@ -405,6 +406,28 @@ class Fabric:
                         pass
             time.sleep(0.1)
         raise RuntimeError(f"monitor not healthy after {timeout}s:\n{self.monitor.log_tail()}")
+
+    def start_relay(self, *, port: int = 8788, timeout: float = 30.0) -> Service:
+        """A relay (hangwatch-relay) in the switch namespace on 10.231.0.254:port, in front of the monitor."""
+        log = self.workdir / "relay.log"
+        with open(log, "wb") as out:
+            proc = self.reaper.popen(["ip", "netns", "exec", self.switch_ns, tool("hangwatch-relay"),
+                                      "--monitor", self.monitor_url, "--host", SWITCH_ADDR, "--port", str(port)],
+                                     stdout=out, stderr=subprocess.STDOUT)
+        relay = Service(proc, log, f"http://{SWITCH_ADDR}:{port}")
+        self.relay_url = relay.url
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                raise RuntimeError(f"relay exited with {proc.returncode}:\n{relay.log_tail()}")
+            if b"Uvicorn running" in log.read_bytes():
+                return relay
+            time.sleep(0.1)
+        raise RuntimeError(f"relay not serving after {timeout}s:\n{relay.log_tail()}")
+
+    def in_switch(self, *cmd: str) -> subprocess.CompletedProcess:
+        """A short command in the switch namespace (where the monitor and any relay listen)."""
+        return _run("ip", "netns", "exec", self.switch_ns, *cmd, check=False)
 
     def _monitor_answers(self, port: int) -> bool:
         """The forwarder accepts and the monitor behind it answers an HTTP request."""

@@ -13,7 +13,9 @@ every process) is removed when a test ends, pass or fail.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,9 +48,9 @@ class Cluster:
         self.job_id = f"{self.a.addr}:{MASTER_PORT}"
         self.jobs: dict[str, object] = {}
 
-    def start_agents(self) -> None:
-        for node in (self.a, self.b):
-            node.start_agent(self.fabric.monitor_url)
+    def start_agents(self, b_reports_to: str | None = None) -> None:
+        self.a.start_agent(self.fabric.monitor_url)
+        self.b.start_agent(b_reports_to or self.fabric.monitor_url)
 
     def launch(self, node, node_rank: int, *train_args: str, env: dict[str, str] | None = None,
                master_addr: str | None = None):
@@ -77,8 +79,8 @@ class Cluster:
         return seen
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+@contextlib.contextmanager
+def two_nodes(tmp_path: Path, *, relay_for_b: bool = False) -> Iterator[Cluster]:
     try:
         check_available("iptables", "tc")
     except NetnsUnavailable as e:
@@ -88,11 +90,17 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         fabric.create()
         fabric.start_monitor()
         c = Cluster(fabric)
-        c.start_agents()
+        c.start_agents(b_reports_to=fabric.start_relay().url if relay_for_b else None)
         yield c
         c.client.close()
     finally:
         fabric.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with two_nodes(tmp_path) as c:
+        yield c
 
 
 def syn_sent(node) -> list[tuple[str, int]]:
@@ -115,6 +123,22 @@ def test_two_nodes_healthy(cluster: Cluster):
     assert {(r["rank"], r["node"]) for r in got["ranks"]} == {(0, "node-a"), (1, "node-b")}, compact(got)
     bad = [j for j in cluster.watch(10) if j is None or j["verdict"] != "healthy"]
     assert not bad, compact(bad[0])
+
+
+def test_a_deadlock_is_named_when_one_node_reports_through_a_relay(tmp_path: Path):
+    """node-b's agent posts to a relay (hangwatch-relay) in front of the monitor, node-a's to the
+    monitor itself: one job, its deadlock and culprit named as when both post directly."""
+    with two_nodes(tmp_path, relay_for_b=True) as c:
+        c.launch(c.a, 0, "--steps", "100000", "--fail", "linger", "--fail-rank", "1", "--fail-at-step", "20")
+        c.launch(c.b, 1, "--steps", "100000", "--fail", "linger", "--fail-rank", "1", "--fail-at-step", "20")
+        got = c.wait_for_verdict("deadlock", timeout=90, culprits=[1])
+        assert {(r["rank"], r["node"]) for r in got["ranks"]} == {(0, "node-a"), (1, "node-b")}, compact(got)
+        assert sorted(got["culprit_ranks"]) == [1], compact(got)
+        # node-b's reports went through the relay, answered by the monitor.
+        metrics = c.fabric.in_switch(sys.executable, "-c", "import httpx; print(httpx.get("
+                                     f"'{c.fabric.relay_url}/metrics').text)")
+        answered = re.search(r'hangwatch_relay_reports_total\{outcome="answered",reason=""\} (\d+)', metrics.stdout)
+        assert answered and int(answered.group(1)) >= 5, metrics.stdout + metrics.stderr
 
 
 def test_master_named_by_address_on_one_node_and_by_name_on_the_other_is_one_job(cluster: Cluster):
