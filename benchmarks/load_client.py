@@ -10,6 +10,7 @@ up when a post ran long.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 import json
 import random
 import time
@@ -140,13 +141,17 @@ async def post(conn: HttpConnection, delta: DeltaState, full: dict, protocol: st
     return 2.0 if status == 503 else 0.0  # the monitor's default Retry-After
 
 
-def run_shard(nodes: list[SimulatedNode], ports: list[int], protocol: str, start: float,
-              window: tuple[float, float], end: float) -> LoadStats:
-    """Run these nodes until ``end`` (wall clock) in one event loop; the stats of the measured window."""
+def run_shard(nodes: list[SimulatedNode], ports: list[int] | Callable[[SimulatedNode], list[int]], protocol: str,
+              start: float, window: tuple[float, float], end: float) -> LoadStats:
+    """Run these nodes until ``end`` (wall clock) in one event loop; the stats of the measured window.
+
+    ``ports``: the monitors every node posts to (sharded by job), or a node's own (its relay).
+    """
     stats = LoadStats()
 
     async def main() -> None:
-        await asyncio.gather(*(run_node(n, ports, protocol, start, window, end, stats) for n in nodes))
+        await asyncio.gather(*(run_node(n, ports(n) if callable(ports) else ports, protocol, start, window, end, stats)
+                               for n in nodes))
 
     try:
         import uvloop

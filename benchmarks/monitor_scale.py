@@ -83,6 +83,14 @@ def db_bytes(db: Path) -> int:
     return sum(p.stat().st_size for p in db.parent.glob(db.name + "*") if p.is_file())
 
 
+def start_relay(port: int, monitor_port: int, cpus: str | None, log: Path) -> subprocess.Popen:
+    exe = str(Path(sys.executable).with_name("hangwatch-relay"))
+    cmd = [exe, "--port", str(port), "--monitor", f"http://127.0.0.1:{monitor_port}", "--log-level", "warning"]
+    if cpus:
+        cmd = ["taskset", "-c", cpus, *cmd]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+
+
 def start_monitor(port: int, db: Path, cpus: str | None, extra: list[str]) -> subprocess.Popen:
     exe = str(Path(sys.executable).with_name("hangwatch-monitor"))
     cmd = [exe, "--port", str(port), "--db", str(db), "--log-level", "warning", *extra]
@@ -157,7 +165,7 @@ async def watch_fault(port: int, job: str, verdict: str, culprit: int, inject_at
 
 
 async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tuple[float, float], end: float,
-                  job: str, fault: str, culprit: int, inject_at: float) -> dict:
+                  job: str, fault: str, culprit: int, inject_at: float, relay_pids: list[int] | None = None) -> dict:
     latencies: dict[str, list[float]] = {}
     sizes: dict[str, int] = {}
     lags: list[float] = []
@@ -169,11 +177,13 @@ async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tu
     detect = asyncio.create_task(watch_fault(owner_port, job, fault, culprit, inject_at, end, other))
     await asyncio.sleep(max(0.0, window[0] - time.time()))
     cpu0, db0, peak = sum(map(cpu_seconds, pids)), sum(map(db_bytes, dbs)), 0
+    relay_cpu0 = sum(map(cpu_seconds, relay_pids or []))
     lag0 = await lag_buckets(ports)
     while time.time() < window[1]:
         peak = max(peak, sum(map(rss_bytes, pids)))
         await asyncio.sleep(1.0)
     cpu1, db1 = sum(map(cpu_seconds, pids)), sum(map(db_bytes, dbs))
+    relay_cpu_s = sum(map(cpu_seconds, relay_pids or [])) - relay_cpu0
     lag1 = await lag_buckets(ports)
     probe_lags = {bound: lag1.get(bound, 0) - lag0.get(bound, 0) for bound in lag1}
     detected = await detect
@@ -186,7 +196,7 @@ async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tu
         own += [f"{port}: {line}" for line in metrics.decode().splitlines() if line.startswith("hangwatch_monitor_")]
     return {"cpu_s": cpu1 - cpu0, "db_start": db0, "db_end": db1, "rss_peak": peak, "latencies": latencies,
             "sizes": sizes, "detected_s": detected, "other_answers": other, "monitor_metrics": own, "lags": lags,
-            "probe_lags": probe_lags}
+            "probe_lags": probe_lags, "relay_cpu_s": relay_cpu_s}
 
 
 LAG_BUCKET = "hangwatch_monitor_event_loop_probe_lag_seconds_bucket{le=\""
@@ -241,6 +251,9 @@ def main() -> int:
     parser.add_argument("--monitor-cpus", help="taskset CPU list for the monitor, e.g. 0,1")
     parser.add_argument("--monitors", type=int, default=1, help="monitors sharded by job id (default 1)")
     parser.add_argument("--load-cpus", help="taskset CPU list for the load generator, e.g. 2-15")
+    parser.add_argument("--relays", type=int, default=0, help="relays (hangwatch-relay) in front of the one monitor, "
+                        "each taking an equal share of the nodes (default 0: nodes post to the monitor)")
+    parser.add_argument("--relay-cpus", help="taskset CPU list for the relays, e.g. 2-5")
     parser.add_argument("--load-procs", type=int, default=1, help="load generator processes")
     parser.add_argument("--port", type=int, default=18787)
     parser.add_argument("--monitor-arg", action="append", default=[], help="extra hangwatch-monitor argument")
@@ -290,8 +303,14 @@ def run(args: argparse.Namespace) -> dict:
     cpus = args.monitor_cpus.split(",") if args.monitor_cpus and args.monitors > 1 else [args.monitor_cpus]
     monitors = [start_monitor(port, db, cpus[i % len(cpus)], args.monitor_arg)
                 for i, (port, db) in enumerate(zip(ports, dbs))]
+    relays = getattr(args, "relays", 0)
+    if relays and args.monitors > 1:
+        raise SystemExit("--relays forwards to one monitor: leave --monitors at 1")
+    relay_ports = [args.port + 100 + i for i in range(relays)]
+    monitors += [start_relay(port, ports[0], args.relay_cpus, tmp / f"relay-{i}.log")
+                 for i, port in enumerate(relay_ports)]
     try:
-        for port in ports:
+        for port in ports + relay_ports:
             asyncio.run(wait_ready(port, time.time() + 30))
         start = time.time() + 1.0
         window = (start + args.warmup, start + args.warmup + args.duration)
@@ -310,7 +329,9 @@ def run(args: argparse.Namespace) -> dict:
         pipes, procs = [], []
         for i in range(args.load_procs):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=shard_main, args=(child, nodes[i::args.load_procs], ports, args.protocol,
+            # With relays, node k posts to relay k mod N (node-sharded ingest); else to the monitors.
+            targets = (lambda node, k=len(relay_ports): [relay_ports[node.index % k]]) if relay_ports else ports
+            proc = ctx.Process(target=shard_main, args=(child, nodes[i::args.load_procs], targets, args.protocol,
                                                         start, window, end))
             proc.start()
             if args.load_cpus:
@@ -323,8 +344,8 @@ def run(args: argparse.Namespace) -> dict:
                 ["sh", "-c", f"sleep {max(0.0, window[0] - time.time()):.2f}; exec py-spy record --nonblocking "
                  f"--threads --rate 100 --format raw --duration {int(args.duration)} --pid {monitors[0].pid} "
                  f"--output {args.py_spy}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        observed = asyncio.run(observe([m.pid for m in monitors], ports, dbs, window, end, victim, args.fault,
-                                       culprit, inject_at))
+        observed = asyncio.run(observe([m.pid for m in monitors[:len(ports)]], ports, dbs, window, end, victim,
+                                       args.fault, culprit, inject_at, [m.pid for m in monitors[len(ports):]]))
         stats = LoadStats()
         for parent, proc in zip(pipes, procs):
             stats.merge(parent.recv())
@@ -397,6 +418,7 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
                              "count": len(v), "bytes": observed["sizes"].get(name)}
                       for name, v in observed["latencies"].items()},
         "monitor_cpu_share": cpu_share, "monitor_cores": cores, "cpu_ms_per_report": per_report_ms,
+        "relay_cpu_ms_per_report": observed["relay_cpu_s"] * 1000 / stats.accepted if stats.accepted else None,
         "loop_lag_p50_ms": (percentile(observed["lags"], 0.5) or 0) * 1000,
         "loop_lag_max_ms": max(observed["lags"], default=0) * 1000,
         # Every 50 ms probe of the window, from the monitors' histogram (bucket-interpolated).
@@ -429,6 +451,9 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
     print(f"monitor CPU {cpu_share * 100:.0f}% of {cores} cores (all monitors); "
           f"{per_report_ms if per_report_ms is not None else float('nan'):.2f} CPU-ms per node report; "
           f"peak RSS {figures['rss_peak_mib']:.0f} MiB")
+    if getattr(args, "relays", 0):
+        print(f"relays ({args.relays}): {figures['relay_cpu_ms_per_report'] or float('nan'):.2f} CPU-ms per node "
+              "report, all relays together")
     print(f"database {figures['db_mib']:.1f} MiB, growth {figures['db_growth_mib_per_h']:.0f} MiB/h")
     detected = observed["detected_s"]
     print(f"injected {args.fault}: {'found in %.1f s' % detected if detected is not None else 'NOT found'}")
