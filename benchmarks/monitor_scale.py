@@ -165,7 +165,8 @@ async def watch_fault(port: int, job: str, verdict: str, culprit: int, inject_at
 
 
 async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tuple[float, float], end: float,
-                  job: str, fault: str, culprit: int, inject_at: float, relay_pids: list[int] | None = None) -> dict:
+                  job: str, fault: str, culprit: int, inject_at: float, relay_pids: list[int] | None = None,
+                  relay_ports: list[int] | None = None) -> dict:
     latencies: dict[str, list[float]] = {}
     sizes: dict[str, int] = {}
     lags: list[float] = []
@@ -179,12 +180,15 @@ async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tu
     cpu0, db0, peak = sum(map(cpu_seconds, pids)), sum(map(db_bytes, dbs)), 0
     relay_cpu0 = sum(map(cpu_seconds, relay_pids or []))
     lag0 = await lag_buckets(ports)
+    answered0 = await lag_buckets(relay_ports or [], RELAY_ANSWER_BUCKET)
     while time.time() < window[1]:
         peak = max(peak, sum(map(rss_bytes, pids)))
         await asyncio.sleep(1.0)
     cpu1, db1 = sum(map(cpu_seconds, pids)), sum(map(db_bytes, dbs))
     relay_cpu_s = sum(map(cpu_seconds, relay_pids or [])) - relay_cpu0
     lag1 = await lag_buckets(ports)
+    answered1 = await lag_buckets(relay_ports or [], RELAY_ANSWER_BUCKET)
+    relay_answers = {bound: answered1.get(bound, 0) - answered0.get(bound, 0) for bound in answered1}
     probe_lags = {bound: lag1.get(bound, 0) - lag0.get(bound, 0) for bound in lag1}
     detected = await detect
     await asyncio.gather(*probes)
@@ -196,14 +200,18 @@ async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tu
         own += [f"{port}: {line}" for line in metrics.decode().splitlines() if line.startswith("hangwatch_monitor_")]
     return {"cpu_s": cpu1 - cpu0, "db_start": db0, "db_end": db1, "rss_peak": peak, "latencies": latencies,
             "sizes": sizes, "detected_s": detected, "other_answers": other, "monitor_metrics": own, "lags": lags,
-            "probe_lags": probe_lags, "relay_cpu_s": relay_cpu_s}
+            "probe_lags": probe_lags, "relay_cpu_s": relay_cpu_s,
+            "relay_answer_p50_ms": (histogram_quantile(0.5, relay_answers) or 0) * 1000 if relay_answers else None,
+            "relay_answer_p99_ms": (histogram_quantile(0.99, relay_answers) or 0) * 1000 if relay_answers else None}
 
 
 LAG_BUCKET = "hangwatch_monitor_event_loop_probe_lag_seconds_bucket{le=\""
+RELAY_ANSWER_BUCKET = "hangwatch_relay_answer_seconds_bucket{le=\""
 
 
-async def lag_buckets(ports: list[int]) -> dict[float, int]:
-    """The monitors' loop-lag histograms (cumulative probe counts by upper bound), summed."""
+async def lag_buckets(ports: list[int], bucket: str = LAG_BUCKET) -> dict[float, int]:
+    """The monitors' loop-lag histograms (cumulative probe counts by upper bound), summed; or, with
+    ``bucket``, another histogram of theirs (the relays' answer times)."""
     counts: dict[float, int] = {}
     for port in ports:
         conn = HttpConnection("127.0.0.1", port)
@@ -212,8 +220,8 @@ async def lag_buckets(ports: list[int]) -> dict[float, int]:
         finally:
             conn.close()
         for line in body.decode().splitlines():
-            if line.startswith(LAG_BUCKET):
-                bound, value = line[len(LAG_BUCKET):].split('"} ')
+            if line.startswith(bucket):
+                bound, value = line[len(bucket):].split('"} ')
                 counts[float(bound)] = counts.get(float(bound), 0) + int(float(value))
     return counts
 
@@ -345,7 +353,8 @@ def run(args: argparse.Namespace) -> dict:
                  f"--threads --rate 100 --format raw --duration {int(args.duration)} --pid {monitors[0].pid} "
                  f"--output {args.py_spy}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         observed = asyncio.run(observe([m.pid for m in monitors[:len(ports)]], ports, dbs, window, end, victim,
-                                       args.fault, culprit, inject_at, [m.pid for m in monitors[len(ports):]]))
+                                       args.fault, culprit, inject_at, [m.pid for m in monitors[len(ports):]],
+                                       relay_ports))
         stats = LoadStats()
         for parent, proc in zip(pipes, procs):
             stats.merge(parent.recv())
@@ -419,6 +428,7 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
                       for name, v in observed["latencies"].items()},
         "monitor_cpu_share": cpu_share, "monitor_cores": cores, "cpu_ms_per_report": per_report_ms,
         "relay_cpu_ms_per_report": observed["relay_cpu_s"] * 1000 / stats.accepted if stats.accepted else None,
+        "relay_answer_p50_ms": observed["relay_answer_p50_ms"], "relay_answer_p99_ms": observed["relay_answer_p99_ms"],
         "loop_lag_p50_ms": (percentile(observed["lags"], 0.5) or 0) * 1000,
         "loop_lag_max_ms": max(observed["lags"], default=0) * 1000,
         # Every 50 ms probe of the window, from the monitors' histogram (bucket-interpolated).
@@ -453,7 +463,8 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
           f"peak RSS {figures['rss_peak_mib']:.0f} MiB")
     if getattr(args, "relays", 0):
         print(f"relays ({args.relays}): {figures['relay_cpu_ms_per_report'] or float('nan'):.2f} CPU-ms per node "
-              "report, all relays together")
+              f"report, all relays together; a report's answer at the relay (its histogram over the window) "
+              f"p50 {ms((figures['relay_answer_p50_ms'] or 0) / 1000)}, p99 {ms((figures['relay_answer_p99_ms'] or 0) / 1000)}")
     print(f"database {figures['db_mib']:.1f} MiB, growth {figures['db_growth_mib_per_h']:.0f} MiB/h")
     detected = observed["detected_s"]
     print(f"injected {args.fault}: {'found in %.1f s' % detected if detected is not None else 'NOT found'}")

@@ -1,4 +1,4 @@
-"""The monitor's OpenAPI schema, with the ingest path that FastAPI cannot see.
+"""The monitor's OpenAPI schema, with the ingest paths that FastAPI cannot see.
 
 Reports are answered by a plain ASGI layer in front of FastAPI (monitor/routes/ingest.py), so
 FastAPI's own schema lacks ``POST /api/v1/reports``: the one endpoint agent authors, fuzzers and
@@ -16,6 +16,7 @@ from hangwatch_common.version import version
 from monitor.wire import Report
 
 INGEST = "/api/v1/reports"
+BATCHES = "/api/v1/report-batches"
 # Every answer the ingest layer gives by design (401/403 only with token files, 503 only when shedding).
 INGEST_ANSWERS = {
     "202": "accepted; the answer says whether the monitor takes deltas and wants a full report",
@@ -27,6 +28,17 @@ INGEST_ANSWERS = {
     "422": "does not match the schema, or over a limit (world size, lengths)",
     "429": "over max_jobs, max_jobs_per_node, max_ranks or max_nodes",
     "503": "over capacity: send the newest report after Retry-After",
+}
+
+
+BATCH_ANSWERS = {
+    "200": "each report's status and answer, in order: {\"results\": [{\"status\", \"body\", \"headers\"}]}",
+    "400": "content-length is not a number",
+    "401": "no token, or not one of the monitor's relay tokens (ingest tokens without --relay-token-file)",
+    "403": "an ingest token bound to one node",
+    "413": "larger than twice max_body_bytes",
+    "415": "content-type is not application/json",
+    "422": "not a batch: {\"reports\": [{\"report\": Report, \"attributed\": bool}]}, 4,096 at most",
 }
 
 
@@ -46,6 +58,16 @@ def with_ingest(schema: dict[str, Any]) -> dict[str, Any]:
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Report"}}}},
         "responses": {status: {"description": text, **answer} for status, text in INGEST_ANSWERS.items()},
+    }}
+    entry = {"type": "object", "required": ["report"], "properties": {
+        "report": {"$ref": "#/components/schemas/Report"}, "attributed": {"type": "boolean", "default": False}}}
+    schema["paths"][BATCHES] = {"post": {
+        "operationId": "post_report_batch",
+        "summary": "A relay's batch of agents' reports (hangwatch-relay), each answered as if posted alone",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["reports"],
+            "properties": {"reports": {"type": "array", "maxItems": 4096, "items": entry}}}}}},
+        "responses": {status: {"description": text, **answer} for status, text in BATCH_ANSWERS.items()},
     }}
     return schema
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import orjson
@@ -95,7 +94,7 @@ class RelayApp:
         passed = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
                   if k in (b"authorization", b"content-type", b"content-encoding")}
         try:
-            async with httpx.AsyncClient(timeout=60.0) as client:
+            async with httpx.AsyncClient(timeout=60.0, verify=self.forwarder.verify) as client:
                 response = await client.post(self.forwarder.owner + scope["path"], content=b"".join(chunks),
                                              headers=passed)
             return Outcome(response.status_code, orjson.loads(response.content))

@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--relay-token-file", default=env("HANGWATCH_RELAY_TOKEN_FILE"),
                         help="the token this relay presents to the monitor: one of the monitor's "
                              "--relay-token-file (then it believes the relay's node checks), else an ingest token")
+    parser.add_argument("--ca-file", default=env("HANGWATCH_CA_FILE"),
+                        help="the CA that signed an https:// monitor's certificate, when private")
+    parser.add_argument("--ssl-certfile", default=env("HANGWATCH_SSL_CERTFILE"),
+                        help="serve agents over HTTPS with this certificate (PEM; with --ssl-keyfile)")
+    parser.add_argument("--ssl-keyfile", default=env("HANGWATCH_SSL_KEYFILE"), help="the certificate's private key")
     parser.add_argument("--max-body-bytes", type=int, default=int(env("HANGWATCH_MAX_BODY_BYTES", MAX_BODY_BYTES)),
                         help="largest accepted report, as on the monitor (default 8 MiB)")
     parser.add_argument("--flush-ms", type=float, default=FLUSH_S * 1000,
@@ -76,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.monitor or not args.monitor.startswith(("http://", "https://")):
         print(f"{PROG}: error: --monitor must be the monitor's http:// or https:// address", file=sys.stderr)
         return EXIT_USAGE
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        print(f"{PROG}: error: --ssl-certfile and --ssl-keyfile go together", file=sys.stderr)
+        return EXIT_USAGE
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _quiet_exit)
     try:
@@ -86,8 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SecretFileError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else True
     forwarder = Forwarder(args.monitor, token.current if token is not None else lambda: None,
-                          max_batch_bytes=args.max_body_bytes, flush_s=args.flush_ms / 1000)
+                          max_batch_bytes=args.max_body_bytes, flush_s=args.flush_ms / 1000, verify=verify)
     relay = RelayApp(forwarder, max_body_bytes=args.max_body_bytes)
     stats = HttpStats()
     app = AuthLayer(relay, files, on_refused=lambda kind: relay.reject("unauthorized")) if files else relay
@@ -96,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                     http=guarded_protocol(limits, connection_cap(limits, raise_open_file_limit()), stats),
-                    lifespan="on")
+                    lifespan="on", ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
     except KeyboardInterrupt:
         pass
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -11,15 +12,19 @@ import httpx
 import orjson
 
 from monitor.auth import BATCH_PATH
-from monitor.fastwire import MAX_BATCH_REPORTS
 
 log = logging.getLogger("hangwatch.relay")
 
 # How long the first report of a batch waits for others: an agent's answer comes this much later,
 # and the monitor gets at most 1/flush_s posts a second from each relay.
 FLUSH_S = 0.05
-# Past this many reports waiting (a slow or stalled monitor), new ones are turned away at once.
-MAX_WAITING = 4 * MAX_BATCH_REPORTS
+# Reports in one batch at most: the monitor applies a batch in one go on its event loop, ~0.4 ms a
+# report, so a batch of 256 holds it ~0.1 s at most (a batch is this large only when reports queue).
+BATCH_REPORTS = 256
+# Past this many reports, or batches' worth of bytes, waiting (a slow or stalled monitor), new ones
+# are turned away at once: the relay's memory stays bounded whatever the monitor does.
+MAX_WAITING = 16 * BATCH_REPORTS
+MAX_WAITING_BATCHES = 4
 # An agent told to come back later spreads its retries over this many seconds and more (agent/sender.py).
 RETRY_AFTER_S = 2
 
@@ -31,6 +36,14 @@ class Outcome:
     status: int
     body: dict
     headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Waiting:
+    encoded: bytes
+    attributed: bool
+    future: asyncio.Future[Outcome]
+    since: float
 
 
 def unavailable(detail: str, retry_after_s: int = RETRY_AFTER_S) -> Outcome:
@@ -51,16 +64,16 @@ class Forwarder:
 
     def __init__(self, owner: str, token: Callable[[], str | None], *, max_batch_bytes: int,
                  flush_s: float = FLUSH_S, max_waiting: int = MAX_WAITING, timeout_s: float = 10.0,
-                 client: httpx.AsyncClient | None = None,
+                 verify: ssl.SSLContext | bool = True, client: httpx.AsyncClient | None = None,
                  on_batch: Callable[[float], None] = lambda seconds: None) -> None:
         self.owner, self.token, self.flush_s = owner.rstrip("/"), token, flush_s
         self.max_batch_bytes, self.max_waiting, self.timeout_s = max_batch_bytes, max_waiting, timeout_s
         # Reports by what became of them, for the relay's /metrics; on_batch(seconds) times each batch.
         self.reports = {"answered": 0, "monitor_unreachable": 0, "shed": 0}
         self.batches, self.on_batch = 0, on_batch
-        self._client = client
-        self._waiting: list[tuple[bytes, bool, asyncio.Future[Outcome]]] = []
-        self._first_waiting_at = 0.0
+        self._client, self.verify = client, verify
+        self._waiting: list[_Waiting] = []
+        self._waiting_bytes = 0
         self._wake: asyncio.Event | None = None
         self._sender: asyncio.Task[None] | None = None
         self._complained: str | None = None
@@ -71,17 +84,17 @@ class Forwarder:
 
     async def forward(self, encoded: bytes, attributed: bool) -> Outcome:
         """Send one decoded report (``fastwire.encode_report``) with the next batch; its answer."""
-        if len(self._waiting) >= self.max_waiting:
+        if len(self._waiting) >= self.max_waiting or \
+                self._waiting_bytes + len(encoded) > MAX_WAITING_BATCHES * self.max_batch_bytes:
             self.reports["shed"] += 1
             return unavailable("relay overloaded: the monitor is taking reports slower than they come")
         loop = asyncio.get_running_loop()
         if self._sender is None or self._sender.done():
             self._wake = asyncio.Event()
             self._sender = loop.create_task(self._send_forever())
-        if not self._waiting:
-            self._first_waiting_at = loop.time()
         future: asyncio.Future[Outcome] = loop.create_future()
-        self._waiting.append((encoded, attributed, future))
+        self._waiting.append(_Waiting(encoded, attributed, future, loop.time()))
+        self._waiting_bytes += len(encoded)
         assert self._wake is not None
         self._wake.set()
         return await future
@@ -89,10 +102,11 @@ class Forwarder:
     async def close(self) -> None:
         if self._sender is not None:
             self._sender.cancel()
-        for _, _, future in self._waiting:
-            if not future.done():
-                future.set_result(unavailable("relay stopping"))
+        for waiting in self._waiting:
+            if not waiting.future.done():
+                waiting.future.set_result(unavailable("relay stopping"))
         self._waiting.clear()
+        self._waiting_bytes = 0
         if self._client is not None:
             await self._client.aclose()
 
@@ -103,42 +117,42 @@ class Forwarder:
             await self._wake.wait()
             self._wake.clear()
             while self._waiting:
-                wait = self._first_waiting_at + self.flush_s - loop.time()
-                if wait > 0 and len(self._waiting) < MAX_BATCH_REPORTS:
+                # The oldest report waits flush_s for company, unless a batch is full already.
+                wait = self._waiting[0].since + self.flush_s - loop.time()
+                if wait > 0 and len(self._waiting) < BATCH_REPORTS:
                     await asyncio.sleep(wait)
                 batch = self._take_batch()
                 if not self._waiting:
                     self._wake.clear()
-                else:
-                    self._first_waiting_at = loop.time()
                 await self._send(batch)
 
-    def _take_batch(self) -> list[tuple[bytes, bool, asyncio.Future[Outcome]]]:
+    def _take_batch(self) -> list[_Waiting]:
         size, count = 0, 0
-        for encoded, _, _ in self._waiting:
-            if count and (count >= MAX_BATCH_REPORTS or size + len(encoded) > self.max_batch_bytes):
+        for waiting in self._waiting:
+            if count and (count >= BATCH_REPORTS or size + len(waiting.encoded) > self.max_batch_bytes):
                 break
-            size += len(encoded)
+            size += len(waiting.encoded)
             count += 1
         batch, self._waiting = self._waiting[:count], self._waiting[count:]
+        self._waiting_bytes -= size
         return batch
 
-    async def _send(self, batch: list[tuple[bytes, bool, asyncio.Future[Outcome]]]) -> None:
+    async def _send(self, batch: list[_Waiting]) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         outcomes, delivered = await self._post(
-            batch_body([(encoded, attributed) for encoded, attributed, _ in batch]), len(batch))
+            batch_body([(waiting.encoded, waiting.attributed) for waiting in batch]), len(batch))
         self.batches += 1
         self.on_batch(loop.time() - started)
         self.reports["answered" if delivered else "monitor_unreachable"] += len(batch)
-        for (_, _, future), outcome in zip(batch, outcomes):
-            if not future.done():  # the agent's request may have gone (its timeout)
-                future.set_result(outcome)
+        for waiting, outcome in zip(batch, outcomes):
+            if not waiting.future.done():  # the agent's request may have gone (its timeout)
+                waiting.future.set_result(outcome)
 
     async def _post(self, body: bytes, count: int) -> tuple[list[Outcome], bool]:
         """Each report's outcome, and whether the monitor gave them (False: the relay's 503s)."""
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout_s)
+            self._client = httpx.AsyncClient(timeout=self.timeout_s, verify=self.verify)
         headers = {"content-type": "application/json"}
         token = self.token()
         if token:
