@@ -24,6 +24,7 @@ from schemathesis import APIOperation, Case, GenerationMode
 
 
 INGEST = "/api/v1/reports"
+BATCHES = "/api/v1/report-batches"
 HISTORY = "/api/v1/jobs/{job_id}/history"
 # Every answer the ingest layer gives by design (401/403 only with token files, 503 only when shedding).
 INGEST_STATUSES = ("202", "400", "401", "403", "413", "415", "422", "429", "503")
@@ -160,6 +161,8 @@ def _send(case: Case, base: str, session: requests.Session, result: FuzzResult) 
         result.server_errors.append(f"{status} {label}: {_repeat(case, base)}")
     if case.path == INGEST:
         _note_ingest(case, response, result, base)
+    elif case.path == BATCHES:
+        _note_batch(case, response, result, base)
 
 
 def _repeat(case: Case, base: str) -> str:
@@ -177,11 +180,34 @@ def _note_ingest(case: Case, response: requests.Response, result: FuzzResult, ba
     if not isinstance(said, dict) or said.get("accepted") is not accepted:
         result.bad_ingest_answers.append(f"{response.status_code} {response.text[:200]!r}: "
                                          f"{_repeat(case, base)}")
+    _count(result, case.body, accepted)
+
+
+def _note_batch(case: Case, response: requests.Response, result: FuzzResult, base: str) -> None:
+    """A relay's batch: each report's own answer, in order, counted as if posted alone."""
+    if response.status_code != 200:
+        result.refused += 1  # refused whole (the monitor counts it once): nothing was taken
+        return
+    try:
+        results = response.json()["results"]
+        entries = case.body["reports"]
+        pairs = list(zip(entries, results, strict=True))
+    except (ValueError, KeyError, TypeError):
+        result.bad_ingest_answers.append(f"200 {response.text[:200]!r}: {_repeat(case, base)}")
+        return
+    for entry, answer in pairs:
+        accepted = answer.get("status") == 202
+        if answer.get("body", {}).get("accepted") is not accepted:
+            result.bad_ingest_answers.append(f"batch entry {answer!r:.200}: {_repeat(case, base)}")
+        _count(result, entry["report"], accepted)
+
+
+def _count(result: FuzzResult, report: dict, accepted: bool) -> None:
     if not accepted:
         result.refused += 1
         return
     result.accepted += 1
     # Taken, so the body was a report: an object whose ranks and launchers are objects.
-    for item in [*case.body.get("ranks", []), *case.body.get("launchers", [])]:
+    for item in [*report.get("ranks", []), *report.get("launchers", [])]:
         if item.get("job_id") is not None:
             result.accepted_job_ids.add(item["job_id"])
