@@ -4,7 +4,7 @@ A variable nothing reads changes nothing, silently: the token file variable miss
 in an environment file leaves the monitor open to any client. The monitor and the agent name such variables at start
 (``unknown_variables_warning``), with the known name they most resemble.
 
-The list is the union over the monitor, the agent, the ``hangwatch`` CLI, the deployment files
+The list is the union over the monitor, the agent, the relay, the ``hangwatch`` CLI, the deployment files
 and the demo, so that one environment shared by all of them warns of nothing real: the monitor's
 ``HANGWATCH_MAX_JOBS`` is no typo to the agent. tests/monitor/test_env_names.py holds it to the
 code: the monitor's names are its settings' (monitor/settings.py), every ``HANGWATCH_*`` name the
@@ -47,11 +47,17 @@ CLI = frozenset({"HANGWATCH_MONITOR", "HANGWATCH_READ_TOKEN_FILE", "HANGWATCH_CA
 # command lines are made of them (deploy/), and the set-up scripts' venv (scripts/).
 DEPLOYMENT = frozenset({"HANGWATCH_MONITOR", "HANGWATCH_AGENT_ARGS", "HANGWATCH_INTERVAL", "HANGWATCH_VENV"})
 
+# The relay (monitor/relay/cli.py): the monitor's names for what it shares with the monitor, and these.
+RELAY = frozenset({"HANGWATCH_MONITOR", "HANGWATCH_HOST", "HANGWATCH_PORT", "HANGWATCH_TOKEN_FILE",
+                   "HANGWATCH_METRICS_TOKEN_FILE", "HANGWATCH_RELAY_TOKEN_FILE", "HANGWATCH_CA_FILE",
+                   "HANGWATCH_SSL_CERTFILE", "HANGWATCH_SSL_KEYFILE", "HANGWATCH_MAX_BODY_BYTES",
+                   "HANGWATCH_LOG_LEVEL"})
+
 # Set by the monitor for an action's command (monitor/actions/execute.py), read by that command.
 ACTION_COMMAND = frozenset({"HANGWATCH_JOB_ID", "HANGWATCH_VERDICT", "HANGWATCH_CULPRIT_RANKS",
                             "HANGWATCH_CULPRIT_NODES"})
 
-KNOWN = MONITOR | AGENT | CLI | DEPLOYMENT | ACTION_COMMAND
+KNOWN = MONITOR | AGENT | CLI | RELAY | DEPLOYMENT | ACTION_COMMAND
 # How alike (difflib's ratio of the parts after the prefix) a known name must be to be suggested:
 # TOKEN_FLE -> TOKEN_FILE (0.95), MAXJOBS -> MAX_JOBS (0.93); FOO -> DB (0) is no suggestion.
 CLOSE_ENOUGH = 0.75

@@ -7,6 +7,7 @@ passed to the monitor as it came, token and all), ``/healthz``, ``/metrics``. An
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -15,6 +16,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from hangwatch_common.sdnotify import Notifier
 from monitor.auth import BOUND_NODE_KEY, CAPTURE_UPLOAD_PREFIX, INGEST_PATH
 from monitor.capture_store import MAX_PART_BYTES
 from monitor.fastwire import encode_report
@@ -103,12 +105,22 @@ class RelayApp:
                                f"({type(exc).__name__})")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
+        # Under systemd (Type=notify): READY=1 once serving, WATCHDOG=1 from the event loop.
+        notifier = Notifier.from_env()
+        watchdog: asyncio.Task[None] | None = None
         while True:
             message: Message = await receive()
             if message["type"] == "lifespan.startup":
+                if notifier.enabled:
+                    watchdog = asyncio.create_task(_feed(notifier))
+                    notifier.ready(f"relaying to {self.forwarder.owner}")
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                notifier.stopping()
+                if watchdog is not None:
+                    watchdog.cancel()
                 await self.forwarder.close()
+                notifier.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -133,6 +145,12 @@ class _Counts:
         yield CounterMetricFamily("hangwatch_relay_batches", "Batches sent to the monitor", value=forwarder.batches)
         yield GaugeMetricFamily("hangwatch_relay_waiting_reports", "Reports waiting for the next batch",
                                 value=forwarder.waiting)
+
+
+async def _feed(notifier: Notifier) -> None:
+    while True:  # a wedged loop stops the pings, and systemd restarts the relay
+        notifier.tick()
+        await asyncio.sleep(0.5)
 
 
 async def _answer_json(send: Send, outcome: Outcome) -> None:

@@ -80,14 +80,16 @@ RELAY_EXE = shutil.which("hangwatch-relay") or str(Path(sys.executable).parent /
 
 
 @contextlib.contextmanager
-def running_relay(tmp_path: Path, monitor: str, *args: str, port: int | None = None) -> Iterator[RunningMonitor]:
+def running_relay(tmp_path: Path, monitor: str, *args: str, port: int | None = None,
+                  extra_env: dict[str, str] | None = None) -> Iterator[RunningMonitor]:
     """``hangwatch-relay`` in front of the monitor at ``monitor``; stopped however the test ends."""
     port = port or free_port()
     log = tmp_path / f"relay-{port}.log"
     with log.open("w") as out:
         proc = subprocess.Popen([RELAY_EXE, "--monitor", monitor, "--host", "127.0.0.1", "--port", str(port),
                                  "--log-level", "warning", *args], stdout=out, stderr=subprocess.STDOUT, text=True,
-                                env={k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")})
+                                env={**{k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")},
+                                     **(extra_env or {})})
     try:
         base = f"http://127.0.0.1:{port}"
         wait_until_up(proc, base, log=log)

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from real_monitor import running_monitor, running_relay
 
 from hangwatch.demo.harness import free_port
+from tests.notify_socket import NotifySocket
 
 pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
 
@@ -105,3 +106,13 @@ def test_many_nodes_posting_at_once_go_to_the_monitor_in_a_few_batches(tmp_path:
         assert job["ranks_total"] == nodes, job["ranks_total"]
         batches = samples(relay.base, "hangwatch_relay_batches_total")[()]
         assert 1 <= batches < nodes / 4, batches
+
+
+def test_under_systemd_a_relay_says_ready_and_feeds_the_watchdog(tmp_path: Path) -> None:
+    notify = NotifySocket(tmp_path / "notify.sock")
+    try:
+        with running_relay(tmp_path, "http://127.0.0.1:9", extra_env=notify.env(watchdog_usec=2_000_000)):
+            said = notify.wait_until(lambda messages: sum("WATCHDOG=1" in m for m in messages) >= 2)
+    finally:
+        notify.close()
+    assert any("READY=1" in m and "relaying to http://127.0.0.1:9" in m for m in said), said

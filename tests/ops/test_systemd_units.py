@@ -12,13 +12,14 @@ import pytest
 
 from agent.cli import parse_config
 from hangwatch.demo.harness import tool
+from monitor.relay.cli import build_parser as relay_parser
 from monitor.settings import Settings
 
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 SYSTEMD_ANALYZE = "/usr/bin/systemd-analyze"
 # systemd-analyze security's exposure scale: 0 (locked down) to 10 (none). The agent keeps
 # ptrace, /proc and /tmp visible on purpose; the monitor needs none of it.
-MAX_EXPOSURE = {"hangwatch-agent.service": 4.5, "hangwatch-monitor.service": 1.5}
+MAX_EXPOSURE = {"hangwatch-agent.service": 4.5, "hangwatch-monitor.service": 1.5, "hangwatch-relay.service": 1.5}
 
 
 def directives(path: Path) -> dict[str, list[str]]:
@@ -61,7 +62,8 @@ def verify(*units: Path) -> subprocess.CompletedProcess[str]:
 
 def test_systemd_analyze_verify(units_here: Path) -> None:
     units = sorted(units_here.glob("*.service"))
-    assert [u.name for u in units] == ["hangwatch-agent.service", "hangwatch-monitor.service"]
+    assert [u.name for u in units] == ["hangwatch-agent.service", "hangwatch-monitor.service",
+                                       "hangwatch-relay.service"]
     result = verify(*units)
     # verify exits 0 on warnings (unknown keys, unparsable values): require it to say nothing.
     assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), (
@@ -86,7 +88,7 @@ def test_security_exposure(units_here: Path, name: str) -> None:
     assert float(level.group(1)) <= MAX_EXPOSURE[name] and result.returncode == 0, result.stdout[-2000:]
 
 
-@pytest.mark.parametrize("name", ["hangwatch-agent.service", "hangwatch-monitor.service"])
+@pytest.mark.parametrize("name", ["hangwatch-agent.service", "hangwatch-monitor.service", "hangwatch-relay.service"])
 def test_notify_watchdog_restart_envfile(name: str) -> None:
     d = directives(UNITS / name)
     assert d["Type"] == ["notify"]
@@ -140,3 +142,13 @@ def test_monitor_env_example_is_valid_settings() -> None:
     assert (settings.host, settings.port) == ("0.0.0.0", 8787)
     assert settings.db == Path("/var/lib/hangwatch/monitor.db")
     assert d["StateDirectory"] == ["hangwatch"]
+
+
+def test_relay_env_example_is_a_valid_relay_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The relay takes its settings from HANGWATCH_* variables (its parser's defaults)."""
+    for key, value in env_file(UNITS / "relay.env.example").items():
+        monkeypatch.setenv(key, value)
+    args = relay_parser().parse_args([])
+    assert args.monitor == "http://monitor.example.internal:8787"
+    assert (args.host, args.port) == ("0.0.0.0", 8788)
+    assert args.token_file == "/etc/hangwatch/agents.tokens" and args.relay_token_file == "/etc/hangwatch/relay.token"

@@ -1,6 +1,6 @@
 """The wheel nodes install (docs/install.md): `pip wheel --no-deps` on a copy of the sources gives one
-wheel holding the four packages, the status page's static files and the three console scripts;
-installed into a fresh venv, its hangwatch-agent, hangwatch-monitor and hangwatch answer --version.
+wheel holding the four packages, the status page's static files and the four console scripts;
+installed into a fresh venv, its hangwatch-agent, hangwatch-monitor, hangwatch-relay and hangwatch answer --version.
 
 Offline and fast: the wheel is built without build isolation (this environment's setuptools) and
 installed with --no-deps; the runtime dependencies come from this environment's site-packages
@@ -21,7 +21,8 @@ from email.parser import Parser
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = {"hangwatch-agent": "agent.cli:main", "hangwatch-monitor": "monitor.cli:main", "hangwatch": "hangwatch.cli:main"}
+SCRIPTS = {"hangwatch-agent": "agent.cli:main", "hangwatch-monitor": "monitor.cli:main",
+           "hangwatch-relay": "monitor.relay.cli:main", "hangwatch": "hangwatch.cli:main"}
 STATIC = ("monitor/static/index.html", "monitor/static/app.js", "monitor/static/style.css")
 
 
