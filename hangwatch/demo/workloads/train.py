@@ -158,6 +158,28 @@ def file_logger(path: str) -> logging.Logger:
     return logger
 
 
+class PlainSGD:
+    """Plain SGD (p -= lr * grad), in place of torch.optim.SGD.
+
+    The first torch.optim optimizer a process builds imports torch._dynamo (and FSDP with it):
+    3-4 CPU-seconds, twice what ``import torch`` costs, in every rank of every job the tests and
+    the demo start. What the product watches (collectives, stacks, steps, logs) is the same.
+    """
+
+    def __init__(self, params, lr: float) -> None:  # type: ignore[no-untyped-def]
+        self.params, self.lr = list(params), lr
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-self.lr)
+
+
 def mark_stall(rank: int, mode: str, step: int) -> None:
     print(f"HANGWATCH-STALL t={time.time():.3f} mode={mode} rank={rank} step={step}", flush=True)
 
@@ -350,7 +372,7 @@ def train(args) -> int:
         from torch.nn.parallel import DistributedDataParallel
 
         train_model = DistributedDataParallel(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = PlainSGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(1234 + rank)
     fails_here = args.fail != "none" and (args.fail in ("busy-all", "eval", "get-future")
                                           or rank == args.fail_rank)
