@@ -1,6 +1,6 @@
 """Who may talk to the monitor: bearer tokens read from files, checked before anything else runs.
 
-Three kinds of request, each with its own optional token file:
+Four kinds of request, each with its own optional token file:
 
 - ``ingest`` (``POST /api/v1/reports``): agents. A line of the file is either a token any node
   may use, or ``NODE TOKEN``: a token bound to that node, so a node can only report for itself

@@ -128,6 +128,18 @@ def decode_report(body: bytes | str) -> Any:
     return msgspec.convert(model.model_dump(mode="python"), Report)
 
 
+def decode_for_forwarding(body: bytes) -> tuple[Any, bytes]:
+    """The report, and the bytes a relay forwards: the body itself when msgspec takes it as it is
+    (what agents send), else the report encoded again (lax input pydantic converted, or unknown
+    fields msgspec cannot skip), so the monitor's strict ``decode_batch`` always takes it."""
+    try:
+        return _decoder.decode(body), body
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        pass
+    report = decode_report(body)
+    return report, encode_report(report)
+
+
 def decode_batch(body: bytes) -> Any:
     """A relay's batch as structs; ValueError saying where when it is not one."""
     try:
@@ -141,5 +153,5 @@ def encode_report(report: Any) -> bytes:
     return msgspec.json.encode(report)
 
 
-__all__ = ["BatchEntry", "MAX_BATCH_REPORTS", "Report", "ReportBatch", "decode_batch", "decode_report",
-           "encode_report", "struct_for"]
+__all__ = ["BatchEntry", "MAX_BATCH_REPORTS", "Report", "ReportBatch", "decode_batch", "decode_for_forwarding",
+           "decode_report", "encode_report", "struct_for"]

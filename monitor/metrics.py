@@ -261,7 +261,7 @@ def lag_histogram(guard: LoadGuard) -> Family:
 def http_families(http: HttpStats) -> list[Family]:
     """What the token checks and connection guards turned away."""
     unauthorized = Family("hangwatch_monitor_requests_unauthorized",
-                          "Requests refused with 401 (no or a wrong token), by kind: ingest, read, metrics", "counter")
+                          "Requests refused with 401 (no or a wrong token), by kind: ingest, read, metrics, relay", "counter")
     for kind, count in sorted(http.unauthorized.items()):
         unauthorized.add(labels(("kind",), (kind,)), float(count))
     open_connections = Family("hangwatch_monitor_connections", "HTTP connections open now")

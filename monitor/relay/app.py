@@ -8,23 +8,30 @@ passed to the monitor as it came, token and all), ``/healthz``, ``/metrics``. An
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
 
 import httpx
 import orjson
+import pydantic
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from hangwatch_common.sdnotify import Notifier
 from monitor.auth import BOUND_NODE_KEY, CAPTURE_UPLOAD_PREFIX, INGEST_PATH
 from monitor.capture_store import MAX_PART_BYTES
-from monitor.fastwire import encode_report
+from monitor.fastwire import decode_for_forwarding
 from monitor.relay.forwarder import Forwarder, Outcome, unavailable
-from monitor.routes.ingest import Answer, Disconnected, Message, Receive, Scope, Send, decode_or_refuse, \
-    receive_body, wrong_node
+from monitor.routes.ingest import Answer, Disconnected, Message, Receive, Scope, Send, receive_body, \
+    refuse_invalid, wrong_node
 
+# The one shape of an agent's capture upload (monitor/capture_requests.py): anything else is not passed on.
+UPLOAD_PATH = re.compile(re.escape(CAPTURE_UPLOAD_PREFIX) + r"[A-Za-z0-9_.:\-]{1,200}/[A-Za-z0-9_.:\-]{1,128}")
 # Seconds from a report's arrival to its answer: the batch's wait (FLUSH_S) plus the monitor's work.
+UPLOAD_TIMEOUT_S = 60.0
+# What the relay itself refuses, by the monitor's reason names (hangwatch_reports_rejected_total).
+REFUSALS = ("unauthorized", "content_type", "too_large", "invalid_json", "schema", "wrong_node", "disconnected")
 ANSWER_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -32,7 +39,7 @@ class RelayApp:
     def __init__(self, forwarder: Forwarder, *, max_body_bytes: int) -> None:
         self.forwarder, self.max_body_bytes = forwarder, max_body_bytes
         # Refused here, never sent on: by reason, as the monitor counts its own refusals.
-        self.refused: dict[str, int] = {}
+        self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
         self.registry = CollectorRegistry(auto_describe=True)
         self.answer_seconds = Histogram("hangwatch_relay_answer_seconds", "From a report's arrival at the relay to "
                                         "its answer", buckets=ANSWER_BUCKETS, registry=self.registry)
@@ -55,7 +62,9 @@ class RelayApp:
             await _answer(send, 200, b"ok\n", b"text/plain; charset=utf-8")
         elif path == "/metrics":
             await _answer(send, 200, generate_latest(self.registry), b"text/plain; version=0.0.4; charset=utf-8")
-        elif path == INGEST_PATH and method == "POST":
+        elif path == INGEST_PATH and method != "POST":
+            await _answer_json(send, Outcome(405, {"detail": "Method Not Allowed"}, {"allow": "POST"}))
+        elif path == INGEST_PATH:
             started = time.monotonic()
             try:
                 outcome = await self._relay_report(scope, receive)
@@ -65,7 +74,7 @@ class RelayApp:
                 return
             await _answer_json(send, outcome)
             self.answer_seconds.observe(time.monotonic() - started)
-        elif path.startswith(CAPTURE_UPLOAD_PREFIX) and method == "POST":
+        elif UPLOAD_PATH.fullmatch(path) and method == "POST":
             await _answer_json(send, await self._pass_upload(scope, receive))
         else:
             await _answer_json(send, Outcome(404, {"detail": f"a hangwatch relay takes agents' reports only: read "
@@ -73,12 +82,19 @@ class RelayApp:
 
     async def _relay_report(self, scope: Scope, receive: Receive) -> Outcome:
         body = await receive_body(scope, receive, self.max_body_bytes, self.reject)
-        report = decode_or_refuse(body, self.reject)
+        try:
+            report, forwarded = decode_for_forwarding(body)
+        except pydantic.ValidationError as exc:
+            raise refuse_invalid(exc, self.reject) from None
         bound_node = scope.get(BOUND_NODE_KEY)
         if bound_node is not None and report.node != bound_node:
             self.reject("wrong_node")
             raise wrong_node(bound_node)
-        return await self.forwarder.forward(encode_report(report), attributed=bound_node is not None)
+        if len(forwarded) > self.max_body_bytes:  # lax input, encoded again in full, can grow
+            self.reject("too_large")
+            raise Answer(413, {"accepted": False, "detail": f"report is larger than the limit of "
+                                                            f"{self.max_body_bytes} bytes once encoded"})
+        return await self.forwarder.forward(forwarded, attributed=bound_node is not None)
 
     async def _pass_upload(self, scope: Scope, receive: Receive) -> Outcome:
         """An agent's part of an evidence capture, to the monitor with the agent's own token."""
@@ -96,9 +112,8 @@ class RelayApp:
         passed = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
                   if k in (b"authorization", b"content-type", b"content-encoding")}
         try:
-            async with httpx.AsyncClient(timeout=60.0, verify=self.forwarder.verify) as client:
-                response = await client.post(self.forwarder.owner + scope["path"], content=b"".join(chunks),
-                                             headers=passed)
+            response = await self.forwarder.client.post(self.forwarder.owner + scope["path"], content=b"".join(chunks),
+                                                        headers=passed, timeout=UPLOAD_TIMEOUT_S)
             return Outcome(response.status_code, orjson.loads(response.content))
         except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
             return unavailable(f"relay: the monitor at {self.forwarder.owner} did not take the upload "

@@ -87,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _quiet_exit)
+    if args.relay_token_file and not args.token_file:
+        # The monitor has tokens (else why a relay token): an open relay would post anyone's reports with its own.
+        print(f"{PROG}: error: --relay-token-file without --token-file would forward anyone's reports with the "
+              "relay's token: give the agents' token file (the monitor's --token-file)", file=sys.stderr)
+        return EXIT_USAGE
     try:
         # The relay's own token (one per file, like an agent's), re-read when the file changes.
         token = TokenSource(args.relay_token_file) if args.relay_token_file else None
@@ -100,7 +105,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                           max_batch_bytes=args.max_body_bytes, flush_s=args.flush_ms / 1000, verify=verify)
     relay = RelayApp(forwarder, max_body_bytes=args.max_body_bytes)
     stats = HttpStats()
-    app = AuthLayer(relay, files, on_refused=lambda kind: relay.reject("unauthorized")) if files else relay
+    if INGEST not in files:
+        logging.getLogger("hangwatch.relay").warning(
+            "no token file: any client that reaches the relay can post reports (see --token-file)")
+
+    def refused(kind: str) -> None:
+        if kind == INGEST:  # a report refused; a scrape of /metrics without its token is no report
+            relay.reject("unauthorized")
+
+    app = AuthLayer(relay, files, on_refused=refused) if files else relay
     limits = ConnectionLimits()
     limit_repeated_logs()
     try:

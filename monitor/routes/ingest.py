@@ -14,6 +14,7 @@ in order, for the relay to hand back to the agent that is waiting for it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -21,16 +22,17 @@ from typing import Any
 import orjson
 import pydantic
 
-from monitor.auth import BOUND_NODE_KEY, RELAY_KEY
+from monitor.auth import BATCH_PATH, BOUND_NODE_KEY, INGEST_PATH, RELAY_KEY
 from monitor.fastwire import decode_batch, decode_report
 from monitor.load import LoadGuard, peek_node
 from monitor.service import Monitor
 from monitor.settings import Settings
 
-PATH = "/api/v1/reports"
-BATCH_PATH = "/api/v1/report-batches"
+PATH = INGEST_PATH
+log = logging.getLogger("hangwatch.monitor.ingest")
 MAX_ERRORS_SHOWN = 10
-# A relay flushes once its batch reaches max_body_bytes, so a batch may be up to twice that.
+# A relay's batch holds at most its max_body_bytes of reports, plus the batch's framing (~40 bytes a
+# report); twice the monitor's limit takes that with room to spare.
 BATCH_BODY_FACTOR = 2
 # Reports of a batch applied between two turns of the event loop (~0.4 ms each).
 BATCH_YIELD_EVERY = 32
@@ -118,6 +120,11 @@ class IngestLayer:
             except Answer as refusal:
                 headers = {k.decode(): v.decode() for k, v in refusal.headers if k != b"connection"}
                 results.append({"status": refusal.status, "body": refusal.body, "headers": headers})
+            except Exception:
+                # A fault of this monitor's on one report: that one is answered 500 (its agent retries);
+                # the others of the batch, some applied already, keep their own answers.
+                log.exception("applying a report of a relay's batch failed")
+                results.append({"status": 500, "body": {"accepted": False, "detail": "internal error"}})
         return {"results": results}
 
     def _shed(self) -> Answer:
@@ -164,7 +171,7 @@ async def receive_body(scope: Scope, receive: Receive, limit: int, reject: Calla
             raise _refuse(400, "content-length is not a number") from None
         if too_big:
             reject("too_large")
-            raise _refuse(413, f"report is larger than the limit of {limit} bytes")
+            raise _refuse(413, f"body is larger than the limit of {limit} bytes")
     return await _read_body(receive, limit, reject)
 
 
@@ -173,12 +180,17 @@ def decode_or_refuse(body: bytes, reject: Callable[[str], None]) -> Any:
     try:
         return decode_report(body)
     except pydantic.ValidationError as exc:
-        errors = exc.errors(include_url=False, include_context=False, include_input=False)
-        if any(e["type"] == "json_invalid" for e in errors):
-            reject("invalid_json")
-            raise _refuse(422, f"body is not valid JSON: {errors[0]['msg']}") from None
-        reject("schema")
-        raise _refuse(422, _describe(errors), errors=[_error(e) for e in errors[:MAX_ERRORS_SHOWN]]) from None
+        raise refuse_invalid(exc, reject) from None
+
+
+def refuse_invalid(exc: pydantic.ValidationError, reject: Callable[[str], None]) -> Answer:
+    """The 422 for a body that is not a report: not JSON at all, or which fields are wrong."""
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    if any(e["type"] == "json_invalid" for e in errors):
+        reject("invalid_json")
+        return _refuse(422, f"body is not valid JSON: {errors[0]['msg']}")
+    reject("schema")
+    return _refuse(422, _describe(errors), errors=[_error(e) for e in errors[:MAX_ERRORS_SHOWN]])
 
 
 def wrong_node(bound_node: str) -> Answer:
@@ -199,7 +211,7 @@ async def _read_body(receive: Receive, limit: int, reject: Callable[[str], None]
         size += len(chunk)
         if size > limit:
             reject("too_large")
-            raise _refuse(413, f"report is larger than the limit of {limit} bytes")
+            raise _refuse(413, f"body is larger than the limit of {limit} bytes")
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

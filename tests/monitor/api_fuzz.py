@@ -202,8 +202,9 @@ def _note_batch(case: Case, response: requests.Response, result: FuzzResult, bas
         result.bad_ingest_answers.append(f"200 {response.text[:200]!r}: {_repeat(case, base)}")
         return
     for entry, answer in pairs:
-        accepted = answer.get("status") == 202
-        if answer.get("body", {}).get("accepted") is not accepted:
+        body = answer.get("body") if isinstance(answer, dict) else None
+        accepted = isinstance(answer, dict) and answer.get("status") == 202
+        if not isinstance(body, dict) or body.get("accepted") is not accepted:
             result.bad_ingest_answers.append(f"batch entry {answer!r:.200}: {_repeat(case, base)}")
         _count(result, entry["report"], accepted)
 

@@ -4,6 +4,7 @@ monitor that is away is said to the agents, concurrent posts go in batches."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import httpx
 import pytest
 from monitor_reports import rank, report
 from prometheus_client.parser import text_string_to_metric_families
-from real_monitor import running_monitor, running_relay
+from real_monitor import RELAY_EXE, running_monitor, running_relay
 
 from hangwatch.demo.harness import free_port
 from tests.notify_socket import NotifySocket
@@ -60,7 +61,8 @@ def test_reports_through_a_relay_reach_the_monitor_and_junk_stops_at_the_relay(t
         assert elsewhere.status_code == 404 and monitor.base in elsewhere.json()["detail"]
 
 
-def test_a_relay_checks_node_tokens_and_the_monitor_believes_it_only_with_a_relay_token(tmp_path: Path) -> None:
+def test_a_relay_checks_node_tokens_and_presents_its_own_token_to_the_monitor(tmp_path: Path) -> None:
+    # Whether the monitor believes the relay's node checks: tests/monitor/test_report_batches.py.
     agents = secret(tmp_path / "agents.tokens", f"{AGENTS}\nnode-a {NODE_A}\n")
     relay_file = secret(tmp_path / "relay.tokens", f"{RELAY}\n")
     presented = secret(tmp_path / "relay.token", f"{RELAY}\n")
@@ -75,6 +77,18 @@ def test_a_relay_checks_node_tokens_and_the_monitor_believes_it_only_with_a_rela
         batch = httpx.post(monitor.base + "/api/v1/report-batches", content=b'{"reports":[]}',
                            headers={"content-type": "application/json", "authorization": f"Bearer {AGENTS}"})
         assert batch.status_code == 401
+        # Only an agent's capture upload passes through, with the agent's token; no other path does.
+        sneaky = httpx.post(relay.base + "/api/v1/capture-uploads/../../api/v1/report-batches",
+                            content=b'{"reports":[]}', headers={"content-type": "application/json", **bearer})
+        assert sneaky.status_code == 404, sneaky.text
+        assert httpx.get(relay.base + REPORTS, headers=bearer).status_code == 405
+
+
+def test_a_relay_with_a_token_of_its_own_but_none_for_the_agents_refuses_to_start(tmp_path: Path) -> None:
+    presented = secret(tmp_path / "relay.token", f"{RELAY}\n")
+    done = subprocess.run([RELAY_EXE, "--monitor", "http://127.0.0.1:9", "--relay-token-file", presented],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--token-file" in done.stderr, done
 
 
 def test_a_relay_tells_agents_to_retry_while_the_monitor_is_away_and_forwards_again_after(tmp_path: Path) -> None:
@@ -100,7 +114,8 @@ def test_many_nodes_posting_at_once_go_to_the_monitor_in_a_few_batches(tmp_path:
                 node=f"node-{i}", ranks=[rank(rank=i, world_size=nodes, job_id="big")])) for i in range(nodes)))
         return [a.status_code for a in answers]
 
-    with running_monitor(tmp_path) as monitor, running_relay(tmp_path, monitor.base) as relay:
+    # Half a second per batch: on a loaded machine the 200 posts may take over a second to arrive.
+    with running_monitor(tmp_path) as monitor, running_relay(tmp_path, monitor.base, "--flush-ms", "500") as relay:
         assert asyncio.run(post_all(relay.base)) == [202] * nodes
         [job] = httpx.get(monitor.base + "/diagnose", params={"format": "json", "job": "big"}).json()["jobs"]
         assert job["ranks_total"] == nodes, job["ranks_total"]

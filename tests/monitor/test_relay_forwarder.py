@@ -7,7 +7,7 @@ import json
 
 import httpx
 
-from monitor.relay.forwarder import Forwarder, batch_body
+from monitor.relay.forwarder import STALE_S, Forwarder, batch_body
 
 
 def test_a_batch_is_the_reports_own_bytes_with_their_attribution() -> None:
@@ -58,11 +58,17 @@ def test_a_monitor_that_answers_wrongly_or_not_at_all_gets_agents_a_503_to_retry
         await forwarder.close()
         return answer, forwarder.reports
 
-    for handler, needle in ((refuses, "HTTP 401"), (short, "one result per report"), (away, "unreachable")):
+    def broken(request: httpx.Request) -> httpx.Response:
+        raise RuntimeError("a fault of the relay's own")
+
+    for handler, needle, counted in ((refuses, "HTTP 401", "monitor_refused_batch"),
+                                     (short, "one result per report", "monitor_unreachable"),
+                                     (away, "unreachable", "monitor_unreachable"),
+                                     (broken, "could not send the batch (RuntimeError)", "monitor_unreachable")):
         answer, counts = asyncio.run(one(handler))
         assert answer.status == 503 and answer.headers["retry-after"], answer
         assert needle in answer.body["detail"], answer.body
-        assert counts["monitor_unreachable"] == 1 and counts["answered"] == 0
+        assert counts[counted] == 1 and counts["answered"] == 0, counts
 
 
 def test_past_its_waiting_room_a_relay_turns_reports_away_at_once() -> None:
@@ -88,4 +94,38 @@ def test_past_its_waiting_room_a_relay_turns_reports_away_at_once() -> None:
     turned_away, answers, counts = asyncio.run(run())
     assert turned_away.status == 503 and "overloaded" in turned_away.body["detail"]
     assert [a.status for a in answers] == [202] * 4
-    assert counts == {"answered": 4, "monitor_unreachable": 0, "shed": 1}
+    assert counts == {"answered": 4, "monitor_unreachable": 0, "monitor_refused_batch": 0, "shed": 1, "stale": 0}
+
+
+def test_reports_whose_agents_gave_up_waiting_go_no_further_and_closing_answers_everyone() -> None:
+    async def run() -> tuple:
+        release = asyncio.Event()
+        posted: list[int] = []
+
+        async def slow(request: httpx.Request) -> httpx.Response:
+            count = len(json.loads(request.content)["reports"])
+            posted.append(count)
+            await release.wait()
+            return httpx.Response(200, json={"results": [{"status": 202, "body": {}}] * count})
+
+        forwarder = _forwarder(slow, flush_s=0.0)
+        first = asyncio.ensure_future(forwarder.forward(b"{}", False))  # in flight, the monitor stalled
+        await asyncio.sleep(0.05)
+        late = asyncio.ensure_future(forwarder.forward(b"{}", False))   # waits behind it
+        await asyncio.sleep(STALE_S + 0.2)
+        release.set()
+        answers = [await first, await late]
+        # A batch in flight when the relay stops: its agents are answered, not left waiting.
+        release.clear()
+        stranded = asyncio.ensure_future(forwarder.forward(b"{}", False))
+        await asyncio.sleep(0.05)
+        await forwarder.close()
+        return answers, await asyncio.wait_for(stranded, 2), await forwarder.forward(b"{}", False), posted, \
+            forwarder.reports
+
+    answers, stranded, after, posted, counts = asyncio.run(run())
+    assert answers[0].status == 202
+    assert answers[1].status == 503 and counts["stale"] == 1  # never sent: its agent had given up
+    assert posted == [1, 1], posted
+    assert stranded.status == 503 and "stopping" in stranded.body["detail"]
+    assert after.status == 503 and "stopping" in after.body["detail"]

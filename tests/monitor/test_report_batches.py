@@ -99,9 +99,8 @@ def test_with_a_relay_file_only_a_relay_token_posts_batches_and_is_believed(guar
         assert nodes["node-a"].attributed is believed
 
 
-def test_without_a_relay_token_file_batches_take_an_unbound_agent_token(client: TestClient, clock: FakeClock,
-                                                                        settings: Settings, store: Store,
-                                                                        tmp_path: Path) -> None:
+def test_without_a_relay_token_file_batches_take_an_unbound_agent_token(clock: FakeClock, settings: Settings,
+                                                                        store: Store, tmp_path: Path) -> None:
     agents = tmp_path / "agents.tokens"
     agents.write_text(f"{AGENTS}\nnode-a {NODE_A}\n")
     agents.chmod(0o600)

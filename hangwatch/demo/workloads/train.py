@@ -169,7 +169,7 @@ class PlainSGD:
     def __init__(self, params, lr: float) -> None:  # type: ignore[no-untyped-def]
         self.params, self.lr = list(params), lr
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:  # always to None; the argument as torch.optim takes it
         for p in self.params:
             p.grad = None
 
