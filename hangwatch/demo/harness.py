@@ -458,19 +458,27 @@ class MonitorClient:
     def close(self) -> None:
         self._http.close()
 
+    def _get(self, url: str, **kwargs: object) -> httpx.Response:
+        """GET, once more if the server closed the kept-alive connection as the request went out (a
+        monitor's guards close idle connections; on a loaded machine that can cross a new request)."""
+        try:
+            return self._http.get(url, **kwargs)  # type: ignore[arg-type]
+        except httpx.RemoteProtocolError:
+            return self._http.get(url, **kwargs)  # type: ignore[arg-type]
+
     def diagnose(self) -> dict:
-        r = self._http.get(self.url + "/diagnose", params={"format": "json"})
+        r = self._get(self.url + "/diagnose", params={"format": "json"})
         r.raise_for_status()
         return r.json()
 
     def diagnose_text(self, job_id: str | None = None) -> str:
         params = {"job": job_id} if job_id else {}
-        r = self._http.get(self.url + "/diagnose", params=params)
+        r = self._get(self.url + "/diagnose", params=params)
         r.raise_for_status()
         return r.text
 
     def job(self, job_id: str) -> dict | None:
-        r = self._http.get(self.url + "/diagnose", params={"format": "json", "job": job_id})
+        r = self._get(self.url + "/diagnose", params={"format": "json", "job": job_id})
         if r.status_code == 404:  # the monitor holds no such job (yet): /diagnose?job= of an unknown id
             return None
         r.raise_for_status()
@@ -480,7 +488,7 @@ class MonitorClient:
         return None
 
     def history(self, job_id: str) -> list[dict] | None:
-        r = self._http.get(self.url + f"/api/v1/jobs/{job_id}/history")
+        r = self._get(self.url + f"/api/v1/jobs/{job_id}/history")
         if r.status_code != 200:
             return None
         return r.json().get("history", [])

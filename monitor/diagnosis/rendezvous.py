@@ -12,6 +12,10 @@ from monitor.diagnosis.stacks import top_python_frame
 
 # Rendezvous normally takes a second or two; longer than this is a hang.
 RENDEZVOUS_GRACE_S = 10.0
+# Every node the job expects has its launcher up and none is seen in rendezvous code: the launchers
+# are starting their workers, slowly on a loaded machine (each imports torch first). A hang only
+# past this long. A launcher whose stack is in rendezvous code keeps the short grace.
+STARTING_GRACE_S = 60.0
 # A SYN that got no answer for this long is being dropped, not just slow.
 SYN_STUCK_S = 3.0
 _VIRTUAL_NIC_PREFIXES = ("docker", "br-", "virbr", "veth", "tailscale", "zt", "cni", "flannel", "dummy", "vboxnet")
@@ -169,15 +173,24 @@ def rendezvous(ctx: Context) -> Diagnosis | None:
     return ctx.diagnosis("rendezvous_hang", culprits, since, summary, evidence, hints)
 
 
+def _in_rendezvous(launcher: LauncherView) -> bool:
+    """The launcher's stack is in torch's rendezvous code (waiting for peers or for the store)."""
+    if launcher.stack is None:
+        return False
+    return any("rendezvous" in f.name.lower() or "rendezvous" in f.file.lower() for f in launcher.stack.frames)
+
+
 def launcher_waiting(ctx: Context) -> Diagnosis | None:
     """torchrun up on some nodes, no workers yet: the nodes' rendezvous is not complete."""
     if ctx.activities:
         return None  # workers ran: this is not the first rendezvous
     launchers = [lv for lv in ctx.job.launchers if lv.alive]
-    stuck = [lv for lv in launchers if lv.worker_count == 0 and ctx.now - lv.first_seen_at >= RENDEZVOUS_GRACE_S]
+    expected = max((n for n in (_parse_nodes(lv.nnodes) for lv in launchers) if n), default=None)
+    all_joined = expected is not None and len({lv.node_rank for lv in launchers}) >= expected
+    grace = STARTING_GRACE_S if all_joined and not any(_in_rendezvous(lv) for lv in launchers) else RENDEZVOUS_GRACE_S
+    stuck = [lv for lv in launchers if lv.worker_count == 0 and ctx.now - lv.first_seen_at >= grace]
     if not stuck or len(stuck) != len(launchers):
         return None
-    expected = max((n for n in (_parse_nodes(lv.nnodes) for lv in launchers) if n), default=None)
     seen = sorted({lv.node_rank for lv in launchers if lv.node_rank is not None})
     evidence = []
     for lv in stuck:

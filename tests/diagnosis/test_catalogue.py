@@ -329,3 +329,32 @@ def test_a_launch_that_failed_is_final() -> None:
     result = diagnose(port_in_use_job())
     assert result.verdict == "rendezvous_hang" and result.final
     assert not diagnose(no_alarm_case("rank 0 saves a checkpoint")).final
+
+
+def _single_node_launcher(waited_s: float, frames: tuple[Frame, ...] | None) -> JobView:
+    launcher = LauncherView(node="node-a", pid=80, alive=True, first_seen_at=NOW - waited_s, node_rank=0, nnodes="1",
+                            nproc_per_node="2", master_addr="127.0.0.1", master_port=29500,
+                            stack=stack(frames, active=False) if frames is not None else None)
+    return JobView(job_id="127.0.0.1:29500", world_size=2, now=NOW, first_seen_at=NOW - waited_s, ranks=(),
+                   launchers=(launcher,), hosts=NODES, nodes_reporting=frozenset({"node-a"}))
+
+
+STARTING_WORKERS = (py("_start_workers", "/venv/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/"
+                       "local_elastic_agent.py", 300), py("main", "/venv/bin/torchrun", 8))
+
+
+@pytest.mark.parametrize(("waited_s", "frames", "hang"), [
+    # Every node's launcher is up and none waits in rendezvous code: starting its workers (slow on a
+    # loaded machine, each importing torch) is no hang for a minute.
+    (30, STARTING_WORKERS, False),
+    (30, None, False),
+    (61, STARTING_WORKERS, True),
+    (61, None, True),
+    # Still in rendezvous code (the store unreachable, say): a hang after the usual 10 s.
+    (11, launcher_rendezvous(), True),
+    (9, launcher_rendezvous(), False),
+])
+def test_a_launcher_with_every_node_joined_is_a_rendezvous_hang_only_when_it_waits_there_or_past_a_minute(
+        waited_s: float, frames: tuple[Frame, ...] | None, hang: bool) -> None:
+    result = diagnose(_single_node_launcher(waited_s, frames))
+    assert (result.verdict == "rendezvous_hang") is hang, (result.verdict, result.summary)
