@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve agents over HTTPS with this certificate (PEM; with --ssl-keyfile)")
     parser.add_argument("--ssl-keyfile", default=env("HANGWATCH_SSL_KEYFILE"), help="the certificate's private key")
     parser.add_argument("--max-body-bytes", type=int, default=int(env("HANGWATCH_MAX_BODY_BYTES", MAX_BODY_BYTES)),
-                        help="largest accepted report, as on the monitor (default 8 MiB)")
+                        help="largest accepted report (default 8 MiB): no more than the monitor's own limit, "
+                             "which also bounds each batch (its limit plus the batch's framing)")
     parser.add_argument("--flush-ms", type=float, default=FLUSH_S * 1000,
                         help="how long a batch gathers reports before it is sent (default %(default)g)")
     parser.add_argument("--log-level", default=env("HANGWATCH_LOG_LEVEL", "info"),

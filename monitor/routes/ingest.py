@@ -23,7 +23,7 @@ import orjson
 import pydantic
 
 from monitor.auth import BATCH_PATH, BOUND_NODE_KEY, INGEST_PATH, RELAY_KEY
-from monitor.fastwire import decode_batch, decode_report
+from monitor.fastwire import MAX_BATCH_REPORTS, decode_batch, decode_report
 from monitor.load import LoadGuard, peek_node
 from monitor.service import Monitor
 from monitor.settings import Settings
@@ -31,9 +31,10 @@ from monitor.settings import Settings
 PATH = INGEST_PATH
 log = logging.getLogger("hangwatch.monitor.ingest")
 MAX_ERRORS_SHOWN = 10
-# A relay's batch holds at most its max_body_bytes of reports, plus the batch's framing (~40 bytes a
-# report); twice the monitor's limit takes that with room to spare.
-BATCH_BODY_FACTOR = 2
+# A relay's batch holds at most its max_body_bytes of reports plus the batch's framing:
+# '{"report":' and ',"attributed":false},' around each, ~32 bytes. The limit is the single report's
+# plus that framing, so no report in a batch is ever more than a few KiB past what a direct post may be.
+BATCH_FRAMING_BYTES = 64 * MAX_BATCH_REPORTS + 64
 # Reports of a batch applied between two turns of the event loop (~0.4 ms each).
 BATCH_YIELD_EVERY = 32
 
@@ -99,7 +100,7 @@ class IngestLayer:
         if scope.get(BOUND_NODE_KEY) is not None:
             monitor.reject("wrong_node")
             raise _refuse(403, "a token bound to one node cannot post other nodes' reports")
-        body = await receive_body(scope, receive, self.settings.max_body_bytes * BATCH_BODY_FACTOR, monitor.reject)
+        body = await receive_body(scope, receive, batch_body_limit(self.settings.max_body_bytes), monitor.reject)
         try:
             batch = decode_batch(body)
         except ValueError as exc:
@@ -153,6 +154,11 @@ class IngestLayer:
         if orders:
             out["orders"] = orders
         return out
+
+
+def batch_body_limit(max_body_bytes: int) -> int:
+    """The largest batch body a monitor with this per-report limit takes."""
+    return max_body_bytes + BATCH_FRAMING_BYTES
 
 
 async def receive_body(scope: Scope, receive: Receive, limit: int, reject: Callable[[str], None]) -> bytes:

@@ -14,6 +14,7 @@ from monitor_reports import rank, report
 from monitor.app import create_app
 from monitor.fastwire import decode_report, encode_report
 from monitor.relay.forwarder import batch_body
+from monitor.routes.ingest import batch_body_limit
 from monitor.settings import Settings
 from monitor.store import Store
 
@@ -113,3 +114,21 @@ def test_without_a_relay_token_file_batches_take_an_unbound_agent_token(clock: F
         response = post(guarded, batch((report(sent_at=clock.now), True)), AGENTS)
         assert response.status_code == 200
         assert monitor_of(guarded).state.nodes["node-a"].attributed is False
+
+
+def test_a_batch_is_no_way_around_the_per_report_size_limit(clock: FakeClock, settings: Settings, store: Store) -> None:
+    """A batch may be as large as one report plus the batch's framing, and no larger."""
+    limited = dataclasses.replace(settings, max_body_bytes=1024 * 1024)
+    limit = batch_body_limit(limited.max_body_bytes)
+    assert limit < 1.5 * limited.max_body_bytes
+
+    def padded_to(size: int) -> bytes:  # one small report, padded with whitespace the decoder skips
+        body = batch((report(sent_at=clock.now), False))
+        return body[:-1] + b" " * (size - len(body)) + body[-1:]
+
+    with TestClient(create_app(limited, store, clock=clock)) as client:
+        assert post(client, padded_to(limit)).status_code == 200
+        response = post(client, padded_to(limit + 1))
+        assert response.status_code == 413, response.text
+        assert monitor_of(client).rejected["too_large"] == 1
+        assert monitor_of(client).reports_total == 1
