@@ -33,6 +33,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
 FAIL_AT = ("--fail-at-step", str(STALL_STEP))
 ALARMS = ("deadlock", "stalled")
+# Long compute at half a core: busy all the same (the monitor's idle line is 10%), and no more
+# than a rank gets beside the suite's other workers on 2 cores; at a full core the long-compute tests
+# took a sixth of the parallel run's CPU.
+HALF_A_CORE = ("--compute-share", "0.5")
 
 
 def watch(client: MonitorClient, job, seconds: float, *, until: str | None = None,
@@ -103,8 +107,9 @@ def test_checkpoint_written_in_bursts_never_leaves_healthy(torchrun_job, client)
 
 
 def test_evaluation_pass_is_not_a_hang(torchrun_job, client, wait_for_verdict):
-    """Every rank evaluates for 12 s (printing ``eval ...`` lines) every STALL_STEP steps."""
-    job = torchrun_job("--fail", "eval", "--busy-seconds", "12", "--eval-every", str(STALL_STEP))
+    """Every rank evaluates for 20 s (printing ``eval ...`` lines) every STALL_STEP steps: well past
+    the stall threshold however the loaded machine stretched the job's pace (12 s was not, in CI)."""
+    job = torchrun_job("--fail", "eval", "--busy-seconds", "20", "--eval-every", str(STALL_STEP), *HALF_A_CORE)
     job.wait_for_step(5, timeout=60)
     seen = watch(client, job, 50, until=f"eval step {STALL_STEP} | val loss")
     assert f"eval step {STALL_STEP} | val loss" in job.text(), job.log_tail()
@@ -114,12 +119,6 @@ def test_evaluation_pass_is_not_a_hang(torchrun_job, client, wait_for_verdict):
     assert in_phase, f"never called an evaluation phase; verdicts seen in order: {verdicts(seen)}"
     assert any(f"log since its last step: eval step {STALL_STEP} batch" in line
                for j in in_phase for line in j["evidence"]), compact(in_phase[-1])
-
-
-# Long compute at half a core: busy all the same (the monitor's idle line is 10%), and no more
-# than a rank gets beside the suite's other workers on 2 cores; at a full core these two tests
-# took a sixth of the parallel run's CPU.
-HALF_A_CORE = ("--compute-share", "0.5")
 
 
 def test_slow_first_step_is_not_a_hang(torchrun_job, client):

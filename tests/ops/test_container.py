@@ -57,6 +57,10 @@ RUN = [PODMAN, "--runtime", "runc", "run", "--ulimit", "nofile=8192:8192", "--ul
 # The documented agent flags (docs/install.md); --no-healthcheck: the image's HEALTHCHECK probes
 # the monitor's port, which an agent container does not serve.
 AGENT_FLAGS = ["--pid=host", "--cap-add", "SYS_PTRACE", "--user", "0", "--no-healthcheck"]
+# On a fresh machine the first test's set-up makes the stand-in base (debootstrap, its own 600-s
+# limit) and then builds the image: past the suite's 300-s default under a loaded CI run (seen). Each
+# podman call has its own limit; this only keeps pytest-timeout from cutting a slow first build short.
+pytestmark = pytest.mark.timeout(900)
 
 T = TypeVar("T")
 

@@ -109,7 +109,7 @@ def parse_args(argv=None):
     p.add_argument("--first-step-seconds", type=float, default=0.0, help="extra compute in step 1 (warm-up)")
     p.add_argument("--step-seconds", type=float, default=0.0, help="compute time of every step")
     p.add_argument("--compute-share", type=float, default=1.0,
-                   help="the share of a core --first-step-seconds and --step-seconds compute at (the rest "
+                   help="the share of a core --first-step-seconds, --step-seconds and an eval pass compute at (the rest "
                         "asleep): a busy rank all the same, at a lighter load on a shared test machine")
     p.add_argument("--slow-factor", type=float, default=1.3, help="slow-rank mode: that rank's step compute, x")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
@@ -261,7 +261,7 @@ def write_checkpoint(model: nn.Module, rank: int, seconds: float, directory: str
     print(f"rank {rank}: checkpoint saved ({written} writes to {path})", flush=True)
 
 
-def evaluate(model: nn.Module, rank: int, step: int, seconds: float, batch: int) -> float:
+def evaluate(model: nn.Module, rank: int, step: int, seconds: float, batch: int, compute_share: float = 1.0) -> float:
     """An evaluation pass: forward only, no collective until the end (then the mean val loss)."""
     gen = torch.Generator().manual_seed(99)
     end = time.monotonic() + seconds
@@ -270,7 +270,7 @@ def evaluate(model: nn.Module, rank: int, step: int, seconds: float, batch: int)
         while time.monotonic() < end:
             x = torch.randn(batch * 64, 32, generator=gen).to(DTYPE).to(DEVICE)
             total += float(nn.functional.mse_loss(model(x), x[:, :1] * 0.5))
-            busy_compute(0.2)
+            busy_compute(0.2, compute_share)
             n += 1
             if n % 10 == 0:
                 print(f"[rank{rank}]: eval step {step} batch {n} | val loss {total / n:.4f}", flush=True)
@@ -408,7 +408,7 @@ def train(args) -> int:
             dist.barrier()
         if args.fail == "eval" and step % eval_every == 0:
             mark_stall(rank, args.fail, step)
-            val = evaluate(model, rank, step, args.busy_seconds, args.batch)
+            val = evaluate(model, rank, step, args.busy_seconds, args.batch, args.compute_share)
             log(rank, args, f"eval step {step} | val loss {val:.4f}")
         if step == 1 and args.first_step_seconds > 0:
             mark_stall(rank, "first-step", step)
