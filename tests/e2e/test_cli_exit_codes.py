@@ -285,26 +285,31 @@ def _diagnose_requests(monitor: RunningMonitor) -> int:
     return sum('"GET /diagnose' in line for line in monitor.log_text().splitlines())
 
 
+@pytest.fixture(scope="module")
+def two_monitors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningMonitor, RunningMonitor]]:
+    """One pair for every case below: each counts the requests its command made, not all of them."""
+    env = {"HANGWATCH_CONFIRM_ALARMS": "0"}
+    with running_monitor(tmp_path_factory.mktemp("a"), "--log-level", "debug", extra_env=env) as a, \
+            running_monitor(tmp_path_factory.mktemp("b"), "--log-level", "debug", extra_env=env) as b:
+        yield a, b
+
+
 @pytest.mark.parametrize("args", [["diagnose"], ["diagnose", "--job", "job-bad"], ["diagnose", "--json"],
                                   ["status"], ["status", "--job", "job-bad"]])
-def test_one_request_per_monitor(args: list[str], tmp_path: Path) -> None:
-    env = {"HANGWATCH_CONFIRM_ALARMS": "0"}
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-    with running_monitor(tmp_path / "a", "--log-level", "debug", extra_env=env) as a, \
-            running_monitor(tmp_path / "b", "--log-level", "debug", extra_env=env) as b:
-        post_jobs(a, exited=True)
-        wait_for(a, "job-bad", "rank_exited")
-        before = (_diagnose_requests(a), _diagnose_requests(b))
-        res = run(*args, "--monitor", a.base, "--monitor", b.base)
-        assert res.returncode == EXIT_ALARM and "job-bad" in res.stdout, res
-        deadline = time.monotonic() + 5  # the access log line may land a moment after the answer
-        while (_diagnose_requests(a) - before[0], _diagnose_requests(b) - before[1]) != (1, 1) \
-                and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert (_diagnose_requests(a) - before[0], _diagnose_requests(b) - before[1]) == (1, 1)
-        if args[0] == "status":
-            assert "MONITOR" in res.stdout.splitlines()[0] and a.base in res.stdout
+def test_one_request_per_monitor(args: list[str], two_monitors: tuple[RunningMonitor, RunningMonitor]) -> None:
+    a, b = two_monitors
+    post_jobs(a, exited=True)  # afresh for each case: the node's last report is recent
+    wait_for(a, "job-bad", "rank_exited")
+    before = (_diagnose_requests(a), _diagnose_requests(b))
+    res = run(*args, "--monitor", a.base, "--monitor", b.base)
+    assert res.returncode == EXIT_ALARM and "job-bad" in res.stdout, res
+    deadline = time.monotonic() + 5  # the access log line may land a moment after the answer
+    while (_diagnose_requests(a) - before[0], _diagnose_requests(b) - before[1]) != (1, 1) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (_diagnose_requests(a) - before[0], _diagnose_requests(b) - before[1]) == (1, 1)
+    if args[0] == "status":
+        assert "MONITOR" in res.stdout.splitlines()[0] and a.base in res.stdout
 
 
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
