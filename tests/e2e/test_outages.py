@@ -16,6 +16,7 @@ import subprocess
 import time
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from hangwatch.demo.harness import STALL_MARKER, MonitorClient, Observation, Reaper, Service, start_monitor, tool
@@ -35,13 +36,21 @@ def _change(history: list[dict], verdict: str) -> dict:
     return found[0]
 
 
-def _evidence(history: list[dict], happened_at: float, back: float, agent: Service) -> str:
+def _evidence(history: list[dict], happened_at: float, back: float, agent: Service, monitor: Service) -> str:
     """What a failure needs to be understood from CI's output alone: the whole history (times
-    relative to the fault) and what the agent said about the outage and the ranks."""
+    relative to the fault), what the agent said about the outage and the ranks, and what the
+    restarted monitor did with the replayed reports (taken, dropped as too old, refused and why)."""
     changes = [f"{h['at'] - happened_at:+.1f}s {h['verdict']} {h['culprit_ranks']}: {h['summary']}" for h in history]
     agent_lines = agent.log.read_text(errors="replace").splitlines()[-15:]
+    try:
+        exposition = httpx.get(monitor.url + "/metrics", timeout=10).text.splitlines()
+    except httpx.HTTPError as exc:
+        exposition = [f"(no /metrics: {exc})"]
+    counters = [line for line in exposition if line.startswith(
+        ("hangwatch_monitor_reports_replay", "hangwatch_reports_rejected"))]
     return "\n".join([f"restart at {back - happened_at:+.1f}s from the fault; history:", *changes,
-                      "agent log:", *agent_lines])
+                      "agent log:", *agent_lines, "monitor's replay and refusal counters:", *counters,
+                      "monitor log:", monitor.log_tail(15)])
 
 
 def test_a_rank_that_exits_and_one_that_stalls_during_an_outage_reach_the_history(
@@ -80,11 +89,11 @@ def test_a_rank_that_exits_and_one_that_stalls_during_an_outage_reach_the_histor
     exit_history = client.history(exits.job_id) or []
     exit_change = _change(exit_history, "rank_exited")
     assert exit_change["culprit_ranks"] == [1]
-    assert exited_at - 1 <= exit_change["at"] <= exited_at + 8, _evidence(exit_history, exited_at, back, agent)
+    assert exited_at - 1 <= exit_change["at"] <= exited_at + 8, _evidence(exit_history, exited_at, back, agent, monitor)
     linger_history = client.history(lingers.job_id) or []
     deadlock_change = _change(linger_history, "deadlock")
-    assert lingered_at <= deadlock_change["at"] < back, _evidence(linger_history, lingered_at, back, agent)
-    assert deadlock_change["at"] - lingered_at < 30
+    assert lingered_at <= deadlock_change["at"] < back, _evidence(linger_history, lingered_at, back, agent, monitor)
+    assert deadlock_change["at"] - lingered_at < 30, _evidence(linger_history, lingered_at, back, agent, monitor)
     # Both incidents named a rank on the agent's node: it is a suspect with the two jobs, read by
     # `hangwatch nodes` from the history the restarted monitor keeps.
     node = client.job(lingers.job_id)["ranks"][0]["node"]
