@@ -98,6 +98,10 @@ class OutageJournal:
             self._append(line)
         return True
 
+    def entries(self) -> list[Kept]:
+        """What is kept, oldest first (a copy)."""
+        return list(self._entries)
+
     def oldest(self) -> Kept | None:
         return self._entries[0] if self._entries else None
 

@@ -267,6 +267,10 @@ class Sender:
                     # The outage starts: from now on every report is offered to the journal.
                     self._down = True
                     self.journal.keep(report, taken_at)
+                    if self._latest is not None:
+                        # Taken while the failing post was in flight (up to its timeout against a
+                        # monitor that hangs), when offer() kept nothing: the outage's too.
+                        self.journal.keep(self._latest, self._latest_at)
                 if self._latest is None:
                     self._latest, self._latest_at = report, taken_at  # nothing newer yet: retry this one
             # A shedding monitor says when to come back (it is up: nothing to keep); a failing one

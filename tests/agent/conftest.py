@@ -134,6 +134,7 @@ class Receiver:
         self.status = status
         self.headers: dict[str, str] = {}
         self.answer: dict = {}
+        self.delay_s = 0.0  # how long each answer is held back (a slow or hung monitor)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -141,6 +142,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["content-length"]))
                 if self.path == "/api/v1/reports":
                     outer.reports.append(json.loads(body))
+                time.sleep(outer.delay_s)
                 payload = json.dumps(outer.answer).encode()
                 self.send_response(outer.status)
                 for name, value in outer.headers.items():

@@ -14,6 +14,7 @@ import pytest
 
 from agent.outage_journal import OutageJournal, signature
 from agent.sender import Sender
+from tests.agent.conftest import Receiver
 from tests.monitor.real_monitor import free_port, running_monitor
 
 pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
@@ -85,6 +86,33 @@ def test_a_journal_on_disk_survives_an_agent_restart(tmp_path: Path) -> None:
     again.delivered_oldest()
     again.delivered_oldest()
     assert len(again) == 0 and path.read_text() == ""
+
+
+def test_a_report_taken_while_the_first_failing_post_hung_is_kept() -> None:
+    """The outage starts with a post that hangs (a monitor that accepts and never answers in time):
+    what the agent took meanwhile, a rank's exit here, is the outage's first news."""
+    receiver = Receiver(status=500)
+    receiver.delay_s = 1.0
+    sender = Sender(receiver.url)
+    sender.start()
+    exited = _changed(alive=False, exit={"at": time.time(), "code": 1, "source": "proc"})
+    try:
+        sender.offer(copy.deepcopy(BASE))
+        receiver.wait_for(lambda r: True, timeout=5)  # that post is held for a second
+        sender.offer(copy.deepcopy(exited))
+        deadline = time.monotonic() + 10
+        while sender.failed < 1:
+            assert time.monotonic() < deadline, "the first post never failed"
+            time.sleep(0.05)
+        kept = []
+        while time.monotonic() < deadline and len(kept) < 2:
+            with sender._cond:  # the sending thread adds to the journal
+                kept = [k.report for k in sender.journal.entries()]
+            time.sleep(0.05)
+        assert [r["ranks"][1]["alive"] for r in kept] == [True, False], kept
+    finally:
+        sender.stop()
+        receiver.close()
 
 
 def _history(base: str, job_id: str) -> list[dict]:
