@@ -259,6 +259,11 @@ class Sender:
             if (not self._down or self.deliver_journal()) and self.post(report):
                 with self._cond:
                     self._down = False
+                    if len(self.journal):
+                        # Kept while that last post was on its way: newer than what it carried, and the
+                        # next report tells the monitor the same, live. Left here, they would be
+                        # replayed at the next outage as if they had just happened.
+                        self.journal.clear()
                 backoff = 0.0
                 continue
             shedding = self.retry_after is not None

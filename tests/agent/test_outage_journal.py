@@ -115,6 +115,29 @@ def test_a_report_taken_while_the_first_failing_post_hung_is_kept() -> None:
         receiver.close()
 
 
+def test_what_was_kept_while_the_first_live_post_was_on_its_way_is_not_left_for_the_next_outage() -> None:
+    journal = OutageJournal()
+    journal.keep(copy.deepcopy(BASE), time.time() - 5)
+    receiver = Receiver(status=202)
+    receiver.answer = {"accepted": True, "replay": True}
+    receiver.delay_s = 1.0  # a monitor back, but slow to answer
+    sender = Sender(receiver.url, journal=journal)
+    sender.start()
+    exited = _changed(alive=False, exit={"at": time.time(), "code": 1, "source": "proc"})
+    try:
+        sender.offer(copy.deepcopy(BASE))
+        receiver.wait_for(lambda r: not r.get("replayed"), timeout=10)  # the first live post, held a second
+        sender.offer(copy.deepcopy(exited))
+        receiver.wait_for(lambda r: not r.get("replayed") and not r["ranks"][1]["alive"], timeout=10)
+        # The exit reached the monitor live; nothing waits to be replayed at the next outage as news.
+        assert len(sender.journal) == 0, [k.report for k in sender.journal.entries()]
+        replayed = [bool(r.get("replayed")) for r in receiver.reports]
+        assert replayed[0] and not any(replayed[replayed.index(False):]), replayed
+    finally:
+        sender.stop()
+        receiver.close()
+
+
 def _history(base: str, job_id: str) -> list[dict]:
     answer = httpx.get(f"{base}/api/v1/jobs/{job_id}/history", timeout=5)
     return answer.json()["history"] if answer.status_code == 200 else []
