@@ -22,7 +22,7 @@ from hangwatch_common.sdnotify import Notifier
 from monitor.auth import BOUND_NODE_KEY, CAPTURE_UPLOAD_PREFIX, INGEST_PATH
 from monitor.capture_store import MAX_PART_BYTES
 from monitor.fastwire import decode_for_forwarding
-from monitor.relay.forwarder import Forwarder, Outcome, unavailable
+from monitor.relay.forwarder import Forwarder, Outcome, monitor_down
 from monitor.routes.ingest import Answer, Disconnected, Message, Receive, Scope, Send, receive_body, \
     refuse_invalid, wrong_node
 
@@ -116,7 +116,7 @@ class RelayApp:
                                                         headers=passed, timeout=UPLOAD_TIMEOUT_S)
             return Outcome(response.status_code, orjson.loads(response.content))
         except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
-            return unavailable(f"relay: the monitor at {self.forwarder.owner} did not take the upload "
+            return monitor_down(f"relay: the monitor at {self.forwarder.owner} did not take the upload "
                                f"({type(exc).__name__})")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

@@ -54,8 +54,17 @@ class _Waiting:
 
 
 def unavailable(detail: str, retry_after_s: int = RETRY_AFTER_S) -> Outcome:
-    # 503 with Retry-After: the agent keeps its newest report (and its outage journal) and retries.
+    """The relay is busy or stopping, the monitor behind it is up: 503 with Retry-After, which an
+    agent takes as a monitor shedding load (it waits as told and sends its newest report)."""
     return Outcome(503, {"accepted": False, "detail": detail}, {"retry-after": str(retry_after_s)})
+
+
+def monitor_down(detail: str) -> Outcome:
+    """The monitor behind the relay did not take the reports: 502 without Retry-After, which an
+    agent takes as the monitor down, so it keeps what changes meanwhile in its outage journal and
+    delivers it when the monitor is back (agent/sender.py). A 503 with Retry-After would read as
+    shedding, and an outage behind a relay would leave no trace in the jobs' history."""
+    return Outcome(502, {"accepted": False, "detail": detail})
 
 
 def batch_body(entries: list[tuple[bytes, bool]]) -> bytes:
@@ -226,4 +235,4 @@ class Forwarder:
         if self._complained != why:  # once per distinct problem, not once a batch
             log.error("%s; agents are told to retry", why)
             self._complained = why
-        return [unavailable(f"relay: {why}")] * count, "monitor_unreachable"
+        return [monitor_down(f"relay: {why}")] * count, "monitor_unreachable"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from agent.outage_journal import OutageJournal, signature
 from agent.sender import Sender
 from tests.agent.conftest import Receiver
-from tests.monitor.real_monitor import free_port, running_monitor
+from tests.monitor.real_monitor import free_port, running_monitor, running_relay
 
 pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
 
@@ -143,10 +144,20 @@ def _history(base: str, job_id: str) -> list[dict]:
     return answer.json()["history"] if answer.status_code == 200 else []
 
 
-def test_a_sender_delivers_what_it_kept_when_the_monitor_comes_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("via_relay", [False, True], ids=["direct", "through-a-relay"])
+def test_a_sender_delivers_what_it_kept_when_the_monitor_comes_back(tmp_path: Path, via_relay: bool) -> None:
+    """Through a relay too: the relay says the monitor behind it is down (not busy), so the agent
+    keeps its outage journal, and the relay carries the replayed reports to the monitor when back."""
     port = free_port()
     db = tmp_path / "monitor.db"
-    sender = Sender(f"http://127.0.0.1:{port}")
+    with contextlib.ExitStack() as stack:
+        url = f"http://127.0.0.1:{port}"
+        if via_relay:
+            url = stack.enter_context(running_relay(tmp_path, url)).base
+        _deliver_after_an_outage(tmp_path, port, db, Sender(url))
+
+
+def _deliver_after_an_outage(tmp_path: Path, port: int, db: Path, sender: Sender) -> None:
     sender.start()
     try:
         def live(report: dict) -> dict:

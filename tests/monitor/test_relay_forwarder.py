@@ -42,7 +42,8 @@ def test_reports_posted_together_share_a_batch_and_each_gets_its_own_answer() ->
     assert len(batches) == 1 and len(batches[0]["reports"]) == 20
 
 
-def test_a_monitor_that_answers_wrongly_or_not_at_all_gets_agents_a_503_to_retry() -> None:
+def test_a_monitor_that_answers_wrongly_or_not_at_all_is_down_to_the_agents() -> None:
+    """502 without Retry-After: agents read it as the monitor down and keep their outage journal."""
     def refuses(request: httpx.Request) -> httpx.Response:
         return httpx.Response(401, json={"detail": "the token is not accepted"})
 
@@ -66,7 +67,7 @@ def test_a_monitor_that_answers_wrongly_or_not_at_all_gets_agents_a_503_to_retry
                                      (away, "unreachable", "monitor_unreachable"),
                                      (broken, "could not send the batch (RuntimeError)", "monitor_unreachable")):
         answer, counts = asyncio.run(one(handler))
-        assert answer.status == 503 and answer.headers["retry-after"], answer
+        assert answer.status == 502 and "retry-after" not in answer.headers, answer
         assert needle in answer.body["detail"], answer.body
         assert counts[counted] == 1 and counts["answered"] == 0, counts
 
