@@ -23,6 +23,7 @@ that bundle only.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
@@ -54,6 +55,9 @@ BACKOFF_MAX_S = 4.0
 # The longest Retry-After honoured: a monitor asking for more is treated as down.
 RETRY_AFTER_MAX_S = 30.0
 REFUSED = (401, 403)
+# Reports taken while one post is in flight, at most (a post lasts up to TIMEOUT_S, reports come
+# every second or so): kept for the outage journal should that post fail.
+OFFERED_KEPT = 8
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
@@ -96,6 +100,9 @@ class Sender:
         if token is not None and parts.scheme == "http" and parts.hostname not in LOOPBACK_HOSTS:
             log.warning("sending the token to %s over plain http: anyone on the path can read it; use https", monitor)
         self._latest: dict | None = None
+        # Reports offered since the one being sent was taken, while the monitor is not known to be
+        # down: if that post fails, the outage began before them, and they are its first news.
+        self._offered_since_taken: collections.deque[tuple[dict, float]] = collections.deque(maxlen=OFFERED_KEPT)
         self._cond = threading.Condition()
         self._stop = False
         self._logged_rejections: set[str] = set()
@@ -119,6 +126,8 @@ class Sender:
             self._latest, self._latest_at = report, time.time()
             if self._down:
                 self.journal.keep(report, self._latest_at)
+            else:
+                self._offered_since_taken.append((report, self._latest_at))
             self._cond.notify()
 
     def stop(self) -> None:
@@ -246,6 +255,13 @@ class Sender:
             log.warning("monitor unreachable at %s (%s); retrying with backoff", self.url, why)
             self._down_logged = True
 
+    def _take_latest(self) -> tuple[dict, float]:
+        """The newest report, to send now (with ``_cond`` held)."""
+        assert self._latest is not None
+        report, taken_at, self._latest = self._latest, self._latest_at, None
+        self._offered_since_taken.clear()
+        return report, taken_at
+
     def _run(self) -> None:
         backoff = 0.0
         while True:
@@ -254,9 +270,16 @@ class Sender:
                     self._cond.wait()
                 if self._stop:
                     return
-                report, taken_at, self._latest = self._latest, self._latest_at, None
+                report, taken_at = self._take_latest()
             # Back from an outage: what was kept goes first, oldest first, then the newest report.
-            if (not self._down or self.deliver_journal()) and self.post(report):
+            delivered = not self._down or self.deliver_journal()
+            if delivered and self._down:
+                with self._cond:
+                    if self._latest is not None:
+                        # Taken while the journal was delivered (and delivered with it): the present
+                        # is that one, not the older ``report``, which would show the monitor a step back.
+                        report, taken_at = self._take_latest()
+            if delivered and self.post(report):
                 with self._cond:
                     self._down = False
                     if len(self.journal):
@@ -272,10 +295,11 @@ class Sender:
                     # The outage starts: from now on every report is offered to the journal.
                     self._down = True
                     self.journal.keep(report, taken_at)
-                    if self._latest is not None:
-                        # Taken while the failing post was in flight (up to its timeout against a
-                        # monitor that hangs), when offer() kept nothing: the outage's too.
-                        self.journal.keep(self._latest, self._latest_at)
+                    # Taken while the failing post was in flight (up to its timeout against a monitor
+                    # that hangs), when offer() kept nothing: the outage's too.
+                    for offered, offered_at in self._offered_since_taken:
+                        self.journal.keep(offered, offered_at)
+                    self._offered_since_taken.clear()
                 if self._latest is None:
                     self._latest, self._latest_at = report, taken_at  # nothing newer yet: retry this one
             # A shedding monitor says when to come back (it is up: nothing to keep); a failing one

@@ -15,6 +15,7 @@ Either way the caller gets the same struct types, so state code sees one kind of
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
@@ -106,13 +107,23 @@ _decoder = msgspec.json.Decoder(Report)
 
 # A relay's batch (monitor/relay/): reports it decoded with this module, encoded again, so they
 # decode here strictly; ``attributed``: the relay checked the report against a node-bound token.
+# Each report is first taken as its raw bytes, so its size is checked as a direct post's would be.
 MAX_BATCH_REPORTS = 4096
-BatchEntry = msgspec.defstruct("BatchEntry", [("report", Report), ("attributed", bool, False)],
-                               frozen=True, kw_only=True, module=__name__, gc=False)
-ReportBatch = msgspec.defstruct(
-    "ReportBatch", [("reports", Annotated[list[BatchEntry], msgspec.Meta(max_length=MAX_BATCH_REPORTS)])],  # type: ignore[valid-type]
+_RawEntry = msgspec.defstruct("_RawEntry", [("report", msgspec.Raw), ("attributed", bool, False)],
+                              frozen=True, kw_only=True, module=__name__, gc=False)
+_RawBatch = msgspec.defstruct(
+    "_RawBatch", [("reports", Annotated[list[_RawEntry], msgspec.Meta(max_length=MAX_BATCH_REPORTS)])],  # type: ignore[valid-type]
     frozen=True, kw_only=True, module=__name__, gc=False)
-_batch_decoder = msgspec.json.Decoder(ReportBatch)
+_batch_decoder = msgspec.json.Decoder(_RawBatch)
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """One report of a relay's batch: decoded, or None when larger than a report may be (its size given)."""
+
+    report: Any
+    attributed: bool
+    size: int
 
 
 def decode_report(body: bytes | str) -> Any:
@@ -140,10 +151,19 @@ def decode_for_forwarding(body: bytes) -> tuple[Any, bytes]:
     return report, encode_report(report)
 
 
-def decode_batch(body: bytes) -> Any:
-    """A relay's batch as structs; ValueError saying where when it is not one."""
+def decode_batch(body: bytes, max_report_bytes: int) -> list[BatchEntry]:
+    """A relay's batch, each report decoded unless larger than ``max_report_bytes`` (that one is
+    refused alone, as its direct post would be); ValueError saying where when it is not a batch."""
     try:
-        return _batch_decoder.decode(body)
+        entries = []
+        for index, raw in enumerate(_batch_decoder.decode(body).reports):
+            size = len(raw.report)
+            try:
+                report = _decoder.decode(raw.report) if size <= max_report_bytes else None
+            except msgspec.ValidationError as exc:
+                raise ValueError(f"{exc} - at `$.reports[{index}].report`") from None
+            entries.append(BatchEntry(report, raw.attributed, size))
+        return entries
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
         raise ValueError(str(exc)) from None
 
@@ -153,5 +173,5 @@ def encode_report(report: Any) -> bytes:
     return msgspec.json.encode(report)
 
 
-__all__ = ["BatchEntry", "MAX_BATCH_REPORTS", "Report", "ReportBatch", "decode_batch", "decode_for_forwarding",
+__all__ = ["BatchEntry", "MAX_BATCH_REPORTS", "Report", "decode_batch", "decode_for_forwarding",
            "decode_report", "encode_report", "struct_for"]

@@ -36,7 +36,7 @@ BATCH_ANSWERS = {
     "400": "content-length is not a number",
     "401": "no token, or not one of the monitor's relay tokens (ingest tokens without --relay-token-file)",
     "403": "an ingest token bound to one node",
-    "413": "larger than twice max_body_bytes",
+    "413": "larger than max_body_bytes plus the batch's framing (each report alone past max_body_bytes is a 413 in its own result)",
     "415": "content-type is not application/json",
     "422": "not a batch: {\"reports\": [{\"report\": Report, \"attributed\": bool}]}, 4,096 at most",
 }

@@ -117,7 +117,7 @@ class RelayApp:
             return Outcome(response.status_code, orjson.loads(response.content))
         except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
             return monitor_down(f"relay: the monitor at {self.forwarder.owner} did not take the upload "
-                               f"({type(exc).__name__})")
+                                f"({type(exc).__name__})")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         # Under systemd (Type=notify): READY=1 once serving, WATCHDOG=1 from the event loop.

@@ -96,6 +96,10 @@ class Forwarder:
         self._sender: asyncio.Task[None] | None = None
         self._complained: str | None = None
         self._closed = False
+        # When the batch now in flight was sent (loop time; None: none in flight), and how long the
+        # last one took to be answered.
+        self._in_flight_since: float | None = None
+        self._last_batch_s = 0.0
 
     @property
     def waiting(self) -> int:
@@ -105,11 +109,11 @@ class Forwarder:
         """Send one checked report (``fastwire.decode_for_forwarding``) with the next batch; its answer."""
         if self._closed:
             return unavailable("relay stopping")
+        loop = asyncio.get_running_loop()
         if len(self._waiting) >= self.max_waiting or \
                 self._waiting_bytes + len(encoded) > MAX_WAITING_BATCHES * self.max_batch_bytes:
             self.reports["shed"] += 1
-            return unavailable("relay overloaded: the monitor is taking reports slower than they come")
-        loop = asyncio.get_running_loop()
+            return self._turned_away(loop.time())
         if self._sender is None or self._sender.done():
             self._wake = asyncio.Event()
             self._sender = loop.create_task(self._send_forever())
@@ -165,8 +169,7 @@ class Forwarder:
             gone, self._waiting = self._waiting[:stale], self._waiting[stale:]
             self._waiting_bytes -= sum(len(w.encoded) for w in gone)
             self.reports["stale"] += stale
-            self._answer_all(gone, unavailable("relay overloaded: the monitor is taking reports slower than "
-                                               "they come"))
+            self._answer_all(gone, self._turned_away(now))
         size, count = 0, 0
         for waiting in self._waiting:
             if count and (count >= BATCH_REPORTS or size + len(waiting.encoded) > self.max_batch_bytes):
@@ -177,9 +180,18 @@ class Forwarder:
         self._waiting_bytes -= size
         return batch
 
+    def _turned_away(self, now: float) -> Outcome:
+        """The answer to a report the relay cannot send on. A monitor that has sat on a batch longer
+        than an agent waits is as good as down (502: the agent keeps its outage journal); else the
+        monitor is slow and the relay busy (503: the agent comes back later with its newest report)."""
+        waited = now - self._in_flight_since if self._in_flight_since is not None else self._last_batch_s
+        if waited > STALE_S:
+            return monitor_down(f"relay: the monitor at {self.owner} sat on a batch for {waited:.1f}s")
+        return unavailable("relay overloaded: the monitor is taking reports slower than they come")
+
     async def _send(self, batch: list[_Waiting]) -> None:
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = self._in_flight_since = loop.time()
         outcomes, how = [], "monitor_unreachable"
         try:
             outcomes, how = await self._post(
@@ -188,8 +200,10 @@ class Forwarder:
             log.exception("sending a batch failed")
             outcomes, how = self._failed(len(batch), f"the relay could not send the batch ({type(exc).__name__})")
         finally:
+            self._in_flight_since = None
+            self._last_batch_s = loop.time() - started
             self.batches += 1
-            self.on_batch(loop.time() - started)
+            self.on_batch(self._last_batch_s)
             self.reports[how] += len(batch)
             for waiting, outcome in zip(batch, outcomes):
                 if not waiting.future.done():  # the agent's request may have gone (its timeout)

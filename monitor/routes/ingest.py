@@ -31,9 +31,10 @@ from monitor.settings import Settings
 PATH = INGEST_PATH
 log = logging.getLogger("hangwatch.monitor.ingest")
 MAX_ERRORS_SHOWN = 10
-# A relay's batch holds at most its max_body_bytes of reports plus the batch's framing:
-# '{"report":' and ',"attributed":false},' around each, ~32 bytes. The limit is the single report's
-# plus that framing, so no report in a batch is ever more than a few KiB past what a direct post may be.
+# A relay's batch holds at most its max_body_bytes of reports plus the batch's framing
+# ('{"attributed":false,"report":' and '},' around each, ~32 bytes): the batch's limit is a single
+# report's plus room for that framing. It bounds what one post holds in memory; each report of the
+# batch is held to a direct post's limit on its own (fastwire.decode_batch).
 BATCH_FRAMING_BYTES = 64 * MAX_BATCH_REPORTS + 64
 # Reports of a batch applied between two turns of the event loop (~0.4 ms each).
 BATCH_YIELD_EVERY = 32
@@ -102,7 +103,7 @@ class IngestLayer:
             raise _refuse(403, "a token bound to one node cannot post other nodes' reports")
         body = await receive_body(scope, receive, batch_body_limit(self.settings.max_body_bytes), monitor.reject)
         try:
-            batch = decode_batch(body)
+            batch = decode_batch(body, self.settings.max_body_bytes)
         except ValueError as exc:
             # The relay decoded each report with this monitor's own decoder: a batch that does not
             # decode is a relay of another version (or not a relay), refused whole.
@@ -111,10 +112,13 @@ class IngestLayer:
         # Only a relay's own token vouches for its bound-node checks (monitor/auth.py).
         vouched = bool(scope.get(RELAY_KEY))
         results = []
-        for index, entry in enumerate(batch.reports):
+        for index, entry in enumerate(batch):
             if index and index % BATCH_YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # reads and other posts get the loop between parts of a large batch
             try:
+                if entry.report is None:
+                    monitor.reject("too_large")
+                    raise too_large(self.settings.max_body_bytes)
                 if self.guard.should_shed(entry.report.node, time.monotonic()):
                     raise self._shed()
                 results.append({"status": 202, "body": self._take(entry.report, attributed=entry.attributed and vouched)})
@@ -177,7 +181,7 @@ async def receive_body(scope: Scope, receive: Receive, limit: int, reject: Calla
             raise _refuse(400, "content-length is not a number") from None
         if too_big:
             reject("too_large")
-            raise _refuse(413, f"body is larger than the limit of {limit} bytes")
+            raise too_large(limit)
     return await _read_body(receive, limit, reject)
 
 
@@ -199,6 +203,10 @@ def refuse_invalid(exc: pydantic.ValidationError, reject: Callable[[str], None])
     return _refuse(422, _describe(errors), errors=[_error(e) for e in errors[:MAX_ERRORS_SHOWN]])
 
 
+def too_large(limit: int) -> Answer:
+    return _refuse(413, f"body is larger than the limit of {limit} bytes")
+
+
 def wrong_node(bound_node: str) -> Answer:
     return _refuse(403, f"this token may only report for node {bound_node!r}")
 
@@ -217,7 +225,7 @@ async def _read_body(receive: Receive, limit: int, reject: Callable[[str], None]
         size += len(chunk)
         if size > limit:
             reject("too_large")
-            raise _refuse(413, f"body is larger than the limit of {limit} bytes")
+            raise too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 import os
 import random
 import signal
@@ -134,15 +135,20 @@ class Receiver:
         self.status = status
         self.headers: dict[str, str] = {}
         self.answer: dict = {}
-        self.delay_s = 0.0  # how long each answer is held back (a slow or hung monitor)
+        # A post ``hold`` accepts is answered only once ``released`` is set (a slow or hung monitor),
+        # so a test can act while the sender waits for that answer.
+        self.hold: Callable[[dict], bool] | None = None
+        self.released = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
                 body = self.rfile.read(int(self.headers["content-length"]))
                 if self.path == "/api/v1/reports":
-                    outer.reports.append(json.loads(body))
-                time.sleep(outer.delay_s)
+                    report = json.loads(body)
+                    outer.reports.append(report)
+                    if outer.hold is not None and outer.hold(report):
+                        outer.released.wait(timeout=10)
                 payload = json.dumps(outer.answer).encode()
                 self.send_response(outer.status)
                 for name, value in outer.headers.items():

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -89,52 +90,84 @@ def test_a_journal_on_disk_survives_an_agent_restart(tmp_path: Path) -> None:
     assert len(again) == 0 and path.read_text() == ""
 
 
-def test_a_report_taken_while_the_first_failing_post_hung_is_kept() -> None:
+def _exited() -> dict:
+    return _changed(alive=False, exit={"at": time.time(), "code": 1, "source": "proc"})
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_reports_taken_while_the_first_failing_post_hung_are_kept() -> None:
     """The outage starts with a post that hangs (a monitor that accepts and never answers in time):
-    what the agent took meanwhile, a rank's exit here, is the outage's first news."""
+    what the agent took meanwhile, a rank stopped and then its exit, is the outage's first news."""
     receiver = Receiver(status=500)
-    receiver.delay_s = 1.0
+    receiver.hold = lambda report: True
     sender = Sender(receiver.url)
     sender.start()
-    exited = _changed(alive=False, exit={"at": time.time(), "code": 1, "source": "proc"})
     try:
         sender.offer(copy.deepcopy(BASE))
-        receiver.wait_for(lambda r: True, timeout=5)  # that post is held for a second
-        sender.offer(copy.deepcopy(exited))
-        deadline = time.monotonic() + 10
-        while sender.failed < 1:
-            assert time.monotonic() < deadline, "the first post never failed"
-            time.sleep(0.05)
-        kept = []
-        while time.monotonic() < deadline and len(kept) < 2:
-            with sender._cond:  # the sending thread adds to the journal
-                kept = [k.report for k in sender.journal.entries()]
-            time.sleep(0.05)
-        assert [r["ranks"][1]["alive"] for r in kept] == [True, False], kept
+        receiver.wait_for(lambda r: True, timeout=5)  # that post waits for its answer
+        sender.offer(_changed(state="T"))
+        sender.offer(_exited())
+        receiver.released.set()
+        _wait(lambda: sender.failed >= 1, "the first post never failed")
+        with sender._cond:  # the sending thread adds to the journal
+            kept = [(k.report["ranks"][1]["state"], k.report["ranks"][1]["alive"]) for k in sender.journal.entries()]
+        assert kept == [("S", True), ("T", True), ("S", False)], kept
     finally:
+        receiver.released.set()
         sender.stop()
         receiver.close()
 
 
-def test_what_was_kept_while_the_first_live_post_was_on_its_way_is_not_left_for_the_next_outage() -> None:
+def _back_from_an_outage(hold: Callable[[dict], bool]) -> tuple[Receiver, Sender]:
+    """A sender with one report kept from an outage, and a monitor back that holds the posts ``hold`` picks."""
     journal = OutageJournal()
     journal.keep(copy.deepcopy(BASE), time.time() - 5)
     receiver = Receiver(status=202)
     receiver.answer = {"accepted": True, "replay": True}
-    receiver.delay_s = 1.0  # a monitor back, but slow to answer
-    sender = Sender(receiver.url, journal=journal)
+    receiver.hold = hold
+    return receiver, Sender(receiver.url, journal=journal)
+
+
+def test_what_was_kept_while_the_first_live_post_was_on_its_way_is_not_left_for_the_next_outage() -> None:
+    receiver, sender = _back_from_an_outage(hold=lambda report: not report.get("replayed"))
     sender.start()
-    exited = _changed(alive=False, exit={"at": time.time(), "code": 1, "source": "proc"})
     try:
         sender.offer(copy.deepcopy(BASE))
-        receiver.wait_for(lambda r: not r.get("replayed"), timeout=10)  # the first live post, held a second
-        sender.offer(copy.deepcopy(exited))
+        receiver.wait_for(lambda r: not r.get("replayed"), timeout=10)  # the first live post waits
+        sender.offer(_exited())
+        receiver.released.set()
         receiver.wait_for(lambda r: not r.get("replayed") and not r["ranks"][1]["alive"], timeout=10)
         # The exit reached the monitor live; nothing waits to be replayed at the next outage as news.
         assert len(sender.journal) == 0, [k.report for k in sender.journal.entries()]
         replayed = [bool(r.get("replayed")) for r in receiver.reports]
         assert replayed[0] and not any(replayed[replayed.index(False):]), replayed
     finally:
+        receiver.released.set()
+        sender.stop()
+        receiver.close()
+
+
+def test_after_the_journal_the_newest_report_is_the_present_not_an_older_one() -> None:
+    """A report taken while the journal was delivered goes with it, and is the first live one after:
+    the report taken before delivery began would show the monitor a step back (the rank alive again)."""
+    receiver, sender = _back_from_an_outage(hold=lambda report: bool(report.get("replayed")))
+    sender.start()
+    try:
+        sender.offer(copy.deepcopy(BASE))
+        receiver.wait_for(lambda r: bool(r.get("replayed")), timeout=10)  # the journal's delivery waits
+        sender.offer(_exited())
+        receiver.released.set()
+        receiver.wait_for(lambda r: not r.get("replayed"), timeout=10)
+        live = [r for r in receiver.reports if not r.get("replayed")]
+        assert live[0]["ranks"][1]["alive"] is False, live
+    finally:
+        receiver.released.set()
         sender.stop()
         receiver.close()
 

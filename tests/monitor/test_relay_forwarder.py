@@ -87,15 +87,22 @@ def test_past_its_waiting_room_a_relay_turns_reports_away_at_once() -> None:
         waiting = [asyncio.ensure_future(forwarder.forward(b"{}", False)) for _ in range(3)]
         await asyncio.sleep(0.05)
         turned_away = await forwarder.forward(b"{}", False)
+        # The monitor sits on the batch longer than an agent waits: as good as down to the agents.
+        await asyncio.sleep(STALE_S + 0.1)
+        hung = await forwarder.forward(b"{}", False)
         release.set()
         answers = [await first] + [await w for w in waiting]
         await forwarder.close()
-        return turned_away, answers, forwarder.reports
+        return turned_away, hung, answers, forwarder.reports
 
-    turned_away, answers, counts = asyncio.run(run())
+    turned_away, hung, answers, counts = asyncio.run(run())
+    # Busy (503 + Retry-After: the agent comes back later) while the monitor answers in time...
     assert turned_away.status == 503 and "overloaded" in turned_away.body["detail"]
-    assert [a.status for a in answers] == [202] * 4
-    assert counts == {"answered": 4, "monitor_unreachable": 0, "monitor_refused_batch": 0, "shed": 1, "stale": 0}
+    # ...down (502: the agent keeps its outage journal) once it sits on a batch.
+    assert hung.status == 502 and "sat on a batch" in hung.body["detail"] and "retry-after" not in hung.headers
+    # The reports that waited behind the hung batch are stale by its answer (their agents gave up).
+    assert [a.status for a in answers] == [202, 502, 502, 502]
+    assert counts == {"answered": 1, "monitor_unreachable": 0, "monitor_refused_batch": 0, "shed": 2, "stale": 3}
 
 
 def test_reports_whose_agents_gave_up_waiting_go_no_further_and_closing_answers_everyone() -> None:
@@ -126,7 +133,8 @@ def test_reports_whose_agents_gave_up_waiting_go_no_further_and_closing_answers_
 
     answers, stranded, after, posted, counts = asyncio.run(run())
     assert answers[0].status == 202
-    assert answers[1].status == 503 and counts["stale"] == 1  # never sent: its agent had given up
+    # Never sent: its agent had given up. The monitor sat on the batch before it that long: down.
+    assert answers[1].status == 502 and "sat on a batch" in answers[1].body["detail"] and counts["stale"] == 1
     assert posted == [1, 1], posted
     assert stranded.status == 503 and "stopping" in stranded.body["detail"]
     assert after.status == 503 and "stopping" in after.body["detail"]

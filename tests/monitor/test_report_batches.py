@@ -116,6 +116,26 @@ def test_without_a_relay_token_file_batches_take_an_unbound_agent_token(clock: F
         assert monitor_of(guarded).state.nodes["node-a"].attributed is False
 
 
+@pytest.mark.parametrize("limit", [4096, 1024 * 1024])
+def test_a_report_past_the_per_report_limit_is_refused_alone_in_a_batch(clock: FakeClock, settings: Settings,
+                                                                        store: Store, limit: int) -> None:
+    """However small the limit, a batch carries no report a direct post could not."""
+    limited = dataclasses.replace(settings, max_body_bytes=limit)
+    small = report(node="node-a", sent_at=clock.now)
+    # Past the limit by its ranks alone (each ~4 KiB with a long command line, every field valid).
+    count = limit // 4096 + 2
+    big = report(node="node-b", sent_at=clock.now,
+                 ranks=[rank(job_id="job-b", rank=i, world_size=count, cmdline="x" * 4000) for i in range(count)])
+    with TestClient(create_app(limited, store, clock=clock)) as client:
+        response = post(client, batch((small, False), (big, False)))
+        assert response.status_code == 200, response.text
+        results = response.json()["results"]
+        assert [r["status"] for r in results] == [202, 413], results
+        assert f"limit of {limit} bytes" in results[1]["body"]["detail"]
+        monitor = monitor_of(client)
+        assert sorted(monitor.state.nodes) == ["node-a"] and monitor.rejected["too_large"] == 1
+
+
 def test_a_batch_is_no_way_around_the_per_report_size_limit(clock: FakeClock, settings: Settings, store: Store) -> None:
     """A batch may be as large as one report plus the batch's framing, and no larger."""
     limited = dataclasses.replace(settings, max_body_bytes=1024 * 1024)
