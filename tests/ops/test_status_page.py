@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.ops.conftest import GRAFANA_URL, RUNBOOK_URL, LiveHang, is_loopback
 
@@ -96,15 +97,20 @@ def test_native_frames_fold_and_unfold(live_hang: LiveHang) -> None:
     toggle.click()
     card.locator(".stack-tree .node.native").first.wait_for(timeout=SHOW_TIMEOUT_MS)
     assert fold.count() == 0 and toggle.get_attribute("aria-pressed") == "true"
-    natives = [r["frame"] for r in tree_rows(card) if "native" in r["cls"].split()]
-    # Where rank 0 waits under all_reduce, as py-spy --native shows it (FIELD-NOTES: gloo).
-    assert any("wait" in frame.lower() for frame in natives), natives
+    # Where rank 0 waits under all_reduce, as py-spy --native shows it (FIELD-NOTES: gloo). Each
+    # rank's native frames come with its own native dump: rank 1's (asleep in linger_forever) may be
+    # shown first, rank 0's with a later poll (CI saw only ['time_sleep', 'clock_nanosleep'] at first).
+    waits = card.locator(".stack-tree .node.native .frame", has_text=re.compile("wait", re.IGNORECASE))
+    try:
+        waits.first.wait_for(timeout=NATIVE_TIMEOUT_MS)
+    except PlaywrightTimeout as exc:  # say what the tree showed instead
+        raise AssertionError([r["frame"] for r in tree_rows(card) if "native" in r["cls"].split()]) from exc
     # It stays unfolded through the next polls (the page keeps the choice), then folds again.
     polls = full_polls(live_hang.page)
     live_hang.page.wait_for_function(f"() => performance.getEntriesByType('resource')"
                                      f".filter(e => e.name.endsWith('/diagnose?format=json')).length >= {polls + 2}",
                                      timeout=SHOW_TIMEOUT_MS)
-    assert card.locator(".stack-tree .node.native").count() == len(natives)
+    assert card.locator(".stack-tree .node.native").count() > 0 and toggle.get_attribute("aria-pressed") == "true"
     toggle.click()
     fold.first.wait_for(timeout=SHOW_TIMEOUT_MS)
     assert card.locator(".stack-tree .node.native").count() == 0
