@@ -164,7 +164,13 @@ class Monitor:
         # Jobs forgotten at max_jobs to let new ones in (monitor/retention.make_room_for_jobs).
         self.jobs_displaced = 0
         self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
+        # The last verdict recorded in each job's history, per timeline: the present (live judgements)
+        # and the past rebuilt from reports replayed after an outage, which arrive while the present is
+        # judged too. Each dedupes against its own: an interleaved live "unknown" must not make the
+        # replays record their verdicts twice, nor a live reading made from them stop the replays from
+        # recording them at their own times.
         self._last_verdicts: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._last_replayed_verdicts: dict[str, tuple[str, tuple[int, ...]]] = {}
         # The latest diagnosis of each job, and the jobs reports changed since theirs.
         self._results: dict[str, JobResult] = {}
         self._dirty: set[str] = set()
@@ -312,7 +318,7 @@ class Monitor:
                 self._snapshot_due[stored.node] = stored.received_at + self.snapshot_interval_s * _spread(stored.node)
                 count += 1
             for job_id, change in self.store.latest_verdicts().items():
-                self._last_verdicts[job_id] = (change.verdict, change.culprit_ranks)
+                self._last_verdicts[job_id] = self._last_replayed_verdicts[job_id] = (change.verdict, change.culprit_ranks)
                 if change.verdict in ALARMS:
                     # A raised alarm stays raised across a restart: without this the first
                     # reading would publish "healthy" while it re-confirms, and alerts would
@@ -482,7 +488,7 @@ class Monitor:
         self._revisions[job_id] = revision
         if clear_dirty:
             self._dirty.discard(job_id)
-        self._record_change(result, now, culprit_nodes)
+        self._record_change(result, now, culprit_nodes, live)
         if not live:
             return
         actions = self.actions
@@ -535,12 +541,17 @@ class Monitor:
             log.exception("diagnosis failed for job %r", view.job_id)
             return Diagnosis("stalled", (), None, "diagnosis failed inside the monitor (see its log)")
 
-    def _record_change(self, result: JobResult, now: float, culprit_nodes: tuple[str, ...]) -> None:
+    def _record_change(self, result: JobResult, now: float, culprit_nodes: tuple[str, ...], live: bool = True) -> None:
         d = result.diagnosis
         key = (d.verdict, tuple(d.culprit_ranks))
         job_id = result.view.job_id
-        if self._last_verdicts.get(job_id) != key:
-            self._last_verdicts[job_id] = key
+        timeline = self._last_verdicts if live else self._last_replayed_verdicts
+        if timeline.get(job_id) != key:
+            timeline[job_id] = key
+            if live and d.verdict != "unknown":
+                # What the job is now is where the next outage's replays start from (the monitor
+                # not knowing says nothing of what happened).
+                self._last_replayed_verdicts[job_id] = key
             self.store.add_verdict(VerdictChange(job_id, now, d.verdict, key[1], d.summary, culprit_nodes))
             self._count_incident(job_id, d.verdict, culprit_nodes)
 

@@ -330,6 +330,10 @@ class JobView:
     # (node, its agent's last report) for each node of the job whose agent stopped reporting:
     # what the monitor holds of its ranks is old, and is no evidence for anything.
     silent_nodes: tuple[tuple[str, float], ...] = ()
+    # (node, the time of its latest report) for each node of the job whose latest report is one its
+    # agent kept through an outage and delivers now (no live report since): judged at that report's
+    # time, the job is the past as it happened; judged later, its present is not known yet.
+    replaying_nodes: tuple[tuple[str, float], ...] = ()
     # When this monitor process started: reports from before it were replayed from storage.
     monitor_started_at: float | None = None
     # The window of the ranks' CPU levels (RankView.cpu_level_percent), seconds.

@@ -18,6 +18,22 @@ from monitor.diagnosis.model import Diagnosis
 REFRESHING_S = 10.0
 
 
+def replays_arriving(ctx: Context) -> Diagnosis | None:
+    """Judged at the present while a node of the job has sent only reports its agent kept through an
+    outage: the picture is the past, part rebuilt. What it shows (a rank's exit, a healthy job that
+    has since died) belongs in the history at its own time, where each replayed report is judged;
+    read now it would be recorded now, and the replays could no longer record it when it happened.
+    The present is known with the node's first live report, which follows the replays at once."""
+    behind = [(node, at) for node, at in ctx.job.replaying_nodes if ctx.now > at]
+    if not behind:
+        return None
+    nodes = ", ".join(node for node, _ in behind)
+    evidence = [f"node {node}: latest report kept through an outage, taken {ctx.now - at:.0f}s ago; "
+                "no live report since" for node, at in behind]
+    return ctx.diagnosis("unknown", (), None, f"refreshing: the agent on {nodes} is delivering what it kept "
+                         "through an outage", evidence)
+
+
 def agents_silent(ctx: Context) -> Diagnosis | None:
     silent = dict(ctx.job.silent_nodes)
     if not silent:

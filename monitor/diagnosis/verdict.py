@@ -18,7 +18,7 @@ from monitor.diagnosis.context import Context, progress_evidence
 from monitor.diagnosis.lifecycle import ended_ranks, stopped_ranks
 from monitor.diagnosis.model import Diagnosis, JobView
 from monitor.diagnosis.rendezvous import launch_failed, launcher_waiting, rendezvous
-from monitor.diagnosis.silence import agents_silent
+from monitor.diagnosis.silence import agents_silent, replays_arriving
 from monitor.diagnosis.slow_rank import slow_ranks
 from monitor.diagnosis.stall import comm_share_text, stall
 
@@ -46,6 +46,7 @@ PAUSE_FACTOR = 3.0
 STACK_WAIT_S = 8.0
 
 RULES: tuple[Callable[[Context], Diagnosis | None], ...] = (
+    replays_arriving,
     launch_failed,
     ended_ranks,
     stopped_ranks,

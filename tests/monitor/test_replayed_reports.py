@@ -145,3 +145,44 @@ def test_an_alarm_raised_by_replayed_reports_is_history_not_the_present(settings
         monitor_of(client).tick()
         job = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
         assert job["verdict"] == "unknown", job["summary"]
+
+
+def test_a_live_pass_between_replays_leaves_each_replayed_verdict_at_its_own_time(
+        client: TestClient, clock: FakeClock) -> None:
+    """CI's outage e2e: the monitor's own pass ran while the agent's kept reports were arriving. From
+    the half-rebuilt picture (rank 1 ended cleanly, rank 0 silent since) it judged at the present:
+    rank_exited, recorded then; the replay that showed rank 0 failing at its own time then recorded
+    nothing, its verdict being the last one recorded. Judged at the present, that picture is unknown."""
+    for step in range(1, 4):
+        assert client.post(URL, json=report(ranks=_ranks(clock, step), sent_at=clock.now)).status_code == 202
+        monitor_of(client).tick()
+        clock.advance(1)
+    # Rank 1 leaves the loop cleanly just after a step: at that moment rank 0 is not held up yet.
+    clean = rank(rank=1, alive=False, exit={"at": clock.now, "code": 0, "signal": None, "source": "proc"},
+                 cpu_percent=None)
+    waiting = rank(rank=0, cpu_percent=0.0, progress=progress(4, 4, [(clock.now - 0.5, 3), (clock.now, 4)]))
+    kept = [report(ranks=[waiting, clean], sent_at=clock.now, replayed=True)]
+    clock.advance(3)
+    failed_at = clock.now
+    failed = rank(rank=0, alive=False, exit={"at": clock.now, "code": 1, "signal": None, "source": "proc"},
+                  cpu_percent=None)
+    kept.append(report(ranks=[failed, clean], sent_at=clock.now, replayed=True))
+    clock.advance(30)
+    back = clock.now
+
+    assert client.post(URL, json=kept[0]).status_code == 202
+    monitor_of(client).tick()  # the present, between two replays
+    job = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
+    assert job["verdict"] == "unknown" and "kept through an outage" in job["summary"], job["summary"]
+    assert client.post(URL, json=kept[1]).status_code == 202
+    monitor_of(client).tick()
+
+    history = _history(client)
+    assert (failed_at, "rank_exited", [1]) in history, history
+    assert not [h for h in history if h[0] >= back and h[1] != "unknown"], history
+    # Each verdict once: the present's passes and the replays, interleaved, recorded nothing twice.
+    assert len([h for h in history if h[1] == "rank_exited"]) == 1, history
+    assert len([h for h in history if h[1] == "unknown"]) == 1, history
+    assert client.post(URL, json=report(ranks=[failed, clean], sent_at=clock.now)).status_code == 202
+    monitor_of(client).tick()
+    assert client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]["verdict"] == "rank_exited"
