@@ -119,11 +119,10 @@ _batch_decoder = msgspec.json.Decoder(_RawBatch)
 
 @dataclass(frozen=True)
 class BatchEntry:
-    """One report of a relay's batch: decoded, or None when larger than a report may be (its size given)."""
+    """One report of a relay's batch: decoded, or None when larger than a report may be."""
 
     report: Any
     attributed: bool
-    size: int
 
 
 def decode_report(body: bytes | str) -> Any:
@@ -157,12 +156,11 @@ def decode_batch(body: bytes, max_report_bytes: int) -> list[BatchEntry]:
     try:
         entries = []
         for index, raw in enumerate(_batch_decoder.decode(body).reports):
-            size = len(raw.report)
             try:
-                report = _decoder.decode(raw.report) if size <= max_report_bytes else None
+                report = _decoder.decode(raw.report) if len(raw.report) <= max_report_bytes else None
             except msgspec.ValidationError as exc:
                 raise ValueError(f"{exc} - at `$.reports[{index}].report`") from None
-            entries.append(BatchEntry(report, raw.attributed, size))
+            entries.append(BatchEntry(report, raw.attributed))
         return entries
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
         raise ValueError(str(exc)) from None

@@ -541,7 +541,7 @@ class Monitor:
             log.exception("diagnosis failed for job %r", view.job_id)
             return Diagnosis("stalled", (), None, "diagnosis failed inside the monitor (see its log)")
 
-    def _record_change(self, result: JobResult, now: float, culprit_nodes: tuple[str, ...], live: bool = True) -> None:
+    def _record_change(self, result: JobResult, now: float, culprit_nodes: tuple[str, ...], live: bool) -> None:
         d = result.diagnosis
         key = (d.verdict, tuple(d.culprit_ranks))
         job_id = result.view.job_id
