@@ -32,8 +32,6 @@ from monitor.store import Store
 
 log = logging.getLogger("hangwatch.monitor")
 FULL_GC_EVERY_S = 600.0
-# CPython starts a full collection after this many middle-generation ones: never, in effect.
-NO_AUTOMATIC_FULL_GC = 1_000_000
 # The most of the event loop's time the background diagnosis passes may take.
 PASS_SHARE = 0.4
 # How often decided actions are picked up (they follow verdicts that held for seconds at least).
@@ -77,6 +75,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(guard.watch_loop())]
+        gc_was_enabled = gc.isenabled()  # the passes turn automatic collection off (_tame_gc)
         if settings.tick_interval_s > 0:
             tasks.append(asyncio.create_task(_tick_forever(monitor, guard, settings.tick_interval_s)))
         if monitor.actions is not None:
@@ -94,6 +93,8 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             notifier.close()
+            if gc_was_enabled:
+                gc.enable()  # an embedding process (a test) gets its collector back
 
     app = FastAPI(title="hangwatch monitor", lifespan=lifespan, docs_url=None, redoc_url=None)
     openapi.install(app)  # FastAPI's schema plus the ingest path it cannot see
@@ -177,23 +178,25 @@ async def _tick_forever(monitor: Monitor, guard: LoadGuard, interval_s: float) -
 
 
 def _tame_gc(full_gc_at: float, now: float) -> float:
-    """Keep the cyclic GC off the long-lived state; return when the last full collection ran.
+    """Keep CPython's cyclic GC off the monitor's hot path; return when the last full collection ran.
 
-    At 10,000 ranks the monitor holds ~500,000 GC-tracked objects (views, stacks, sockets)
-    and replaces most of them every few seconds, so CPython's full collections came every
-    few seconds and paused the event loop for ~0.4 s each. The state has no reference
-    cycles (reference counting frees it), so after each pass whatever survived is frozen:
-    collections then scan only what is new. Cycles that do form (rarely, in request
-    handling) are collected by a full collection every FULL_GC_EVERY_S.
+    The monitor's state has no reference cycles: reference counting frees it. The cyclic GC
+    only rescanned it. At 10,000 ranks the monitor holds ~500,000 GC-tracked objects and a
+    second of reports allocates ~1 M more that live long enough to be scanned by the young
+    collections (a relay's batch of 256 reports is decoded whole before it is applied):
+    measured at 1,150 reports a second (benchmarks/README.md, "The monitor's garbage
+    collector"), decoding a report took 177-282 CPU-us with young collections on and 92-96
+    without, and CPython's own full collections paused the loop for up to 0.18 s several
+    times a minute. So after its first pass the monitor runs no automatic collection at all;
+    one full collection every FULL_GC_EVERY_S frees whatever cycles did form. Measured with
+    that collection's count every 15 s: none under that load, none under floods of refused
+    reports, refused batches, unknown paths and dropped connections.
 
-    Even so, what one second of a 10,000-rank job's reports leaves (~1 M objects) made CPython's
-    own full collections pause the loop for up to 0.18 s, several times a minute (measured with
-    gc.callbacks in benchmarks/giant_job_profile.py): they are left to the periodic one alone,
-    while the young generations are still collected as usual.
+    Survivors are frozen after each pass, so that a process whose GC is switched back on
+    (the lifespan does, at shutdown) does not rescan them.
     """
-    young, middle, full = gc.get_threshold()
-    if full != NO_AUTOMATIC_FULL_GC:
-        gc.set_threshold(young, middle, NO_AUTOMATIC_FULL_GC)
+    if gc.isenabled():
+        gc.disable()
     if now - full_gc_at >= FULL_GC_EVERY_S:
         gc.unfreeze()
         gc.collect()
