@@ -153,8 +153,8 @@ def run_shard(nodes: list[SimulatedNode], ports: list[int] | Callable[[Simulated
     stats = LoadStats()
     # The simulated agents' baselines are ~1 M long-lived objects at 10,000 ranks: CPython's
     # collections rescanned them and took most of the generator's CPU (a report cost ~1.5 ms, not
-    # ~0.3), which capped what one core offers. They form no cycles worth collecting in a run.
-    gc.freeze()
+    # ~0.3), which capped what one core offers. They form no cycles worth collecting in a run (the
+    # shard is a process of its own).
     gc.disable()
 
     async def main() -> None:

@@ -184,8 +184,8 @@ def _tame_gc(full_gc_at: float, now: float) -> float:
     only rescanned it. At 10,000 ranks the monitor holds ~500,000 GC-tracked objects and a
     second of reports allocates ~1 M more that live long enough to be scanned by the young
     collections (a relay's batch of 256 reports is decoded whole before it is applied):
-    measured at 1,150 reports a second (benchmarks/README.md, "The monitor's garbage
-    collector"), decoding a report took 177-282 CPU-us with young collections on and 92-96
+    measured at 1,150 reports a second (benchmarks/README.md, "1,250 nodes offered on 2 cores,
+    and the monitor's garbage collector"), decoding a report took 177-282 CPU-us with young collections on and 92-96
     without, and CPython's own full collections paused the loop for up to 0.18 s several
     times a minute. So after its first pass the monitor runs no automatic collection at all;
     one full collection every FULL_GC_EVERY_S frees whatever cycles did form. Measured with
@@ -195,8 +195,7 @@ def _tame_gc(full_gc_at: float, now: float) -> float:
     Survivors are frozen after each pass, so that a process whose GC is switched back on
     (the lifespan does, at shutdown) does not rescan them.
     """
-    if gc.isenabled():
-        gc.disable()
+    gc.disable()
     if now - full_gc_at >= FULL_GC_EVERY_S:
         gc.unfreeze()
         gc.collect()
