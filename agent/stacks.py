@@ -32,14 +32,21 @@ log = logging.getLogger(__name__)
 MAX_THREADS = 16
 # How long a dump asked now waits for another tracer (state "t") to let go of the rank.
 TRACED_WAIT_S = 2.0
-# How long a dump asked now (an evidence capture) waits for one of the rank already under way.
-BUSY_WAIT_S = 10.0
 # A periodic dump that failed while the rank may have been traced by another tool is tried once
 # more after a random pause in this range: two tracers on a fixed beat (another agent, a person's
 # py-spy loop) otherwise collide at every tick, and one of them never gets a stack.
 CONTENDED_RETRY_S = (0.2, 0.8)
 MAX_FRAMES = 64
 DUMP_TIMEOUT_S = 5.0
+# Native dumps are taken only of ranks that look stuck, and for evidence captures. py-spy's native
+# unwinding of a gloo rank took 0.55 s on an idle 2-core machine, 2.0 s beside 6 busy processes and
+# 3.9 s beside 12 (it is CPU-bound, so its wall time grows with the load), the rank held stopped for
+# ~60% of it. CI saw 3.9 s: at 5 s such dumps timed out and turned native dumps off for a minute,
+# when the stacks matter most. The rank's stop must stay well under the monitor's
+# TRACE_STOP_CONFIRM_S (10 s; monitor/diagnosis/activity.py), or the dump would read as a stopped rank.
+NATIVE_DUMP_TIMEOUT_S = 10.0
+# How long a dump asked now (an evidence capture) waits for one of the rank already under way.
+BUSY_WAIT_S = NATIVE_DUMP_TIMEOUT_S + 5.0
 STOPPED_STATES = ("T", "t", "Z", "X")
 # After a dump that did not end well (py-spy killed, timed out, crashed), how long the target
 # is watched for a stop: a SIGSTOP a dying py-spy left pending lands after py-spy is gone.
@@ -127,7 +134,9 @@ def contended(error: StackError) -> bool:
     return error.reason in ("failed", "traced")
 
 
-def run_dump(py_spy: str, pid: int, native: bool, timeout: float = DUMP_TIMEOUT_S) -> str:
+def run_dump(py_spy: str, pid: int, native: bool, timeout: float | None = None) -> str:
+    if timeout is None:
+        timeout = NATIVE_DUMP_TIMEOUT_S if native else DUMP_TIMEOUT_S
     argv = [py_spy, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else [])
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -446,7 +455,13 @@ class StackSampler:
                 self.recent_failures += 1
                 plan = self._plans.get(pid)
                 if plan is not None and isinstance(e, StackError) and e.reason == "timeout":
-                    after_timeout(plan, self.clock(), native)
+                    now = self.clock()
+                    after_timeout(plan, now, native)
+                    # Said in the log: the next Python dump clears the rank's error, and a stack
+                    # without native frames would not say why.
+                    log.info("pid %d: %s dump: %s; next dump in %.0f s%s", pid, "native" if native else "Python",
+                             e, plan.quiet_until - now, ", Python-only for %.0f s" % (plan.native_off_until - now)
+                             if native else "")
                 elif plan is not None and native:
                     plan.last_native_at = None  # no native frames to carry forward: try again next tick
         else:

@@ -4,6 +4,7 @@ real py-spy, through the agent's own sampler."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import subprocess
@@ -166,6 +167,10 @@ FAKE_PY_SPY = textwrap.dedent(
         sys.exit(0)
     if mode == "hang":
         time.sleep(60)
+    if mode == "slow":  # a dump that ends well, late (py-spy starved of CPU)
+        time.sleep(float(os.environ["FAKE_SLOW_S"]))
+        print("[]")
+        sys.exit(0)
     parent = os.getpid()
     if os.fork() == 0:
         while os.getppid() == parent:
@@ -202,11 +207,13 @@ def test_a_stop_landing_after_a_failed_dump_is_undone(target, fake_py_spy, monke
     assert_keeps_running(target, timeout=1.0)
 
 
-def test_a_dump_that_times_out_pauses_the_ranks_next_dumps_on_the_agents_clock(target, fake_py_spy, monkeypatch):
+def test_a_dump_that_times_out_pauses_the_ranks_next_dumps_on_the_agents_clock(target, fake_py_spy, monkeypatch, caplog):
     """A timed-out dump (py-spy held the rank all the while) backs off: the pause is set on the clock
-    the agent schedules with, so the next tick's plan sees it."""
+    the agent schedules with, so the next tick's plan sees it. The log says so (the next Python
+    dump clears the rank's error, and its stack has no native frames)."""
     monkeypatch.setenv("FAKE_MODE", "hang")
     monkeypatch.setattr(stacks, "run_dump", functools.partial(stacks.run_dump, timeout=0.3))
+    caplog.set_level(logging.INFO, logger=stacks.log.name)
     sampler = StackSampler(fake_py_spy, clock=lambda: 1000.0)
     try:
         sampler.schedule(target, now=1000.0, stuck=True, state="S")  # stuck: a native dump
@@ -214,10 +221,27 @@ def test_a_dump_that_times_out_pauses_the_ranks_next_dumps_on_the_agents_clock(t
         assert sampler.latest(target)[1].startswith("py-spy dump timed out")
         plan = sampler._plans[target]
         assert (plan.timeouts, plan.quiet_until, plan.native_off_until) == (1, 1005.0, 1060.0)
+        assert wait_until(lambda: any("native dump: py-spy dump timed out" in m for m in caplog.messages), 5.0, 0.05)
+        said = next(m for m in caplog.messages if "timed out" in m)
+        assert said.startswith(f"pid {target}: ") and said.endswith("next dump in 5 s, Python-only for 60 s"), said
         sampler.schedule(target, now=1004.0, stuck=True, state="S")
         assert target not in sampler._busy  # still in the pause: no dump started
     finally:
         sampler.close()
+    assert_keeps_running(target)
+
+
+def test_a_native_dump_has_longer_than_a_python_one(target, fake_py_spy, monkeypatch):
+    """Native unwinding is CPU-bound and grows with the machine's load (NATIVE_DUMP_TIMEOUT_S): a
+    native dump may take longer than a Python one before it counts as timed out."""
+    monkeypatch.setenv("FAKE_MODE", "slow")
+    monkeypatch.setenv("FAKE_SLOW_S", "0.8")
+    monkeypatch.setattr(stacks, "DUMP_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(stacks, "NATIVE_DUMP_TIMEOUT_S", 5.0)
+    assert take_stack(fake_py_spy, "/proc", target, native=True)["native"] is True
+    with pytest.raises(StackError, match="timed out") as timed_out:
+        take_stack(fake_py_spy, "/proc", target, native=False)
+    assert timed_out.value.reason == "timeout"
     assert_keeps_running(target)
 
 

@@ -99,12 +99,15 @@ def test_native_frames_fold_and_unfold(live_hang: LiveHang) -> None:
     assert fold.count() == 0 and toggle.get_attribute("aria-pressed") == "true"
     # Where rank 0 waits under all_reduce, as py-spy --native shows it (FIELD-NOTES: gloo). Each
     # rank's native frames come with its own native dump: rank 1's (asleep in linger_forever) may be
-    # shown first, rank 0's with a later poll (CI saw only ['time_sleep', 'clock_nanosleep'] at first).
+    # shown first, rank 0's with a later poll. (CI saw only rank 1's, ['time_sleep', 'clock_nanosleep'],
+    # for 30 s: rank 0's native dump had timed out on the loaded machine, and native dumps stay off
+    # for a minute after that; agent/stacks.py NATIVE_DUMP_TIMEOUT_S.)
     waits = card.locator(".stack-tree .node.native .frame", has_text=re.compile("wait", re.IGNORECASE))
     try:
         waits.first.wait_for(timeout=NATIVE_TIMEOUT_MS)
-    except PlaywrightTimeout as exc:  # say what the tree showed instead
-        raise AssertionError([r["frame"] for r in tree_rows(card) if "native" in r["cls"].split()]) from exc
+    except PlaywrightTimeout as exc:  # say what the tree showed instead, and what the agent said
+        shown = [r["frame"] for r in tree_rows(card) if "native" in r["cls"].split()]
+        raise AssertionError(f"{shown}\n--- agent log\n{live_hang.agent.log_tail(15)}") from exc
     # It stays unfolded through the next polls (the page keeps the choice), then folds again.
     polls = full_polls(live_hang.page)
     live_hang.page.wait_for_function(f"() => performance.getEntriesByType('resource')"
