@@ -181,9 +181,10 @@ class Monitor:
         # When each node's next snapshot is due; the nodes that sent a full report to this process.
         self._snapshot_due: dict[str, float] = {}
         self._full_seen: set[str] = set()
-        # Run on a worker thread after a giant job's new diagnosis is stored (the app renders a
-        # watched job's answer there, monitor/answers.py); pure work on the immutable result.
-        self.after_giant_diagnosis: Callable[[JobResult, JobTrack], None] | None = None
+        # Asked as a giant job's new diagnosis is stored: the work to run next on a worker thread,
+        # if any (the app renders a watched job's answer there, monitor/answers.py); pure work on
+        # the immutable result.
+        self.after_giant_diagnosis: Callable[[JobResult, JobTrack], Callable[[], None] | None] | None = None
         # Suspect nodes over this window for /metrics, and when they were last read (cached_suspect_nodes).
         self.suspect_window_s = suspect_window_s
         self._suspects: tuple[float, list[SuspectNode]] | None = None
@@ -450,8 +451,10 @@ class Monitor:
             self._store(job, view, found[0], revision, now, clear_dirty=False)
             result = self._results[job_id]
         follow_up = self.after_giant_diagnosis
-        if follow_up is not None:
-            yield Offload(lambda: follow_up(result, job))
+        # Asked here, as the result is published (a read may come before a worker thread starts).
+        work = follow_up(result, job) if follow_up is not None else None
+        if work is not None:
+            yield Offload(work)
 
     def _diagnose_jobs(self, ids: Iterable[str], now: float, live: bool = True) -> None:
         for job_id in ids:

@@ -189,3 +189,53 @@ def test_a_watched_giant_job_is_rendered_ahead_of_its_reads(giant: TestClient, c
     monitor.tick()
     assert len(renders) == 2
     assert _job(giant)["last_report_at"] == clock.now and len(renders) == 3
+
+
+def test_reads_get_the_previous_answer_while_the_new_one_is_rendered_ahead(
+        giant: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a second rendering of every rank beside the render-ahead (two renders on a busy monitor
+    slowed each other to 100-450 ms a read), and never an answer older than the pass before."""
+    import monitor.answers as answers
+    from monitor.service import Offload
+
+    monitor = monitor_of(giant)
+    monitor.tick_interval_s = 1.0
+    monitor.tick()
+    renders: list[float] = []
+    render = answers.job_dict
+    monkeypatch.setattr(answers, "job_dict", lambda *a, **k: renders.append(clock.now) or render(*a, **k))
+    before = _job(giant)["last_report_at"]  # watched from here on
+    clock.advance(1)
+    _post_all(giant, clock)
+    steps = monitor.tick_steps()
+    next(step for step in steps if isinstance(step, Offload)).run()  # the job's rules...
+    rendering = next(step for step in steps if isinstance(step, Offload))  # ...then its answer, not run yet
+    assert len(renders) == 1
+    assert _job(giant)["last_report_at"] == before and len(renders) == 1  # the previous answer, not a render
+    rendering.run()
+    assert len(renders) == 2
+    assert _job(giant)["last_report_at"] == clock.now and len(renders) == 2
+    list(steps)  # the pass ends
+
+
+def test_a_failed_render_ahead_leaves_reads_to_render(giant: TestClient, clock: FakeClock,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import monitor.answers as answers
+    from monitor.service import Offload
+
+    monitor = monitor_of(giant)
+    monitor.tick_interval_s = 1.0
+    monitor.tick()
+    _job(giant)
+    clock.advance(1)
+    _post_all(giant, clock)
+    steps = monitor.tick_steps()
+    next(step for step in steps if isinstance(step, Offload)).run()
+    rendering = next(step for step in steps if isinstance(step, Offload))
+    render = answers.job_dict
+    monkeypatch.setattr(answers, "job_dict", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        rendering.run()
+    monkeypatch.setattr(answers, "job_dict", render)
+    assert _job(giant)["last_report_at"] == clock.now  # rendered by the read itself
+    list(steps)
