@@ -202,7 +202,7 @@ async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tu
     conn = HttpConnection("127.0.0.1", owner_port)
     status, body = await conn.request("GET", f"/api/v1/jobs/{job}/history")
     conn.close()
-    changes = orjson.loads(body) if status == 200 else []
+    changes = orjson.loads(body)["history"] if status == 200 else []
     judged = next((c["at"] - inject_at for c in changes if c["at"] >= inject_at and c["verdict"] == fault
                    and c["culprit_ranks"] == [culprit]), None)
     own = []
