@@ -81,7 +81,7 @@ def main() -> None:
             t0 = time.process_time()
             monitor.tick(now + 1)
             pass_ms.append((time.process_time() - t0) * 1000)
-            gc.freeze()  # as the monitor's tick does after each pass (monitor/app.py, _tame_gc)
+            gc.freeze()  # as the monitor's tick does after each pass (monitor/gc_tuning.py)
             t0 = time.process_time()
             result = monitor.results(job_id=nodes[0].job_id)[0]
             job_dict(result, monitor.state.jobs.get(result.view.job_id))

@@ -25,13 +25,13 @@ from monitor.limits import Limits
 from monitor.load import LoadGuard
 from monitor.routes import actions, captures, diagnose, metrics, nodes, page
 from monitor.routes.ingest import IngestLayer
+from monitor.gc_tuning import GcTamer
 from monitor.security_headers import SecurityHeaders
 from monitor.service import Monitor
 from monitor.settings import Settings
 from monitor.store import Store
 
 log = logging.getLogger("hangwatch.monitor")
-FULL_GC_EVERY_S = 600.0
 # The most of the event loop's time the background diagnosis passes may take.
 PASS_SHARE = 0.4
 # How often decided actions are picked up (they follow verdicts that held for seconds at least).
@@ -75,7 +75,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(guard.watch_loop())]
-        gc_was_enabled = gc.isenabled()  # the passes turn automatic collection off (_tame_gc)
+        gc_was_enabled = gc.isenabled()  # the passes turn automatic collection off (monitor/gc_tuning.py)
         if settings.tick_interval_s > 0:
             tasks.append(asyncio.create_task(_tick_forever(monitor, guard, settings.tick_interval_s)))
         if monitor.actions is not None:
@@ -153,7 +153,7 @@ async def _keep_watchdog_fed(notifier: Notifier) -> None:
 
 async def _tick_forever(monitor: Monitor, guard: LoadGuard, interval_s: float) -> None:
     """A diagnosis pass every ``interval_s``, a few jobs at a time so requests are served in between."""
-    full_gc_at = time.monotonic()
+    gc_tamer = GcTamer(last_full_at=time.monotonic())
     while True:
         started = time.monotonic()
         offloaded = 0.0
@@ -168,37 +168,10 @@ async def _tick_forever(monitor: Monitor, guard: LoadGuard, interval_s: float) -
             guard.forget(set(monitor.state.nodes))
         except Exception:
             log.exception("background diagnosis failed")
-        full_gc_at = _tame_gc(full_gc_at, started)
+        gc_tamer.after_pass(started)
         # Passes take at most PASS_SHARE of the loop: a pass of 0.5 s (10,000 ranks on a slow
         # core) is followed by 0.75 s for reports and reads, so verdicts lag a little, ingest never.
         # Work run on a worker thread meanwhile is not the loop's: the loop served requests then.
         took = time.monotonic() - started
         on_loop = took - offloaded
         await asyncio.sleep(max(interval_s - took, on_loop * (1 - PASS_SHARE) / PASS_SHARE))
-
-
-def _tame_gc(full_gc_at: float, now: float) -> float:
-    """Keep CPython's cyclic GC off the monitor's hot path; return when the last full collection ran.
-
-    The monitor's state has no reference cycles: reference counting frees it. The cyclic GC
-    only rescanned it. At 10,000 ranks the monitor holds ~500,000 GC-tracked objects and a
-    second of reports allocates ~1 M more that live long enough to be scanned by the young
-    collections (a relay's batch of 256 reports is decoded whole before it is applied):
-    measured at 1,150 reports a second (benchmarks/README.md, "1,250 nodes offered on 2 cores,
-    and the monitor's garbage collector"), decoding a report took 177-282 CPU-us with young collections on and 92-96
-    without, and CPython's own full collections paused the loop for up to 0.18 s several
-    times a minute. So after its first pass the monitor runs no automatic collection at all;
-    one full collection every FULL_GC_EVERY_S frees whatever cycles did form. Measured with
-    that collection's count every 15 s: none under that load, none under floods of refused
-    reports, refused batches, unknown paths and dropped connections.
-
-    Survivors are frozen after each pass, so that a process whose GC is switched back on
-    (the lifespan does, at shutdown) does not rescan them.
-    """
-    gc.disable()
-    if now - full_gc_at >= FULL_GC_EVERY_S:
-        gc.unfreeze()
-        gc.collect()
-        return now
-    gc.freeze()
-    return full_gc_at
