@@ -419,3 +419,13 @@ def test_a_stuck_ranks_native_dump_is_carried_by_python_dumps_until_it_moves() -
         launcher.wait(timeout=10)
         launcher.stdin.close()
         launcher.stdout.close()
+
+
+def test_no_dump_can_hold_a_rank_stopped_long_enough_to_read_as_a_stopped_rank():
+    """py-spy holds the rank in a tracing stop ("t") while it reads; one that hangs holds it until
+    the timeout kills it. The monitor takes a tracing stop for a stopped rank only past
+    TRACE_STOP_CONFIRM_S, and agent reports come a second apart: the longest dump stays under it."""
+    from monitor.diagnosis.activity import TRACE_STOP_CONFIRM_S
+
+    longest = max(stacks.DUMP_TIMEOUT_S, stacks.NATIVE_DUMP_TIMEOUT_S) + stacks.SETTLE_S
+    assert longest + 1.0 < TRACE_STOP_CONFIRM_S
