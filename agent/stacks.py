@@ -460,9 +460,10 @@ class StackSampler:
                     after_timeout(plan, now, native)
                     # Said in the log: the next Python dump clears the rank's error, and a stack
                     # without native frames would not say why.
-                    log.info("pid %d: %s dump: %s; next dump in %.0f s%s", pid, "native" if native else "Python",
-                             e, plan.quiet_until - now, ", Python-only for %.0f s" % (plan.native_off_until - now)
-                             if native else "")
+                    kind, after = ("Python", "")
+                    if native:
+                        kind, after = "native", f", Python-only for {plan.native_off_until - now:.0f} s"
+                    log.info("pid %d: %s dump: %s; next dump in %.0f s%s", pid, kind, e, plan.quiet_until - now, after)
                 elif plan is not None and native:
                     plan.last_native_at = None  # no native frames to carry forward: try again next tick
         else:

@@ -3,6 +3,7 @@ and the bookkeeping that keeps a report's cost independent of its job's size."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -191,25 +192,34 @@ def test_a_watched_giant_job_is_rendered_ahead_of_its_reads(giant: TestClient, c
     assert _job(giant)["last_report_at"] == clock.now and len(renders) == 3
 
 
-def test_reads_get_the_previous_answer_while_the_new_one_is_rendered_ahead(
-        giant: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not a second rendering of every rank beside the render-ahead (two renders on a busy monitor
-    slowed each other to 100-450 ms a read), and never an answer older than the pass before."""
-    import monitor.answers as answers
+def _published_not_rendered(giant: TestClient, clock: FakeClock) -> tuple[float, Iterator[Any], Any]:
+    """A watched giant job's next pass, stopped between its rules (run: the diagnosis is published)
+    and its render-ahead (returned, not run): the answer's ``last_report_at`` before, the pass's
+    remaining steps, and the render-ahead step."""
     from monitor.service import Offload
 
     monitor = monitor_of(giant)
-    monitor.tick_interval_s = 1.0
+    monitor.tick_interval_s = 1.0  # reads answer from the passes, as under the background tick
     monitor.tick()
-    renders: list[float] = []
-    render = answers.job_dict
-    monkeypatch.setattr(answers, "job_dict", lambda *a, **k: renders.append(clock.now) or render(*a, **k))
     before = _job(giant)["last_report_at"]  # watched from here on
     clock.advance(1)
     _post_all(giant, clock)
     steps = monitor.tick_steps()
     next(step for step in steps if isinstance(step, Offload)).run()  # the job's rules...
     rendering = next(step for step in steps if isinstance(step, Offload))  # ...then its answer, not run yet
+    return before, steps, rendering
+
+
+def test_reads_get_the_previous_answer_while_the_new_one_is_rendered_ahead(
+        giant: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a second rendering of every rank beside the render-ahead (two renders on a busy monitor
+    slowed each other to 100-450 ms a read), and never an answer older than the pass before."""
+    import monitor.answers as answers
+
+    renders: list[float] = []
+    render = answers.job_dict
+    monkeypatch.setattr(answers, "job_dict", lambda *a, **k: renders.append(clock.now) or render(*a, **k))
+    before, steps, rendering = _published_not_rendered(giant, clock)
     assert len(renders) == 1
     assert _job(giant)["last_report_at"] == before and len(renders) == 1  # the previous answer, not a render
     rendering.run()
@@ -221,17 +231,8 @@ def test_reads_get_the_previous_answer_while_the_new_one_is_rendered_ahead(
 def test_a_failed_render_ahead_leaves_reads_to_render(giant: TestClient, clock: FakeClock,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import monitor.answers as answers
-    from monitor.service import Offload
 
-    monitor = monitor_of(giant)
-    monitor.tick_interval_s = 1.0
-    monitor.tick()
-    _job(giant)
-    clock.advance(1)
-    _post_all(giant, clock)
-    steps = monitor.tick_steps()
-    next(step for step in steps if isinstance(step, Offload)).run()
-    rendering = next(step for step in steps if isinstance(step, Offload))
+    _, steps, rendering = _published_not_rendered(giant, clock)
     render = answers.job_dict
     monkeypatch.setattr(answers, "job_dict", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
