@@ -37,6 +37,7 @@ def rank_report(
     dtype: tuple[str, str] | None = None,
     gpus: list[dict] = (),
     flight_recorder: dict | None = None,
+    blocked_io: dict | None = None,
 ) -> dict:
     ident = proc.identity
     out = {
@@ -71,6 +72,8 @@ def rank_report(
         "gpus": list(gpus)[:16],
         # The rank's latest Flight Recorder dump (agent/flight_recorder.py); null: none read.
         "flight_recorder": flight_recorder,
+        # The file-system call the main thread is blocked in, while the rank looks stuck (agent/blocked_io.py).
+        "blocked_io": blocked_io,
     }
     if sample is not None:
         out.update(

@@ -38,6 +38,7 @@ from agent.selfwatch import (
     SelfWatch,
 )
 from agent.sockets import SocketReader, listening_ports, socket_inodes
+from agent.blocked_io import read_blocked_io
 from agent.stacks import LOW_CPU_PERCENT, StackError, StackSampler, find_py_spy, looks_stuck
 from agent.targets import Dumper
 
@@ -110,6 +111,8 @@ class Tracked:
     wchar: int | None = None
     write_rate: float | None = None
     low_cpu_since: float | None = None
+    # The file-system call the main thread is blocked in, read while the rank looks stuck.
+    blocked_io: dict | None = None
     sockets: list[dict] = field(default_factory=list)
     sockets_at: float | None = None
     error_file: dict | None = None
@@ -248,6 +251,8 @@ class Agent:
         # Which ranks look stuck, once a tick (after its log lines): the stack plan and the live
         # Flight Recorder read both ask.
         stuck = {t.proc.pid for t in alive if looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since)}
+        with self.health.run("blocked_io") as entry:
+            self._per_rank(alive, entry, lambda t: self._sample_blocked_io(t, t.proc.pid in stuck))
         self.sockets.new_sweep()
         sockets_due = self._sockets_at is None or now - self._sockets_at >= SOCKETS_EVERY_S
         if sockets_due:
@@ -481,6 +486,11 @@ class Agent:
         elif sample.cpu_percent is not None:
             t.low_cpu_since = None
 
+    def _sample_blocked_io(self, t: Tracked, stuck: bool) -> None:
+        # A rank at work is in no blocking call worth naming: read only while it looks stuck (a
+        # line of /proc, and a path from its memory only while it sits in an open).
+        t.blocked_io = read_blocked_io(self.config.proc_root, t.proc.pid) if stuck else None
+
     def _sample_io(self, t: Tracked, now: float) -> None:
         t.wchar, t.write_rate = self.io.sample(t.proc.pid, now)
 
@@ -616,6 +626,7 @@ class Agent:
                     dtype=self.logs.dtype_of(pid),
                     gpus=self.gpu_reports.get(pid, []) if t.alive else [],
                     flight_recorder=self.flight_recorder.latest(pid) if self.flight_recorder else None,
+                    blocked_io=t.blocked_io if t.alive else None,
                 )
             )
         gpu_health = self.gpus.health()

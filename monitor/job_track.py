@@ -21,6 +21,8 @@ from monitor.wire import LauncherReport
 
 # Phase marks per job: one per phase episode is enough to tell what a silent stretch was.
 PHASE_MARKS_KEPT = 64
+# Places kept in a job's wait profile.
+PAUSE_SITES_KEPT = 64
 
 
 @dataclass
@@ -63,8 +65,20 @@ class JobTrack:
     # when a rank was first seen at work, and the longest pause any rank came back from.
     working_since: float | None = None
     longest_pause_s: float = 0.0
+    # The longest pause any rank came back from, by where its stacks showed it (JobView.pauses_by_site).
+    pauses_by_site: dict[str, float] = field(default_factory=dict)
+    # Ranks held at one place since they went idle (RankTrack.held_stacks): the ranks' own clock
+    # runs while they are, so the job is diagnosed at every pass, however the log advances.
+    held_ranks: set[int] = field(default_factory=set)
     # Claims by other nodes to this job's ranks, refused (monitor.rank_claims), by rank.
     claim_conflicts: dict[int, ClaimConflict] = field(default_factory=dict)
+
+    def note_pause(self, site: str, seconds: float) -> None:
+        """A rank came back from a pause of ``seconds`` at ``site`` ("" where no stack saw it)."""
+        if site not in self.pauses_by_site and len(self.pauses_by_site) >= PAUSE_SITES_KEPT:
+            site = ""  # bounded: a job's ranks pause at a handful of places, a flood is not a profile
+        self.pauses_by_site[site] = max(self.pauses_by_site.get(site, 0.0), seconds)
+        self.longest_pause_s = max(self.longest_pause_s, seconds)
 
     def mark_phase(self, at: float, phase: str) -> None:
         """Note the job in ``phase`` at ``at``; repeats within one silent stretch add nothing."""

@@ -71,6 +71,7 @@ def apply_rank(
             fresh.last_progress_at = track.last_progress_at
             fresh.first_seen_at = track.first_seen_at
         previous_observed = None
+        job.held_ranks.discard(rr.rank)
         track = job.ranks[rr.rank] = fresh
         job.lifecycle_revision += 1
     else:
@@ -103,9 +104,11 @@ def apply_rank(
                 track.idle_since = previous_observed if previous_observed is not None else received_at
         else:
             if track.idle_since is not None and previous_observed is not None:
-                # Idle, then at work again: a pause the job came back from.
-                job.longest_pause_s = max(job.longest_pause_s, previous_observed - track.idle_since)
+                # Idle, then at work again: a pause the job came back from, where its stacks saw it.
+                job.note_pause(track.held_site if track.held_stacks else "", previous_observed - track.idle_since)
             track.idle_since = None
+            track.worked_at = received_at
+            _not_held(job, track)
             if job.working_since is None:
                 job.working_since = received_at
 
@@ -134,6 +137,7 @@ def apply_rank(
         else:
             job.pending_wait_ranks.discard(track.rank)
         track.add_wait_sample(track.stack.taken_at, site is not None)
+        _note_held(job, track, site)
     if rr.sockets is not None:  # None: a delta report, sockets unchanged
         track.sockets_since = _sockets_since(track.sockets_since, rr.sockets, received_at)
     if rr.env:
@@ -158,6 +162,34 @@ def apply_rank(
         track.flight_recorder = flight_record(rr.flight_recorder, offset)
     if rr.progress is not None:
         apply_progress(job, track, node, rr.progress, received_at, offset)
+
+
+def _note_held(job: JobTrack, track: RankTrack, site: str | None) -> None:
+    """Whether the rank's new stack shows it where its stacks since it went idle did (RankView.held_stacks).
+    Only a rank seen at work before it went idle counts: one that never worked (a light job, a rank
+    seen first in its stall) gives no idle stretch to time."""
+    stack = track.stack
+    if (stack is None or track.idle_since is None or track.worked_at is None
+            or track.worked_at > track.idle_since or stack.taken_at < track.idle_since):
+        _not_held(job, track)
+        return
+    place = tuple((f.name, f.file, f.line) for f in stack.frames if not f.native)
+    if place and place == track.held_place:
+        track.held_stacks += 1
+        return
+    track.held_place, track.held_stacks = place, 1
+    job.held_ranks.add(track.rank)
+    top = next((f for f in stack.frames if not f.native), None)
+    track.held_site = site or (top.where() if top is not None else "")
+    # The ranks' own clock may turn the verdict now (diagnosis.held): a pass is due even while the
+    # log says the job advances. Once per rank and place, not once per stack.
+    job.lifecycle_revision += 1
+
+
+def _not_held(job: JobTrack, track: RankTrack) -> None:
+    if track.held_stacks:
+        job.held_ranks.discard(track.rank)
+    track.held_place, track.held_stacks, track.held_site = None, 0, ""
 
 
 def apply_launcher(job: JobTrack, node: str, lr: LauncherReport, received_at: float, offset: float) -> None:

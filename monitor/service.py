@@ -359,8 +359,11 @@ class Monitor:
         if result is None or result.diagnosis.verdict != "healthy" or now - result.view.now >= REFRESH_S:
             return True
         job = self.state.jobs[job_id]
-        if self._revisions.get(job_id) != job.lifecycle_revision:
+        if self._revisions.get(job_id) != job.lifecycle_revision or job.held_ranks:
             return True
+        settled = self._settled.get(job_id)
+        if settled is not None and settled.pending is not None:
+            return True  # an alarm under confirmation needs its next reading now, not in REFRESH_S
         progressed = job.last_progress_at
         return progressed is None or now - progressed > ADVANCING_S
 

@@ -69,6 +69,14 @@ class RankTrack:
     proc_state: str | None = None
     state_since: float | None = None
     idle_since: float | None = None
+    # The last report in which the rank was at work (CPU at or over the idle level, or data moving).
+    worked_at: float | None = None
+    # Where the stacks taken since the rank went idle show its main thread (its Python frames), how
+    # many in a row show it there, and that place as the job's wait profile names it (a wait site,
+    # or the top frame): RankView.held_stacks.
+    held_place: tuple[tuple[str, str, int | None], ...] | None = None
+    held_stacks: int = 0
+    held_site: str = ""
     # The last report in which the rank moved data (writes, sends) at MOVING_BYTES_PER_S or more.
     moved_at: float | None = None
     progress_cursor: ProgressCursor = field(default_factory=lambda: ProgressCursor())

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from monitor.diagnosis import HostFacts, Interface, JobView, LauncherView, OrphanView, RankView, Socket
-from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
+from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S, BlockedIo
 from monitor.job_track import JobTrack
 from monitor.nccl_views import job_nccl
 from monitor.tracks import LauncherTrack, NodeTrack, RankTrack, SocketKey
-from monitor.wire import HostReport
+from monitor.wire import BlockedIoReport, HostReport
 
 T = TypeVar("T")
 
@@ -77,7 +77,31 @@ def _build_rank_view(track: RankTrack) -> RankView:
         # As of the rank's latest report (not the pass's time), so the view stays valid until it reports.
         collective_wait_share=track.wait_share(track.observed_at),
         flight_recorder=track.flight_recorder,
+        held_stacks=track.held_stacks,
+        step_time_s=_part(track, "step_time", track.progress_revision,
+                          lambda: seconds_per_step(track.progress_points)),
+        blocked_io=_part(track, "blocked_io", rr.blocked_io, lambda: blocked_io_view(rr.blocked_io)),
     )
+
+
+def blocked_io_view(report: BlockedIoReport | None) -> BlockedIo | None:
+    return None if report is None else BlockedIo(report.syscall, report.path)
+
+
+# Numbered steps used for the time per step, the newest first.
+STEP_TIME_POINTS = 16
+
+
+def seconds_per_step(points: Iterable[tuple[float, int]]) -> float | None:
+    """The median time per step between consecutive sightings whose step rose: a job that logs every
+    100th step still shows the time of one step (a line's interval over its steps)."""
+    # The highest step per sighting: steps read in one go share a time.
+    highest: dict[float, int] = {}
+    for at, step in points:
+        highest[at] = max(step, highest.get(at, step))
+    recent = sorted(highest.items())[-STEP_TIME_POINTS:]
+    rates = sorted((b_t - a_t) / (b_s - a_s) for (a_t, a_s), (b_t, b_s) in zip(recent, recent[1:]) if b_s > a_s)
+    return rates[len(rates) // 2] if rates else None
 
 
 def launcher_view(track: LauncherTrack) -> LauncherView:
@@ -175,6 +199,8 @@ def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float,
         cpu_level_window_s=cpu_level_window_s,
         working_since=job.working_since,
         longest_pause_s=job.longest_pause_s,
+        pauses_by_site=tuple(job.pauses_by_site.items()),
+        job_step_time_s=seconds_per_step(job.progress_points),
     )
 
 

@@ -168,6 +168,16 @@ class FlightRecorderReport(_Strict):
     groups: Annotated[list[FlightRecorderGroupReport], Field(max_length=32)] = []
 
 
+class BlockedIoReport(_Strict):
+    """The file-system call a rank's main thread sits in while it looks stuck (agent/blocked_io.py):
+    evidence text only, never a path the monitor opens."""
+
+    syscall: Annotated[str, Field(max_length=32, pattern=r"^[a-z0-9_]+$")]
+    # The file, from /proc/PID/fd or from the call's path argument; null when unreadable.
+    path: Annotated[str, Field(max_length=1024)] | None = None
+    fd: Annotated[Int, Field(ge=0, lt=2**31)] | None = None
+
+
 class RankReport(_Strict):
     job_id: Annotated[str, Field(min_length=1, max_length=256)]
     rank: Annotated[Int, Field(ge=0, lt=1_000_000)]
@@ -210,6 +220,8 @@ class RankReport(_Strict):
     gpus: Annotated[list[GpuReport], Field(max_length=16)] = []
     # null: no dump read (or, in a delta report, the same dump as before).
     flight_recorder: FlightRecorderReport | None = None
+    # null: the rank does not look stuck, or its main thread is in no file-system call.
+    blocked_io: BlockedIoReport | None = None
 
 
 class LauncherReport(_Strict):

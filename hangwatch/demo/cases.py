@@ -95,6 +95,18 @@ def demo_cases(stall_step: int) -> dict[str, DemoCase]:
         "even-steps": DemoCase("every rank computes 0.1 s a step, for 45 s: the same work, never a straggler",
                                ("--steps", "100000", "--step-seconds", "0.1", "--step-sleep", "0.01"),
                                "healthy", quiet=45.0),
+        # -- issue 32: what the ranks do outranks what the job prints
+        "deadlock-heartbeat": DemoCase("as deadlock, every rank also printing '[hb] rank R beat N uptime Ts' from a "
+                                       "side thread twice a second (a counter that never stops)",
+                                       ("--heartbeat-every", "0.5", "--fail", "linger", *at), "deadlock", (1,)),
+        "deadlock-sparse-log": DemoCase("as deadlock, in a job that logs its step every 100 steps (~16 s apart, as "
+                                        "Megatron-LM's --log-interval 100)",
+                                        ("--log-every", "100", "--step-sleep", "0.15", "--fail", "linger",
+                                         "--fail-at-step", "450"), "deadlock", (1,)),
+        "stuck-save": DemoCase("rank 0's torch.save never returns (its open blocks, as on a hung network mount); "
+                               "rank 1 waits at dist.barrier()",
+                               ("--fail", "stuck-save", "--fail-rank", "0", "--checkpoint-dir", "{workdir}", *at),
+                               "deadlock", (0,)),
         "port-held": DemoCase("an orphan (PPID 1) holds MASTER_PORT: torchrun fails with EADDRINUSE",
                               ("--steps", "50"), "rendezvous_hang", orphan_port=True),
     }

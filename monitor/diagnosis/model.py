@@ -167,6 +167,14 @@ class FlightRecord:
 
 
 @dataclass(frozen=True)
+class BlockedIo:
+    """The file-system call a rank's main thread sits in (agent/blocked_io.py), from its latest report."""
+
+    syscall: str  # "openat", "write", "fsync", ...
+    path: str | None = None
+
+
+@dataclass(frozen=True)
 class RankView:
     rank: int
     node: str
@@ -212,6 +220,14 @@ class RankView:
     collective_wait_share: float | None = None
     # The rank's latest PyTorch Flight Recorder dump, when the job wrote one.
     flight_recorder: FlightRecord | None = None
+    # How many stacks in a row, all taken since the rank went idle (``idle_since``) after it was seen
+    # at work, show its main thread at one place (the same Python frames): 0 when none does. With
+    # idle CPU, no bytes moving, this is the rank's own word that it has not moved since idle_since.
+    held_stacks: int = 0
+    # Seconds per step from the steps its log printed (the recent median), when they are numbered.
+    step_time_s: float | None = None
+    # The file-system call its main thread is blocked in, while it looks stuck (None: none).
+    blocked_io: BlockedIo | None = None
 
     def env_value(self, name: str) -> str | None:
         return dict(self.env).get(name)
@@ -346,6 +362,12 @@ class JobView:
     # back from; 0 while none did (fast steps never show idle at one sample a second).
     working_since: float | None = None
     longest_pause_s: float = 0.0
+    # The job's wait profile: (place, the longest pause a rank came back from there), where the place
+    # is the wait site ("all_reduce@train.py:50") or the top frame of the rank's stack while it
+    # paused, and "" for pauses no stack saw (monitor.rank_ingest).
+    pauses_by_site: tuple[tuple[str, float], ...] = ()
+    # Seconds per step from the job-level log's numbered steps (the recent median), when known.
+    job_step_time_s: float | None = None
 
 
 RankState = Literal[
@@ -392,3 +414,6 @@ class Diagnosis:
     # Built on a fact that cannot turn back (a launcher that exited with its error): published
     # without the confirmation alarms otherwise wait for (diagnosis.stability).
     final: bool = False
+    # Progress lines read after this time were not counted: the ranks' own state says they were
+    # not training (diagnosis.held). None when every line counted.
+    progress_discounted_after: float | None = None

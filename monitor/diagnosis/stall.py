@@ -7,6 +7,7 @@ from collections import defaultdict
 from monitor.diagnosis.activity import Activity
 from monitor.diagnosis.context import Context, describe_all, progress_evidence, ranks_text, wait_verb
 from monitor.diagnosis.flight_recorder import with_flight_recorder
+from monitor.diagnosis.held import phase_void, stuck_in_io, stuck_io_text
 from monitor.diagnosis.model import Diagnosis, WaitGroup
 from monitor.diagnosis.nccl import with_nccl
 from monitor.diagnosis.phases import fresh_log_phase, phase_grace_s
@@ -106,9 +107,13 @@ def _deadlock(ctx: Context, since: float | None, waiting: list[Activity], idle: 
     missing = ctx.missing_ranks()
     main_kind = main.site.split("@", 1)[0]
     parts = []
+    stuck_io = [a for a in idle if stuck_in_io(a, ctx.now)]
     if idle:
         parts.append(f"{ranks_text(a.rank.rank for a in idle)} never reached it "
                      f"(at {'; '.join(a.top_frame or '?' for a in idle)})")
+    if stuck_io:
+        parts.insert(0, "; ".join(_stuck_io_summary(a) for a in stuck_io))
+        evidence = [*evidence, *(stuck_io_text(a, ctx.now) for a in stuck_io)]
     if odd_groups:
         parts.append("; ".join(f"{wait_verb(g.ranks)} in a different collective, {g.site}" for g in odd_groups))
     if not culprits:
@@ -126,7 +131,12 @@ def _deadlock(ctx: Context, since: float | None, waiting: list[Activity], idle: 
         "Every rank must run the same collectives in the same order: look for rank-conditional code "
         "(rank-0-only checkpointing or logging that calls a collective) and uneven data per rank.",
     ]
-    if idle:
+    if stuck_io:
+        hints.insert(0, f"{ranks_text(a.rank.rank for a in stuck_io)} waits on a file that does not answer: check "
+                     "the filesystem that holds it (a hung NFS/Lustre/FUSE mount, a full or failed disk, a "
+                     "FIFO), e.g. `cat /proc/PID/stack` and `stat` on the path; save with a timeout, or to local "
+                     "disk first.")
+    elif idle:
         hints.append(f"{ranks_text(a.rank.rank for a in idle)} left the training loop while alive: give every "
                      "rank the same number of batches, or agree on stopping with an all_reduce of a 'done' flag.")
     if odd_groups:
@@ -138,6 +148,12 @@ def _deadlock(ctx: Context, since: float | None, waiting: list[Activity], idle: 
         evidence.append(f"CPU of waiting ranks: max {max(cpu):.0f}%; bytes written: none moving")
     group_lines = [f"{wait_verb(g.ranks)} in {g.site}" for g in sorted(groups, key=lambda g: g.ranks)]
     return ctx.diagnosis("deadlock", culprits, since, summary, evidence + group_lines, hints, groups)
+
+
+def _stuck_io_summary(a: Activity) -> str:
+    blocked = a.rank.blocked_io
+    on = f" ({blocked.syscall} {blocked.path or '?'})" if blocked is not None else ""
+    return f"rank {a.rank.rank} is stuck in I/O{on}"
 
 
 def _in_phase(ctx: Context, working: list[Activity], since: float | None) -> str | None:
@@ -183,7 +199,9 @@ def _stall(ctx: Context, since: float | None) -> Diagnosis:
     # Ranks that finished an evaluation or wait for a rank-0 checkpoint are expected to
     # wait; while the others are in such a phase (and CPU-starved ranks may look idle),
     # it is not a hang until the phase outlasts its grace.
-    working = [a for a in live if not a.waiting]
+    # A rank held at idle CPU with nothing written for STUCK_IO_S is not saving, whatever its frames
+    # say (diagnosis.held): its phase excuses nothing.
+    working = [a for a in live if not a.waiting and not phase_void(a, ctx.now)]
     phase = _in_phase(ctx, working, since) if working else None
     if phase is not None:
         doing = "; ".join(_doing(a) for a in working if a.phase)

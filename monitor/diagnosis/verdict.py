@@ -15,6 +15,7 @@ from dataclasses import replace
 from monitor.diagnosis.activity import classify
 from monitor.diagnosis.cadence import WARMUP_GRACE_S, job_cadence
 from monitor.diagnosis.context import Context, progress_evidence
+from monitor.diagnosis.held import HeldStall, discounted_lines, held_evidence, held_stall
 from monitor.diagnosis.lifecycle import ended_ranks, stopped_ranks
 from monitor.diagnosis.model import Diagnosis, JobView
 from monitor.diagnosis.rendezvous import launch_failed, launcher_waiting, rendezvous
@@ -96,13 +97,17 @@ def rhythm_allowance_s(working_since: float | None, longest_pause_s: float, park
     return min(PARKED_WITHOUT_PROGRESS_S, max(RHYTHM_MIN_PARKED_S, PAUSE_FACTOR * longest_pause_s))
 
 
-def _still_gathering(ctx: Context) -> bool:
+def _still_gathering(ctx: Context, held: HeldStall | None = None) -> bool:
     """Stacks are on their way (the agent dumps ranks that look stuck): wait a little for them."""
     if ctx.job.stacks_unavailable_reason:
         return False
-    silent = ctx.cadence.silent_for(ctx.now)
-    if silent is None or silent > ctx.cadence.stall_after_s + STACK_WAIT_S:
-        return False
+    if held is not None:  # stalled by the ranks' own clock, not the log's
+        if held.held_s > held.allowance_s + STACK_WAIT_S:
+            return False
+    else:
+        silent = ctx.cadence.silent_for(ctx.now)
+        if silent is None or silent > ctx.cadence.stall_after_s + STACK_WAIT_S:
+            return False
     # A busy rank without a fresh stack may be evaluating or saving (a phase, not a
     # hang): its first stuck-rank dump decides, so it is waited for like an unknown rank.
     return any(a.kind == "unknown" or (a.busy and not a.stack_fresh) for a in ctx.live())
@@ -136,10 +141,41 @@ def diagnose(job: JobView) -> Diagnosis:
             return ctx.diagnosis("healthy", (), None, "launcher started; waiting for its workers")
         return ctx.diagnosis("stalled", (), None, "no rank of this job is reported any more")
     stalled, since = _stall_window(ctx)
+    held = None
     if not stalled:
-        return slow_ranks(ctx) or _healthy(ctx)
-    if _still_gathering(ctx):
+        # The log says the job advances, or has not been silent long for its pace: the ranks' own
+        # state may say otherwise (diagnosis.held), and outranks it.
+        held = held_stall(job, cadence, _held_floor(ctx))
+        if held is None:
+            return slow_ranks(ctx) or _healthy(ctx)
+        ctx = _discounted(ctx, held)
+        stalled, since = True, held.since
+    if _still_gathering(ctx, held):
         healthy = _healthy(ctx)
-        return replace(healthy, summary=f"no step for {ctx.cadence.silent_for(ctx.now):.0f}s; "
-                       "taking stacks of the ranks before judging")
-    return stall(ctx, since)
+        quiet = held.held_s if held is not None else ctx.cadence.silent_for(ctx.now)
+        return replace(healthy, summary=f"no step for {quiet:.0f}s; taking stacks of the ranks before judging")
+    found = stall(ctx, since)
+    if held is None:
+        return found
+    extra = (held_evidence(held), *discounted_lines(job, cadence, held))
+    return replace(found, evidence=(*found.evidence[:1], *extra, *found.evidence[1:]),
+                   progress_discounted_after=held.since if (cadence.last_progress_at or 0.0) > held.since else None)
+
+
+def _held_floor(ctx: Context) -> float:
+    """The least a rank may be held while the job's pace is still unknown (its first steps): no
+    sooner than a job that logs nothing would be judged. Nothing more once the pace is known."""
+    if not ctx.cadence.warming_up and ctx.cadence.median_interval_s is not None:
+        return 0.0
+    held = [r.idle_since for r in ctx.job.ranks if r.held_stacks and r.idle_since is not None]
+    return startup_allowance_s(ctx, min(held)) if held else 0.0
+
+
+def _discounted(ctx: Context, held: HeldStall) -> Context:
+    """The job as of the stall the ranks show: progress read after it does not count, so the stacks
+    taken since are fresh and decide."""
+    last = ctx.cadence.last_progress_at
+    if last is None or last <= held.since:
+        return ctx
+    cadence = replace(ctx.cadence, last_progress_at=held.since)
+    return Context(ctx.job, cadence, {r.rank: classify(r, held.since) for r in ctx.job.ranks})

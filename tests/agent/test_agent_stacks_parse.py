@@ -78,6 +78,11 @@ def test_usual_step_interval():
         (100.0, None, 98.5, False),
         (100.0, None, 97.5, True),
         (100.0, None, None, False),
+        # a log that keeps advancing (a side thread's counter, a job that logs every 100 steps)
+        # does not hide a rank idle for 2 s: its stacks are taken all the same
+        (100.0, {"step_at": 99.9, "recent": []}, 97.5, True),
+        (100.0, {"step_at": 90.0, "recent": [(10.0, 1), (90.0, 101)]}, 97.5, True),
+        (100.0, {"step_at": 99.9, "recent": []}, 98.5, False),
     ],
 )
 def test_looks_stuck(now, progress, low_cpu_since, stuck):

@@ -29,6 +29,9 @@ Failure modes (``--fail MODE``), starting at step ``--fail-at-step`` on rank
                        .get_future()`` (as nanochat's DistMuonAdamW does): gloo raises
                        ``RuntimeError: Work::getFuture not implemented`` (all_reduce's Work
                        does implement it on torch 2.13, reduce_scatter's does not)
+* ``stuck-save``       the rank (``--fail-rank 0``) calls ``torch.save`` to a path whose open never
+                       returns (a FIFO nobody reads, as a hung network mount blocks an open) while the
+                       others wait at ``dist.barrier()``: rank 0 at 0% CPU in torch/serialization.py
 * ``none``             clean finish
 
 Other knobs: ``--first-step-seconds S`` (every rank computes S seconds in step 1, like a
@@ -39,6 +42,9 @@ torchelastic's ``@record``: under torchrun a crash writes its traceback to
 ``TORCHELASTIC_ERROR_FILE``. ``--fr-dump-every S`` writes the rank's Flight Recorder dump
 (``torch._C._distributed_c10d._dump_fr_trace()``, what NCCL's watchdog writes on a timeout) to
 ``$TORCH_FR_DUMP_TEMP_FILE<rank>`` every S seconds, from a thread, also while the rank hangs.
+``--log-every N`` prints the step line every N steps only (Megatron-LM's ``--log-interval``);
+``--heartbeat-every S`` starts a thread on every rank that prints ``[hb] rank R beat N uptime Ts``
+every S seconds, whatever the training loop does (a liveness ping, as many stacks have).
 
 When a failure starts, the affected rank prints ``HANGWATCH-STALL t=<epoch> ...``
 so that benchmarks can time the detection.
@@ -64,7 +70,7 @@ import torch.nn as nn  # noqa: E402
 from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
 
 MODES = ("none", "exit", "exit-error", "linger", "extra-collective", "straggle", "busy-all", "checkpoint", "eval",
-         "get-future", "slow-rank")
+         "get-future", "slow-rank", "stuck-save")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # The step line in each --log-format; "mmengine" as mmengine's LogProcessor writes it, "json" as
 # a JSON-lines logger would.
@@ -123,6 +129,9 @@ def parse_args(argv=None):
                         "over a unix socket, no ptrace)")
     p.add_argument("--fr-dump-every", type=float, default=0.0,
                    help="write the Flight Recorder dump to $TORCH_FR_DUMP_TEMP_FILE<rank> every S seconds (0: never)")
+    p.add_argument("--log-every", type=int, default=1, help="print the step line every N steps only")
+    p.add_argument("--heartbeat-every", type=float, default=0.0,
+                   help="a side thread on every rank prints '[hb] rank R beat N uptime Ts' every S seconds (0: none)")
     return p.parse_args(argv)
 
 
@@ -309,6 +318,30 @@ def dump_flight_recorder_every(seconds: float, rank: int) -> None:
     threading.Thread(target=loop, name="fr-dump", daemon=True).start()
 
 
+def heartbeat_every(seconds: float, rank: int) -> None:
+    """A liveness ping from a thread of its own: it beats while the training loop is stuck."""
+    started = time.monotonic()
+
+    def loop() -> None:
+        beat = 0
+        while True:
+            time.sleep(seconds)
+            beat += 1
+            print(f"[hb] rank {rank} beat {beat} uptime {time.monotonic() - started:.1f}s", flush=True)
+
+    threading.Thread(target=loop, name="heartbeat", daemon=True).start()
+
+
+def save_to_hung_path(model: nn.Module, directory: str | None) -> None:
+    """torch.save to a path whose open blocks forever: a FIFO that no process reads (opening one
+    for writing waits for a reader), as an open on a hung network mount does."""
+    path = os.path.join(directory or tempfile.gettempdir(), f"hangwatch-hung-ckpt-{os.getpid()}.pt")
+    if not os.path.exists(path):
+        os.mkfifo(path)
+    print(f"saving checkpoint to {path}", flush=True)
+    torch.save(model.state_dict(), path)
+
+
 def linger_forever() -> None:
     while True:
         time.sleep(3600)
@@ -365,6 +398,8 @@ def train(args) -> int:
     log(rank, args, f"init done: rank {rank}/{world_size} pid {os.getpid()} fail={args.fail}")
     if args.fr_dump_every > 0:
         dump_flight_recorder_every(args.fr_dump_every, rank)
+    if args.heartbeat_every > 0:
+        heartbeat_every(args.heartbeat_every, rank)
 
     model = MLP(args.hidden).to(DTYPE).to(DEVICE)
     train_model = model
@@ -406,6 +441,11 @@ def train(args) -> int:
                 write_checkpoint(model, rank, args.busy_seconds, args.checkpoint_dir,
                                  args.checkpoint_burst_mb, args.checkpoint_pause)
             dist.barrier()
+        if args.fail == "stuck-save" and step == args.fail_at_step:
+            if rank == args.fail_rank:
+                mark_stall(rank, args.fail, step)
+                save_to_hung_path(model, args.checkpoint_dir)
+            dist.barrier()
         if args.fail == "eval" and step % eval_every == 0:
             mark_stall(rank, args.fail, step)
             val = evaluate(model, rank, step, args.busy_seconds, args.batch, args.compute_share)
@@ -433,7 +473,7 @@ def train(args) -> int:
         elif not args.ddp and world_size > 1:
             sync_grads(model, world_size, args.async_allreduce)
         opt.step()
-        if args.log_format != "none":
+        if args.log_format != "none" and (step % args.log_every == 0 or step == args.steps):
             log(rank, args, STEP_LINES[args.log_format].format(
                 step=step, steps=args.steps, loss=loss.item(), dt=time.monotonic() - t0,
                 date=time.strftime("%Y/%m/%d %H:%M:%S"), eta=(args.steps - step) // 60 % 60,
