@@ -14,8 +14,8 @@ what /diagnose, the page, the metrics and the history show:
 - Once raised, an alarm is refined at once (stalled -> deadlock as stacks arrive), turns into
   another alarm (deadlock -> straggler) only once that is confirmed as a new alarm is, falls back
   to a bare stall only after ``CLEAR_S`` of such readings, and is cleared at once when the job
-  progresses again; a raw "healthy" without progress must
-  last ``CLEAR_S`` first, so a single odd sample cannot silence a real alarm either.
+  progresses again (not by lines the alarm was raised against: ``Diagnosis.progress_discounted_after``);
+  a raw "healthy" without progress must last ``CLEAR_S`` first, so a single odd sample cannot silence a real alarm either.
 - A raw "unknown" (an agent silent, the monitor just restarted) holds a raised alarm, unless that
   alarm was raised by reports replayed after an outage (``from_replay``): that is the outage's
   history, and until the agents' live reports arrive the present is unknown.
@@ -105,8 +105,10 @@ def _settle(previous: Settled | None, raw: Diagnosis, now: float, last_progress_
         if held is None or held.verdict not in ALARMS or raw.verdict != "healthy":
             return _through(raw)
         assert previous is not None
-        progressed = last_progress_at is not None and previous.alarm_since is not None and (
-            last_progress_at > previous.alarm_since)
+        # Progress clears an alarm at once, unless the alarm was raised against lines that kept
+        # coming (diagnosis.held discounted them): those say nothing new, and CLEAR_S must pass.
+        progressed = held.progress_discounted_after is None and last_progress_at is not None and (
+            previous.alarm_since is not None and last_progress_at > previous.alarm_since)
         clearing_since = previous.clearing_since if previous.clearing_since is not None else now
         if progressed or now - clearing_since >= CLEAR_S:
             return _through(raw)

@@ -21,6 +21,7 @@ from monitor.diagnosis.model import Diagnosis, JobView
 from monitor.diagnosis.rendezvous import launch_failed, launcher_waiting, rendezvous
 from monitor.diagnosis.silence import agents_silent, replays_arriving
 from monitor.diagnosis.slow_rank import slow_ranks
+from monitor.diagnosis.stability import ALARMS
 from monitor.diagnosis.stall import comm_share_text, stall
 
 # Without a known pace, ranks parked this long in a collective count as stalled (at 10 s a rank
@@ -158,8 +159,9 @@ def diagnose(job: JobView) -> Diagnosis:
     if held is None:
         return found
     extra = (held_evidence(held), *discounted_lines(job, cadence, held))
+    discounted = found.verdict in ALARMS and (cadence.last_progress_at or 0.0) > held.since
     return replace(found, evidence=(*found.evidence[:1], *extra, *found.evidence[1:]),
-                   progress_discounted_after=held.since if (cadence.last_progress_at or 0.0) > held.since else None)
+                   progress_discounted_after=held.since if discounted else None)
 
 
 def _held_floor(ctx: Context) -> float:

@@ -103,6 +103,22 @@ def test_progress_after_the_alarm_clears_it_at_once() -> None:
     assert state.shown.verdict == H
 
 
+def test_lines_the_alarm_was_raised_against_do_not_clear_it_at_once() -> None:
+    """A deadlock named while a side thread's counter kept rising (diagnosis.held): one healthy reading
+    (a rank's CPU blip) with that counter still rising holds the alarm; CLEAR_S of them clear it."""
+    from dataclasses import replace
+
+    against_lines = replace(raw(D, (1,)), progress_discounted_after=0.5)
+    state = None
+    for now in (0, 1):
+        state = settle(state, against_lines, now, last_progress_at=now)
+    assert state.shown.verdict == D
+    state = settle(state, raw(H), 2, last_progress_at=2)
+    assert state.shown.verdict == D
+    state = settle(state, raw(H), 2 + CLEAR_S, last_progress_at=2 + CLEAR_S)
+    assert state.shown.verdict == H
+
+
 def test_confirming_shows_the_held_verdict_and_says_what_it_checks() -> None:
     state = settle(None, raw(H), 0, None)
     state = settle(state, raw(D, (1,)), 1, None)
