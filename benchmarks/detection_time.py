@@ -49,6 +49,7 @@ from hangwatch.demo.harness import (
 
 DEFAULT_CASES = ("deadlock", "collective", "ddp", "async", "exit", "exit-plain", "killed", "stopped",
                  "straggler", "slow", "rendezvous", "finish",
+                 "deadlock-heartbeat", "deadlock-sparse-log", "stuck-save",
                  "checkpoint", "eval", "first-step", "slow-steps", "get-future", "bf16", "port-held",
                  "mn-healthy", "mn-firewall", "mn-ifname", "mn-missing-node", "mn-slow-link")
 ALL_CASES = CASE_NAMES + tuple(MULTINODE_CASES)
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                             job = launch_case(case, reaper, wd, name=f"{name}-{i}")
                             try:
                                 run = watch_case(case, job, client, stall_step=args.stall_step,
-                                                 timeout=args.timeout, poll=0.2)
+                                                 timeout=args.timeout + case.extra_time_s, poll=0.2)
                                 if getattr(case, "quiet", 0):
                                     run.history = client.history(job.job_id)
                             finally:

@@ -214,7 +214,8 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
             elif kind == "timeout":
                 _say(t0, f"gave up after {timeout:.0f}s without the expected verdict {expected}")
 
-        run = watch_case(case, job, client, stall_step=stall_step, timeout=timeout, poll=0.5, on_event=on_event)
+        run = watch_case(case, job, client, stall_step=stall_step, timeout=timeout + case.extra_time_s, poll=0.5,
+                         on_event=on_event)
         found = run.detected is not None
         if case.quiet:
             _say(t0, f"{'no' if found else 'a'} false alarm in the {case.quiet:.0f}s window")

@@ -21,6 +21,8 @@ class DemoCase:
     quiet: float = 0.0
     allowed: tuple[str, ...] = ("healthy",)
     orphan_port: bool = False  # a PPID-1 process listens on the master port before the launch
+    # Seconds the case needs beyond a watch's usual timeout (a stall reached late in the run).
+    extra_time_s: float = 0.0
 
 
 def demo_cases(stall_step: int) -> dict[str, DemoCase]:
@@ -102,7 +104,7 @@ def demo_cases(stall_step: int) -> dict[str, DemoCase]:
         "deadlock-sparse-log": DemoCase("as deadlock, in a job that logs its step every 100 steps (~16 s apart, as "
                                         "Megatron-LM's --log-interval 100)",
                                         ("--log-every", "100", "--step-sleep", "0.15", "--fail", "linger",
-                                         "--fail-at-step", "450"), "deadlock", (1,)),
+                                         "--fail-at-step", "450"), "deadlock", (1,), extra_time_s=90.0),
         "stuck-save": DemoCase("rank 0's torch.save never returns (its open blocks, as on a hung network mount); "
                                "rank 1 waits at dist.barrier()",
                                ("--fail", "stuck-save", "--fail-rank", "0", "--checkpoint-dir", "{workdir}", *at),

@@ -37,7 +37,7 @@ from monitor.diagnosis.cadence import Cadence
 from monitor.diagnosis.context import ranks_text
 from monitor.diagnosis.model import JobView, RankView
 
-HELD_MIN_S = 4.0
+HELD_MIN_S = 3.0
 HELD_PAUSE_FACTOR = 3.0
 STEP_FACTOR = 5.0
 # A phase rank held this long at 0% CPU with no bytes moving is stuck, not saving (the issue's

@@ -24,7 +24,8 @@ def evidence(job: dict) -> str:
 def test_a_side_threads_counter_does_not_hide_a_deadlock(torchrun_job, wait_for_verdict):
     """Every rank prints "[hb] rank R beat N uptime Ts" twice a second from a thread of its own; rank 1
     leaves the loop and sleeps, rank 0 waits in all_reduce. The counter rises to the end (the agent
-    reads it as steps), and the deadlock is named all the same, the counter said to be discounted."""
+    reads it as steps), and the deadlock is named all the same, the counter said to be discounted.
+    (This is also the suite's plain linger deadlock: the counter on top costs no second job.)"""
     job = torchrun_job("--heartbeat-every", "0.5", "--fail", "linger", "--fail-at-step", str(STALL_STEP))
     got = wait_for_verdict(job, "deadlock", culprits=[1])
     waiting = next(r for r in got["ranks"] if r["rank"] == 0)
