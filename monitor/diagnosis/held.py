@@ -8,7 +8,8 @@ since it went idle (after it was seen at work), and every stack taken since show
 at the same frames (``RankView.held_stacks``).
 
 The job is stalled by its ranks' word when a rank has been held in a collective longer than the
-job has ever waited there:
+job has ever waited there (or every rank has been held outside any collective that long: the loop
+runs nowhere):
 
 - the wait profile: ``HELD_PAUSE_FACTOR`` times the longest pause any rank came back from at that
   place (or at a place no stack saw), so a rank that waits 5 s for a slower peer every step waits
@@ -100,12 +101,35 @@ def held_stall(job: JobView, cadence: Cadence, floor_s: float = 0.0) -> HeldStal
         if held >= allowed:
             over.append((a, held, allowed))
     if not over:
+        over = _all_held_elsewhere(job, live, step_s, floor_s)
+    if not over:
         return None
     first = min(over, key=lambda o: (o[0].rank.idle_since or job.now, o[0].rank.rank))
     since = first[0].rank.idle_since
     assert since is not None
-    return HeldStall(since, tuple(sorted(o[0].rank.rank for o in over)), first[0].wait.site,  # type: ignore[union-attr]
-                     first[1], first[2])
+    return HeldStall(since, tuple(sorted(o[0].rank.rank for o in over)), place_of(first[0]), first[1], first[2])
+
+
+def place_of(a: Activity) -> str:
+    """Where a rank is held, as the wait profile names it (monitor.rank_ingest): its wait site, or its top frame."""
+    return a.wait.site if a.wait is not None else (a.top_frame or "")
+
+
+def _all_held_elsewhere(job: JobView, live: list[Activity], step_s: float | None,
+                        floor_s: float) -> list[tuple[Activity, float, float]]:
+    """Every live rank held outside any collective past its allowance: the training loop runs on no
+    rank (all of them in a load that never returns, a queue a dead data loader never fills, a
+    lock), so no rank waits on another, and only the ranks themselves can say it."""
+    over = []
+    for a in live:
+        held = held_for(a.rank, job.now)
+        if held is None or a.kind != "idle":
+            return []
+        allowed = max(floor_s, allowance_s(job, place_of(a), step_s))
+        if held < allowed:
+            return []
+        over.append((a, held, allowed))
+    return over
 
 
 def discounted_lines(job: JobView, cadence: Cadence, stall: HeldStall) -> list[str]:

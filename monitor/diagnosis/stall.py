@@ -150,6 +150,29 @@ def _deadlock(ctx: Context, since: float | None, waiting: list[Activity], idle: 
     return ctx.diagnosis("deadlock", culprits, since, summary, evidence + group_lines, hints, groups)
 
 
+def _all_idle(ctx: Context, since: float | None, idle: list[Activity], evidence: list[str]) -> Diagnosis:
+    """No rank in a collective, none at work: the training loop runs nowhere. Ranks stuck in I/O are
+    named (a load or save on a mount that does not answer); else where they sit is the evidence."""
+    stuck = [a for a in idle if stuck_in_io(a, ctx.now)]
+    places = "; ".join(sorted({a.top_frame or "?" for a in idle}))
+    if stuck:
+        return ctx.diagnosis(
+            "stalled", [a.rank.rank for a in stuck], since,
+            "; ".join(_stuck_io_summary(a) for a in stuck) + f"; no rank is in a collective or at work (at {places})",
+            [*evidence, *(stuck_io_text(a, ctx.now) for a in stuck)],
+            [f"{ranks_text(a.rank.rank for a in stuck)} waits on files that do not answer: check the filesystem "
+             "that holds them (a hung NFS/Lustre/FUSE mount, an object store's FUSE layer, a failed disk), e.g. "
+             "`cat /proc/PID/stack` and `stat` on the path."],
+        )
+    return ctx.diagnosis(
+        "stalled", (), since,
+        f"every rank sits idle outside any collective (at {places}): the training loop runs on no rank",
+        evidence,
+        ["Look at what the ranks wait for above: a DataLoader whose workers died or hang (queue.get), a lock, "
+         "a sleep; `py-spy dump --pid PID` on a rank shows its other threads."],
+    )
+
+
 def _stuck_io_summary(a: Activity) -> str:
     blocked = a.rank.blocked_io
     on = f" ({blocked.syscall} {blocked.path or '?'})" if blocked is not None else ""
@@ -251,6 +274,8 @@ def _stall(ctx: Context, since: float | None) -> Diagnosis:
         )
     if waiting and not unknown:
         return _deadlock(ctx, since, waiting, idle, evidence)
+    if idle and not waiting and not busy and not unknown:
+        return _all_idle(ctx, since, idle, evidence)
     if unknown and ctx.job.stacks_unavailable_reason:
         evidence.append(f"no stacks: {ctx.job.stacks_unavailable_reason}")
     return ctx.diagnosis(

@@ -18,11 +18,28 @@ from tests.diagnosis.builders import (
     computing,
     evaluating,
     job,
+    py,
     rank,
     saving_checkpoint,
     sleeping,
     steps,
 )
+
+DCP = "/venv/lib/python3.11/site-packages/torch/distributed/checkpoint/"
+
+
+def dcp_loading() -> tuple:
+    """Every rank reading its shard with torch.distributed.checkpoint (torchtitan's resume)."""
+    return (py("read_data", DCP + "filesystem.py", 640), py("load", DCP + "state_dict_loader.py", 180),
+            py("resume", "/work/job/train.py", 40), py("main", "/work/job/train.py", 110))
+
+
+def waiting_for_data() -> tuple:
+    """The main thread in a DataLoader's queue get: its workers died or hang."""
+    queues = "/usr/lib/python3.11/multiprocessing/queues.py"
+    loader = "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py"
+    return (py("get", queues, 113), py("_try_get_data", loader, 1130), py("__next__", loader, 700),
+            py("main", "/work/job/train.py", 95))
 
 # A side thread prints a counter twice a second, to this very moment.
 BEATING = steps(NOW - 0.3, 0.5, 30)
@@ -67,6 +84,17 @@ ALARMS = [
             held(1, collective("barrier", 145), NOW - STUCK_IO_S - 2)),
         "deadlock", (0,), ("rank 0 is stuck in I/O",), ("stuck I/O",),
         id="a save held at idle CPU in a job that logs every step: its phase grace is void"),
+    pytest.param(
+        job(*(held(r, dcp_loading(), NOW - STUCK_IO_S - 2, blocked_io=BlockedIo("read", f"/mnt/ckpt/__{r}_0.distcp"),
+                   progress=BEATING) for r in range(3))),
+        "stalled", (0, 1, 2), ("rank 0 is stuck in I/O (read /mnt/ckpt/__0_0.distcp)",
+                               "no rank is in a collective or at work"),
+        ("blocked in read on /mnt/ckpt/__2_0.distcp",),
+        id="every rank's checkpoint load hangs (no collective at all): stuck I/O on every rank"),
+    pytest.param(
+        job(*(held(r, waiting_for_data(), NOW - 8, progress=BEATING) for r in range(2))),
+        "stalled", (), ("every rank sits idle outside any collective", "runs on no rank"), ("not counted",),
+        id="every rank waits on a data loader that never delivers, a heartbeat still beating"),
 ]
 
 
@@ -105,6 +133,11 @@ HEALTHY = [
     pytest.param(job(rank(0, cpu=10.0, frames=saving_checkpoint(), bytes_per_s=50e6, progress=SPARSE),
                      held(1, collective("barrier", 145), NOW - 60, progress=SPARSE)),
                  id="a checkpoint that writes keeps its grace however long"),
+    pytest.param(job(*(held(r, dcp_loading(), NOW - 12, progress=BEATING) for r in range(2))),
+                 id="every rank loading its shard for 12 s: a load keeps its grace until the stuck-I/O bound"),
+    pytest.param(job(*(held(r, waiting_for_data(), NOW - 2, progress=BEATING) for r in range(2)),
+                     pauses_by_site=(("", 0.5),)),
+                 id="every rank idle a moment between steps"),
     pytest.param(job(rank(0, frames=collective("all_reduce", 60), idle_since=NOW - 30, progress=BEATING),
                      rank(1, frames=sleeping(), idle_since=NOW - 30, progress=BEATING)),
                  id="idle without held stacks (never seen at work, or stacks that moved): the log's word stands"),
