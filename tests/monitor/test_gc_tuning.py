@@ -20,8 +20,12 @@ from monitor.store import open_store
 
 @pytest.fixture
 def collector() -> Iterator[None]:
-    """The test process's collector as it was, whatever the tamer did to it."""
+    """The test process's collector as it was, whatever the tamer did to it; the garbage other tests of
+    this worker left (frozen by their monitors' tamers, or never collected) freed first, so that what a
+    test's collections find is its own (CI: a first collection found thousands of others' objects)."""
     enabled = gc.isenabled()
+    gc.unfreeze()
+    gc.collect()
     try:
         yield
     finally:
