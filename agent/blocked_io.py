@@ -97,12 +97,18 @@ def read_path(proc_root: str, pid: int, address: int) -> str | None:
     return raw[:end].decode("utf-8", "replace")
 
 
-def read_blocked_io(proc_root: str, pid: int, machine: str | None = None) -> dict | None:
+def _read_syscall(proc_root: str, pid: int, machine: str | None) -> tuple[str, Blocked | None]:
+    with open(f"{proc_root}/{pid}/syscall") as f:
+        text = f.read()
+    return text, parse_syscall(text, machine)
+
+
+def read_blocked_io(proc_root: str, pid: int, machine: str | None = None, state: str | None = None) -> dict | None:
     """``{"syscall", "path", "fd"}`` for the file-system call the main thread is blocked in, or None.
-    ``path`` is None when it could not be read."""
+    ``path`` is None when it could not be read. ``state``: the process's kernel state letter; in the
+    disk wait (D) its memory is not read (that read can wait on the very mount that hangs)."""
     try:
-        with open(f"{proc_root}/{pid}/syscall") as f:
-            blocked = parse_syscall(f.read(), machine)
+        text, blocked = _read_syscall(proc_root, pid, machine)
     except OSError:
         return None
     if blocked is None:
@@ -113,14 +119,32 @@ def read_blocked_io(proc_root: str, pid: int, machine: str | None = None) -> dic
             path = os.readlink(f"{proc_root}/{pid}/fd/{blocked.fd}")
         except OSError:
             path = None
-    elif blocked.path_address is not None:
+    elif blocked.path_address is not None and state != "D":
         path = read_path(proc_root, pid, blocked.path_address)
+        try:
+            again, _ = _read_syscall(proc_root, pid, machine)
+        except OSError:
+            again = ""
+        if again != text:
+            path = None  # the call returned meanwhile: what lies at that address now is not its path
         if path is not None and not path.startswith("/"):
-            # Relative: to the working directory (AT_FDCWD, as open() passes), said as such.
-            try:
-                path = os.path.join(os.readlink(f"{proc_root}/{pid}/cwd"), path)
-            except OSError:
-                pass
+            path = _absolute(proc_root, pid, text, path)
     if path is not None:
         path = path[:PATH_REPORTED]
+        if not path.isprintable():
+            path = None  # not a path: never shown, never sent
     return {"syscall": blocked.syscall, "path": path, "fd": blocked.fd}
+
+
+def _absolute(proc_root: str, pid: int, syscall_line: str, path: str) -> str:
+    """A relative path made absolute from the directory it is relative to: the call's directory fd
+    (openat's first argument), or the working directory for AT_FDCWD (as open() passes)."""
+    try:
+        dirfd = int(syscall_line.split()[1], 16)
+    except (IndexError, ValueError):
+        return path
+    link = "cwd" if dirfd >= 1 << 31 else f"fd/{dirfd}"
+    try:
+        return os.path.join(os.readlink(f"{proc_root}/{pid}/{link}"), path)
+    except OSError:
+        return path

@@ -141,9 +141,10 @@ class ProcessSample:
 
 
 def summarize_threads(
-    threads: list[Stat], rates: dict[int, float | None], busiest: int = BUSIEST_THREADS
+    threads: list[Stat], rates: dict[int, float | None], busiest: int = BUSIEST_THREADS, main_tid: int | None = None
 ) -> dict:
-    """The ThreadsReport dict: totals by state and the busiest few threads."""
+    """The ThreadsReport dict: totals by state, the busiest few threads, the main thread's CPU
+    (``main_tid``: the process's pid, which its main thread's tid is)."""
     by_state: dict[str, int] = {}
     for t in threads:
         by_state[t.state] = by_state.get(t.state, 0) + 1
@@ -151,6 +152,9 @@ def summarize_threads(
     return {
         "total": len(threads),
         "by_state": by_state,
+        # The main thread (its tid is the pid: the lowest): where training code runs. 0 while it
+        # sits in a collective or a blocked call, however busy the side threads (monitor.rank_ingest).
+        "main_cpu_percent": rates.get(main_tid) if main_tid is not None else None,
         "busiest": [
             {"tid": t.pid, "name": t.comm[:256], "state": t.state, "cpu_percent": rates.get(t.pid)}
             for t in ranked[:busiest]
@@ -183,7 +187,7 @@ class CpuSampler:
             cpu_percent=rate(0),
             cpu_seconds=round(stat.cpu_ticks / CLOCK_TICKS, 2),
             rss_bytes=stat.rss_pages * PAGE_SIZE,
-            threads=summarize_threads(threads, {t.pid: rate(t.pid) for t in threads}),
+            threads=summarize_threads(threads, {t.pid: rate(t.pid) for t in threads}, main_tid=pid),
         )
 
     def forget(self, pid: int) -> None:

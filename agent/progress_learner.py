@@ -282,10 +282,7 @@ class ProgressLearner:
         if template.eval_like != current.eval_like:  # type: ignore[union-attr]
             return not template.eval_like
         if current.seen and template.seen and current.seen[-1][0] < template.seen[0][0]:
-            # The learned line stopped before this one began: the format changed, or the training
-            # loop stopped and a line that goes on without it (a watchdog's count, a side thread's
-            # ping) began. Suspect: it takes over only once its counter is as sure as a line can be.
-            return counter.agreeing >= KEPT_PER_TEMPLATE
+            return True  # the learned line stopped before this one began: the format changed
         return _rank(counter) > _rank(mine) and counter.agreeing > mine.agreeing
 
     def _beat(self, template: _Template, text: str, read_at: float) -> LearnedStep | None:

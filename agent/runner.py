@@ -39,7 +39,7 @@ from agent.selfwatch import (
 )
 from agent.sockets import SocketReader, listening_ports, socket_inodes
 from agent.blocked_io import read_blocked_io
-from agent.stacks import LOW_CPU_PERCENT, StackError, StackSampler, find_py_spy, looks_stuck
+from agent.stacks import LOW_CPU_PERCENT, StackError, StackSampler, find_py_spy, looks_stuck, parked
 from agent.targets import Dumper
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,8 @@ class Tracked:
     wchar: int | None = None
     write_rate: float | None = None
     low_cpu_since: float | None = None
+    # Seen at work (CPU over LOW_CPU_PERCENT) at least once: idle CPU after that is a change.
+    worked: bool = False
     # The file-system call the main thread is blocked in, read while the rank looks stuck.
     blocked_io: dict | None = None
     sockets: list[dict] = field(default_factory=list)
@@ -251,8 +253,10 @@ class Agent:
         # Which ranks look stuck, once a tick (after its log lines): the stack plan and the live
         # Flight Recorder read both ask.
         stuck = {t.proc.pid for t in alive if looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since)}
+        # Ranks whose stacks the monitor's own clock needs: stuck by their log, or parked by their CPU.
+        dump = stuck | {t.proc.pid for t in alive if parked(now, t.low_cpu_since, t.worked)}
         with self.health.run("blocked_io") as entry:
-            self._per_rank(alive, entry, lambda t: self._sample_blocked_io(t, t.proc.pid in stuck))
+            self._per_rank(alive, entry, lambda t: self._sample_blocked_io(t, t.proc.pid in dump))
         self.sockets.new_sweep()
         sockets_due = self._sockets_at is None or now - self._sockets_at >= SOCKETS_EVERY_S
         if sockets_due:
@@ -285,7 +289,7 @@ class Agent:
                 if backing_off:
                     entry.update(ok=False, error=backing_off)
                 else:
-                    self._schedule_stacks(alive, stuck, now)
+                    self._schedule_stacks(alive, dump, now)
         if self.nccl_ras is not None:
             self._poll_nccl_ras(alive, now)
         if self.flight_recorder is not None:
@@ -485,11 +489,13 @@ class Agent:
             t.low_cpu_since = t.low_cpu_since or now
         elif sample.cpu_percent is not None:
             t.low_cpu_since = None
+            t.worked = True
 
     def _sample_blocked_io(self, t: Tracked, stuck: bool) -> None:
         # A rank at work is in no blocking call worth naming: read only while it looks stuck (a
         # line of /proc, and a path from its memory only while it sits in an open).
-        t.blocked_io = read_blocked_io(self.config.proc_root, t.proc.pid) if stuck else None
+        state = t.sample.state if t.sample else None
+        t.blocked_io = read_blocked_io(self.config.proc_root, t.proc.pid, state=state) if stuck else None
 
     def _sample_io(self, t: Tracked, now: float) -> None:
         t.wchar, t.write_rate = self.io.sample(t.proc.pid, now)

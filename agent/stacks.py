@@ -297,16 +297,20 @@ def usual_step_interval(recent: list[tuple[float, int]]) -> float | None:
 
 
 def looks_stuck(now: float, progress: dict | None, low_cpu_since: float | None) -> bool:
-    """Idle CPU for STUCK_MIN_S, whatever the log says; or no new progress for max(STUCK_MIN_S, 3x
-    the usual step time). The rank's own state comes first (issue 32): a side thread's counter
-    keeps a log "advancing" while the main thread sits in a collective, and a job that logs every
-    100 steps says nothing for minutes; either way the stacks must be there for the monitor."""
-    if low_cpu_since is not None and now - low_cpu_since >= STUCK_MIN_S:
-        return True
+    """No new progress for max(3 s, 3x the usual step time); without progress, idle CPU for 3 s."""
     if progress and progress.get("step_at") is not None:
         usual = usual_step_interval(progress.get("recent") or []) or 0.0
         return now - progress["step_at"] > max(STUCK_MIN_S, 3 * usual)
-    return False
+    return low_cpu_since is not None and now - low_cpu_since >= STUCK_MIN_S
+
+
+def parked(now: float, low_cpu_since: float | None, worked: bool) -> bool:
+    """Idle CPU for STUCK_MIN_S after it was seen at work, whatever its log says (issue 32): a side
+    thread's counter keeps a log "advancing" while the main thread sits in a collective, and a job
+    that logs every 100 steps says nothing for minutes; the monitor's own clock needs the stacks.
+    Only its stacks (and the file it is blocked on) are taken for that: the costlier evidence (NCCL's
+    RAS, Flight Recorder, sockets) waits for ``looks_stuck``."""
+    return worked and low_cpu_since is not None and now - low_cpu_since >= STUCK_MIN_S
 
 
 @dataclass

@@ -93,6 +93,9 @@ def apply_rank(
     moving = (rr.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S
     if moving:
         track.moved_at = received_at
+    main_cpu = rr.threads.main_cpu_percent if rr.threads is not None else None
+    if main_cpu is not None and main_cpu > 0:
+        track.main_moved_at = received_at
     if rr.cpu_percent is not None:
         track.add_cpu_sample(received_at, rr.cpu_percent, cpu_level_window_s)
         # Idle is neither computing nor moving data: a rank sending over a slow link or
@@ -116,6 +119,8 @@ def apply_rank(
     if track.alive != rr.alive:
         job.lifecycle_revision += 1
     track.alive = rr.alive
+    if not rr.alive:
+        _not_held(job, track)
     track.exit = None if rr.alive else _exit_view(track.exit, rr.exit, track.log_errors, received_at, offset)
 
     # The agent re-sends its latest stack with every report: only a new one is converted,
@@ -174,10 +179,17 @@ def _note_held(job: JobTrack, track: RankTrack, site: str | None) -> None:
         _not_held(job, track)
         return
     place = tuple((f.name, f.file, f.line) for f in stack.frames if not f.native)
-    if place and place == track.held_place:
-        track.held_stacks += 1
+    if not place:
+        _not_held(job, track)  # no Python frame: nothing says where it is
         return
-    track.held_place, track.held_stacks = place, 1
+    if place == track.held_place:
+        track.held_stacks += 1
+        track.held_last_at = stack.taken_at
+        return
+    # First seen here: since it went idle (its first stack since), or since the last stack that
+    # showed it elsewhere (it moved in between, idle or not).
+    track.held_since = track.idle_since if track.held_place is None else track.held_last_at
+    track.held_place, track.held_stacks, track.held_last_at = place, 1, stack.taken_at
     job.held_ranks.add(track.rank)
     top = next((f for f in stack.frames if not f.native), None)
     track.held_site = site or (top.where() if top is not None else "")
@@ -190,6 +202,7 @@ def _not_held(job: JobTrack, track: RankTrack) -> None:
     if track.held_stacks:
         job.held_ranks.discard(track.rank)
     track.held_place, track.held_stacks, track.held_site = None, 0, ""
+    track.held_since = track.held_last_at = None
 
 
 def apply_launcher(job: JobTrack, node: str, lr: LauncherReport, received_at: float, offset: float) -> None:

@@ -20,6 +20,7 @@ import pydantic
 
 import monitor.diagnosis as diagnosis
 from monitor.diagnosis import Diagnosis, JobView, RankView
+from monitor.diagnosis.held import HELD_MIN_S
 from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
 from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.fastwire import decode_report
@@ -39,7 +40,7 @@ from monitor.store import Store, VerdictChange
 if TYPE_CHECKING:
     from monitor.actions.engine import ActionEngine
     from monitor.capture_requests import CaptureRequests
-from monitor.views import job_view, rank_view
+from monitor.views import held_since, job_view, rank_view
 
 log = logging.getLogger("hangwatch.monitor")
 
@@ -47,6 +48,8 @@ log = logging.getLogger("hangwatch.monitor")
 # before MIN_STALL_S, 3.5 s, of silence), so until something in its lifecycle changes, its
 # diagnosis is refreshed only every REFRESH_S: at 10,000 ranks that is most of the work saved.
 ADVANCING_S = 2.0
+# A held rank's job is diagnosed at every pass from this long before the least allowance ends.
+HELD_LEAD_S = 1.0
 REFRESH_S = 5.0
 
 # Jobs of more ranks than this are diagnosed off the event loop (``Monitor._giant_job_steps``)
@@ -359,13 +362,25 @@ class Monitor:
         if result is None or result.diagnosis.verdict != "healthy" or now - result.view.now >= REFRESH_S:
             return True
         job = self.state.jobs[job_id]
-        if self._revisions.get(job_id) != job.lifecycle_revision or job.held_ranks:
+        if self._revisions.get(job_id) != job.lifecycle_revision or self._held_clock_due(job, now):
             return True
         settled = self._settled.get(job_id)
         if settled is not None and settled.pending is not None:
             return True  # an alarm under confirmation needs its next reading now, not in REFRESH_S
         progressed = job.last_progress_at
         return progressed is None or now - progressed > ADVANCING_S
+
+    @staticmethod
+    def _held_clock_due(job: JobTrack, now: float) -> bool:
+        """A rank of the job has been held long enough that the ranks' own clock may call a stall now
+        (diagnosis.held), however the log advances: the job is diagnosed at this pass, not REFRESH_S on.
+        Walks the held ranks only (none in a job that trains)."""
+        for r in job.held_ranks:
+            track = job.ranks.get(r)
+            since = held_since(track) if track is not None else None
+            if since is not None and now - since >= HELD_MIN_S - HELD_LEAD_S:
+                return True
+        return False
 
     def tick(self, now: float | None = None) -> None:
         """One diagnosis pass over every job, so verdict changes are recorded even while nobody asks."""

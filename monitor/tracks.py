@@ -77,6 +77,13 @@ class RankTrack:
     held_place: tuple[tuple[str, str, int | None], ...] | None = None
     held_stacks: int = 0
     held_site: str = ""
+    # Since when it has been at held_place as far as known (when it went idle, or the last stack
+    # that showed it elsewhere), and when the latest of those stacks was taken.
+    held_since: float | None = None
+    held_last_at: float | None = None
+    # The last report in which its main thread used any CPU: a thread parked in a collective or a
+    # blocked call uses none, a light job's loop some every second (ThreadsReport.main_cpu_percent).
+    main_moved_at: float | None = None
     # The last report in which the rank moved data (writes, sends) at MOVING_BYTES_PER_S or more.
     moved_at: float | None = None
     progress_cursor: ProgressCursor = field(default_factory=lambda: ProgressCursor())

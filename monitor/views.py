@@ -78,10 +78,20 @@ def _build_rank_view(track: RankTrack) -> RankView:
         collective_wait_share=track.wait_share(track.observed_at),
         flight_recorder=track.flight_recorder,
         held_stacks=track.held_stacks,
+        held_since=held_since(track),
         step_time_s=_part(track, "step_time", track.progress_revision,
                           lambda: seconds_per_step(track.progress_points)),
         blocked_io=_part(track, "blocked_io", rr.blocked_io, lambda: blocked_io_view(rr.blocked_io)),
     )
+
+
+def held_since(track: RankTrack) -> float | None:
+    """Since when the rank has been held where its stacks show it: not before its main thread last
+    used CPU (a light job's loop comes back to the same line at idle CPU; a parked thread uses none)."""
+    if not track.held_stacks or track.held_since is None:
+        return None
+    moved = track.main_moved_at
+    return track.held_since if moved is None else max(track.held_since, moved)
 
 
 def blocked_io_view(report: BlockedIoReport | None) -> BlockedIo | None:

@@ -66,6 +66,8 @@ class ThreadsReport(_Strict):
     by_state: dict[Annotated[str, Field(max_length=2)], Int] = {}
     # The busiest few threads, busiest first.
     busiest: Annotated[list[ThreadReport], Field(max_length=32)] = []
+    # The main thread's CPU over the interval (100 = a core); null when not known yet.
+    main_cpu_percent: Float | None = None
 
 
 class ExitReport(_Strict):
@@ -174,7 +176,7 @@ class BlockedIoReport(_Strict):
 
     syscall: Annotated[str, Field(max_length=32, pattern=r"^[a-z0-9_]+$")]
     # The file, from /proc/PID/fd or from the call's path argument; null when unreadable.
-    path: Annotated[str, Field(max_length=1024)] | None = None
+    path: Annotated[str, Field(max_length=1024, pattern=r"^[^\x00-\x1f\x7f]*$")] | None = None
     fd: Annotated[Int, Field(ge=0, lt=2**31)] | None = None
 
 

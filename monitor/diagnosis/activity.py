@@ -69,6 +69,21 @@ def is_stopped(rank: RankView) -> bool:
     return rank.observed_at - since >= confirm
 
 
+# A rank at idle CPU, nothing written, this long in one place (its stacks unchanged, or the kernel's
+# disk wait) is stuck, whatever phase its frames show (diagnosis.held): the issue's "30 s", timed from
+# when it went idle, so the verdict, confirmed, lands before 30 s.
+STUCK_IO_S = 25.0
+
+
+def disk_wait_since(rank: RankView) -> float | None:
+    """Since when the rank has sat in the kernel's disk wait (D) at idle CPU with no bytes moving, or
+    None. A hard NFS or Lustre mount that does not answer leaves its callers here, and py-spy cannot
+    stop them to take a stack."""
+    if not rank.alive or rank.proc_state != "D" or rank.state_since is None or rank.idle_since is None:
+        return None
+    return max(rank.state_since, rank.idle_since)
+
+
 def moving_data(rank: RankView) -> bool:
     """Writing or sending now, or within MOVING_WINDOW_S of its latest report."""
     if (rank.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S:
@@ -96,9 +111,14 @@ def classify(rank: RankView, fresh_after: float | None) -> Activity:
     phase = current_phase(stack, rank.log_phase, fresh_after)
     if rank.cpu_percent is not None and rank.cpu_percent >= BUSY_CPU_PERCENT:
         return Activity(rank, "computing", top_frame=top_text, stack_fresh=fresh, phase=phase)
-    # Busy without CPU: writing a checkpoint or waiting on the disk.
-    if moving_data(rank) or rank.proc_state == "D":
+    # Busy without CPU: writing a checkpoint or waiting on the disk, until that wait has lasted
+    # STUCK_IO_S with nothing written (then it is idle where it sits: stuck, diagnosis.held).
+    disk_wait = disk_wait_since(rank)
+    stuck_on_disk = disk_wait is not None and rank.observed_at - disk_wait >= STUCK_IO_S
+    if moving_data(rank) or (rank.proc_state == "D" and not stuck_on_disk):
         return Activity(rank, "writing", top_frame=top_text, stack_fresh=fresh, phase=phase)
+    if stuck_on_disk:
+        return Activity(rank, "idle", top_frame=top_text, stack_fresh=fresh, phase=phase)
     if stack is not None:
         # An idle rank's fresh stack outweighs its log: a phase line does not excuse a
         # rank parked outside any phase (say, one that left the loop after "eval done").

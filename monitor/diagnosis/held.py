@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from monitor.diagnosis.activity import Activity, classify, moving_data
+from monitor.diagnosis.activity import STUCK_IO_S, Activity, classify, disk_wait_since, moving_data
 from monitor.diagnosis.cadence import Cadence
 from monitor.diagnosis.context import ranks_text
 from monitor.diagnosis.model import JobView, RankView
@@ -41,16 +41,21 @@ from monitor.diagnosis.model import JobView, RankView
 HELD_MIN_S = 3.0
 HELD_PAUSE_FACTOR = 3.0
 STEP_FACTOR = 5.0
-# A phase rank held this long at 0% CPU with no bytes moving is stuck, not saving (the issue's
-# "30 s"; measured from when it went idle, so the verdict, confirmed, lands before 30 s).
-STUCK_IO_S = 25.0
+
+
+def held_since(rank: RankView) -> float | None:
+    """Since when the rank has been held: at one place by its stacks (and its main thread idle), or in
+    the kernel's disk wait with nothing written (no stack can be taken there). None: not held."""
+    if not rank.alive:
+        return None
+    starts = [t for t in (rank.held_since if rank.held_stacks >= 1 else None, disk_wait_since(rank)) if t is not None]
+    return min(starts, default=None)
 
 
 def held_for(rank: RankView, now: float) -> float | None:
     """How long the rank has been held at one place, or None when it is not held."""
-    if not rank.alive or rank.held_stacks < 1 or rank.idle_since is None:
-        return None
-    return max(0.0, now - rank.idle_since)
+    since = held_since(rank)
+    return None if since is None else max(0.0, now - since)
 
 
 def step_time_s(job: JobView) -> float | None:
@@ -85,6 +90,8 @@ def rank_activities(job: JobView) -> dict[int, Activity]:
 def held_stall(job: JobView, cadence: Cadence, floor_s: float = 0.0) -> HeldStall | None:
     """The stall the ranks themselves show, or None. ``floor_s``: the least allowance (a job whose
     pace is not yet known is judged no sooner than one without a log)."""
+    if not any(held_since(r) is not None for r in job.ranks):
+        return None  # the common case, a job at work: no rank classified twice
     activities = rank_activities(job)
     live = [a for a in activities.values() if a.rank.alive]
     if not live or any(moving_data(a.rank) for a in live):
@@ -104,9 +111,8 @@ def held_stall(job: JobView, cadence: Cadence, floor_s: float = 0.0) -> HeldStal
         over = _all_held_elsewhere(job, live, step_s, floor_s)
     if not over:
         return None
-    first = min(over, key=lambda o: (o[0].rank.idle_since or job.now, o[0].rank.rank))
-    since = first[0].rank.idle_since
-    assert since is not None
+    first = max(over, key=lambda o: (o[1], -o[0].rank.rank))  # held longest
+    since = job.now - first[1]
     return HeldStall(since, tuple(sorted(o[0].rank.rank for o in over)), place_of(first[0]), first[1], first[2])
 
 

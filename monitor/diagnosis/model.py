@@ -224,6 +224,9 @@ class RankView:
     # at work, show its main thread at one place (the same Python frames): 0 when none does. With
     # idle CPU, no bytes moving, this is the rank's own word that it has not moved since idle_since.
     held_stacks: int = 0
+    # Since when, as far as known: when it went idle, or when a stack last showed it elsewhere, or when its
+    # main thread last used CPU, whichever is latest (None when not held).
+    held_since: float | None = None
     # Seconds per step from the steps its log printed (the recent median), when they are numbered.
     step_time_s: float | None = None
     # The file-system call its main thread is blocked in, while it looks stuck (None: none).

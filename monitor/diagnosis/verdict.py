@@ -15,7 +15,7 @@ from dataclasses import replace
 from monitor.diagnosis.activity import classify
 from monitor.diagnosis.cadence import WARMUP_GRACE_S, job_cadence
 from monitor.diagnosis.context import Context, progress_evidence
-from monitor.diagnosis.held import HeldStall, discounted_lines, held_evidence, held_stall
+from monitor.diagnosis.held import HeldStall, discounted_lines, held_evidence, held_since, held_stall
 from monitor.diagnosis.lifecycle import ended_ranks, stopped_ranks
 from monitor.diagnosis.model import Diagnosis, JobView
 from monitor.diagnosis.rendezvous import launch_failed, launcher_waiting, rendezvous
@@ -169,7 +169,7 @@ def _held_floor(ctx: Context) -> float:
     sooner than a job that logs nothing would be judged. Nothing more once the pace is known."""
     if not ctx.cadence.warming_up and ctx.cadence.median_interval_s is not None:
         return 0.0
-    held = [r.idle_since for r in ctx.job.ranks if r.held_stacks and r.idle_since is not None]
+    held = [t for t in map(held_since, ctx.job.ranks) if t is not None]
     return startup_allowance_s(ctx, min(held)) if held else 0.0
 
 

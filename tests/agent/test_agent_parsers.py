@@ -73,9 +73,13 @@ def test_summarize_threads_busiest_first():
         base.__class__(**{**base.__dict__, "pid": tid, "comm": name, "state": st})
         for tid, name, st in [(1, "main", "S"), (2, "gloo", "S"), (3, "busy", "R")]
     ]
-    out = summarize_threads(threads, {1: 1.0, 2: None, 3: 95.0}, busiest=2)
+    out = summarize_threads(threads, {1: 1.0, 2: None, 3: 95.0}, busiest=2, main_tid=1)
     assert out["total"] == 3 and out["by_state"] == {"S": 2, "R": 1}
     assert [t["tid"] for t in out["busiest"]] == [3, 1]
+    # the main thread's own CPU, however busy the others: 0 while it sits in a collective
+    assert out["main_cpu_percent"] == 1.0
+    assert summarize_threads(threads, {1: 0.0, 3: 95.0}, main_tid=1)["main_cpu_percent"] == 0.0
+    assert summarize_threads(threads, {1: 1.0})["main_cpu_percent"] is None
 
 
 def test_parse_io():

@@ -14,6 +14,7 @@ from agent.stacks import (
     after_timeout,
     contended,
     looks_stuck,
+    parked,
     MAX_FRAMES,
     next_dump,
     still_there,
@@ -78,15 +79,25 @@ def test_usual_step_interval():
         (100.0, None, 98.5, False),
         (100.0, None, 97.5, True),
         (100.0, None, None, False),
-        # a log that keeps advancing (a side thread's counter, a job that logs every 100 steps)
-        # does not hide a rank idle for 2 s: its stacks are taken all the same
-        (100.0, {"step_at": 99.9, "recent": []}, 97.5, True),
-        (100.0, {"step_at": 90.0, "recent": [(10.0, 1), (90.0, 101)]}, 97.5, True),
-        (100.0, {"step_at": 99.9, "recent": []}, 98.5, False),
     ],
 )
 def test_looks_stuck(now, progress, low_cpu_since, stuck):
     assert looks_stuck(now, progress, low_cpu_since) is stuck
+
+
+@pytest.mark.parametrize(
+    "low_cpu_since, worked, is_parked",
+    [
+        (97.5, True, True),  # idle 2.5 s after work: its stacks are taken, whatever its log says
+        (98.5, True, False),  # idle 1.5 s
+        (97.5, False, False),  # never seen at work (a light job): nothing to time
+        (None, True, False),
+    ],
+)
+def test_parked(low_cpu_since, worked, is_parked):
+    """A log that keeps advancing (a side thread's counter) or that prints every 100th step does not
+    keep an idle rank's stacks from being taken (issue 32)."""
+    assert parked(100.0, low_cpu_since, worked) is is_parked
 
 
 def test_dump_schedule_background_then_stuck_episode():

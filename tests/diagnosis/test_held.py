@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from monitor.diagnosis import diagnose
-from monitor.diagnosis.held import HELD_MIN_S, STUCK_IO_S, allowance_s, held_stall
+from monitor.diagnosis.activity import STUCK_IO_S
+from monitor.diagnosis.held import HELD_MIN_S, allowance_s, held_stall
 from monitor.diagnosis.cadence import job_cadence
 from monitor.diagnosis.model import BlockedIo
 from tests.diagnosis.builders import (
@@ -51,7 +52,8 @@ AR = "all_reduce@train.py:60"
 
 def held(r: int, frames, since: float, *, stacks: int = 2, cpu: float = 0.0, **extra):
     """A rank idle since ``since`` (after it was seen at work), its stacks since then at ``frames``."""
-    return rank(r, cpu=cpu, frames=frames, idle_since=since, held_stacks=stacks, stack_at=NOW - 1, **extra)
+    return rank(r, cpu=cpu, frames=frames, idle_since=since, held_stacks=stacks, held_since=since, stack_at=NOW - 1,
+                **extra)
 
 
 ALARMS = [
@@ -84,6 +86,12 @@ ALARMS = [
             held(1, collective("barrier", 145), NOW - STUCK_IO_S - 2)),
         "deadlock", (0,), ("rank 0 is stuck in I/O",), ("stuck I/O",),
         id="a save held at idle CPU in a job that logs every step: its phase grace is void"),
+    pytest.param(
+        job(rank(0, cpu=0.0, state="D", state_since=NOW - STUCK_IO_S - 2, idle_since=NOW - STUCK_IO_S - 2,
+                 blocked_io=BlockedIo("openat"), progress=SPARSE),
+            held(1, collective("barrier", 145), NOW - STUCK_IO_S - 2, progress=SPARSE)),
+        "deadlock", (0,), ("rank 0 is stuck in I/O (openat ?)",), ("blocked in openat",),
+        id="an open on a hard NFS mount that hangs: the disk wait (D), no stack to be had, still stuck I/O"),
     pytest.param(
         job(*(held(r, dcp_loading(), NOW - STUCK_IO_S - 2, blocked_io=BlockedIo("read", f"/mnt/ckpt/__{r}_0.distcp"),
                    progress=BEATING) for r in range(3))),
@@ -138,6 +146,10 @@ HEALTHY = [
     pytest.param(job(*(held(r, waiting_for_data(), NOW - 2, progress=BEATING) for r in range(2)),
                      pauses_by_site=(("", 0.5),)),
                  id="every rank idle a moment between steps"),
+    pytest.param(job(rank(0, cpu=0.0, frames=saving_checkpoint(), stack_at=NOW - 11, state="D",
+                          state_since=NOW - 10, idle_since=NOW - 10, progress=steps(NOW - 12, 16.0, 8)),
+                     held(1, collective("barrier", 145), NOW - 10, progress=steps(NOW - 12, 16.0, 8))),
+                 id="a save in the disk wait for 10 s (a flush): writing, within its grace"),
     pytest.param(job(rank(0, frames=collective("all_reduce", 60), idle_since=NOW - 30, progress=BEATING),
                      rank(1, frames=sleeping(), idle_since=NOW - 30, progress=BEATING)),
                  id="idle without held stacks (never seen at work, or stacks that moved): the log's word stands"),

@@ -436,3 +436,58 @@ def test_room_for_new_ranks_is_made_from_silent_jobs_only_when_it_is_enough(need
 def test_room_for_new_jobs_is_made_only_when_it_is_enough(needed: int, forgotten: list[str]) -> None:
     jobs = _jobs_of(("old", 2, 10.0), ("quiet", 3, 20.0), ("live", 3, 99.0))
     assert sorted(make_room_for_jobs(jobs, {}, needed, max_jobs=3, now=100.0, silent_s=60.0)) == forgotten
+
+
+def _held_feed(state: MonitorState, reports: list[tuple[float, float, dict | None, float | None]]) -> None:
+    """(at, process CPU, stack or None, main thread CPU) per report, one rank."""
+    for at, cpu, stk, main in reports:
+        threads = {"total": 3, "main_cpu_percent": main} if main is not None else None
+        apply(state, report(ranks=[rank(cpu_percent=cpu, stack=stk, threads=threads)], sent_at=at), received_at=at)
+
+
+SLEEPING = [frame("linger_forever", "/work/train.py", 347), frame("<module>", "/work/train.py", 90)]
+
+
+def test_a_rank_is_held_from_when_it_went_idle_while_its_stacks_stay_at_one_place() -> None:
+    """Issue 32: the ranks' own clock. Held from the report before CPU dropped, once a stack taken
+    since shows where it is; each stack at the same place counts; the job's pass is due at once."""
+    state = MonitorState()
+    _held_feed(state, [(T0, 90.0, None, 40.0), (T0 + 1, 80.0, None, 30.0), (T0 + 2, 1.0, None, 0.0)])
+    revision = state.jobs["job-a"].lifecycle_revision
+    _held_feed(state, [(T0 + 3, 0.0, stack(T0 + 2.5), 0.0)])
+    rv = view(state).ranks[0]
+    assert (rv.held_stacks, rv.held_since) == (1, T0 + 1)
+    assert state.jobs["job-a"].held_ranks == {0} and state.jobs["job-a"].lifecycle_revision > revision
+    _held_feed(state, [(T0 + 4, 0.0, stack(T0 + 3.5), 0.0)])
+    assert (view(state).ranks[0].held_stacks, view(state).ranks[0].held_since) == (2, T0 + 1)
+
+
+def test_a_rank_that_moves_between_stacks_is_held_only_from_the_last_stack_elsewhere() -> None:
+    state = MonitorState()
+    _held_feed(state, [(T0, 90.0, None, 40.0), (T0 + 1, 1.0, None, 0.0), (T0 + 2, 0.0, stack(T0 + 1.5), 0.0),
+                       (T0 + 5, 0.0, stack(T0 + 4.5, frames=SLEEPING), 0.0)])
+    rv = view(state).ranks[0]
+    assert (rv.held_stacks, rv.held_since) == (1, T0 + 1.5)
+
+
+def test_a_main_thread_that_uses_cpu_is_not_held_however_light_the_job() -> None:
+    """A light job's loop comes back to the same all_reduce line at under 10% CPU: its main thread
+    still uses some CPU every second, and the hold starts over from the last report it did."""
+    state = MonitorState()
+    _held_feed(state, [(T0, 30.0, None, 20.0), (T0 + 1, 5.0, None, 4.0), (T0 + 2, 5.0, stack(T0 + 1.5), 4.0),
+                       (T0 + 3, 5.0, stack(T0 + 2.5), 3.0)])
+    rv = view(state).ranks[0]
+    assert rv.held_stacks == 2 and rv.held_since == T0 + 3  # never longer than since its last CPU
+
+
+def test_a_rank_at_work_or_never_seen_at_work_is_not_held() -> None:
+    state = MonitorState()
+    # idle from its first report: no stretch of idleness to time (a light job, a rank seen in its stall)
+    _held_feed(state, [(T0, 0.0, None, 0.0), (T0 + 1, 0.0, stack(T0 + 0.5), 0.0), (T0 + 2, 0.0, stack(T0 + 1.5), 0.0)])
+    assert view(state).ranks[0].held_stacks == 0 and view(state).ranks[0].held_since is None
+    # at work again: the hold ends, and its length joins the job's wait profile at that site
+    state = MonitorState()
+    _held_feed(state, [(T0, 90.0, None, 40.0), (T0 + 1, 1.0, None, 0.0), (T0 + 2, 0.0, stack(T0 + 1.5), 0.0),
+                       (T0 + 6, 0.0, stack(T0 + 5.5), 0.0), (T0 + 7, 90.0, None, 50.0)])
+    assert view(state).ranks[0].held_stacks == 0 and state.jobs["job-a"].held_ranks == set()
+    assert dict(view(state).pauses_by_site) == {"all_reduce@train.py:50": 6.0}
