@@ -253,8 +253,14 @@ class Agent:
         # Which ranks look stuck, once a tick (after its log lines): the stack plan and the live
         # Flight Recorder read both ask.
         stuck = {t.proc.pid for t in alive if looks_stuck(now, self.logs.progress_of(t.proc.pid), t.low_cpu_since)}
-        # Ranks whose stacks the monitor's own clock needs: stuck by their log, or parked by their CPU.
-        dump = stuck | {t.proc.pid for t in alive if parked(now, t.low_cpu_since, t.worked)}
+        # Ranks whose stacks the monitor's own clock needs: stuck by their log, parked by their CPU,
+        # and the ranks of a job one of whose ranks here is parked (Python dumps only, for those at
+        # work): a rank that evaluates or saves while its peers wait at a barrier must show its phase
+        # even when its log says nothing for minutes (a job that logs every 100th step).
+        parked_here = {t.proc.pid for t in alive if parked(now, t.low_cpu_since, t.worked)}
+        parked_jobs = {t.proc.identity.job_id for t in alive if t.proc.pid in parked_here}
+        beside_parked = {t.proc.pid for t in alive if t.proc.identity.job_id in parked_jobs} - parked_here - stuck
+        dump = stuck | parked_here | beside_parked
         with self.health.run("blocked_io") as entry:
             self._per_rank(alive, entry, lambda t: self._sample_blocked_io(t, t.proc.pid in dump))
         self.sockets.new_sweep()
@@ -289,7 +295,7 @@ class Agent:
                 if backing_off:
                     entry.update(ok=False, error=backing_off)
                 else:
-                    self._schedule_stacks(alive, dump, now)
+                    self._schedule_stacks(alive, dump, now, python_only=beside_parked)
         if self.nccl_ras is not None:
             self._poll_nccl_ras(alive, now)
         if self.flight_recorder is not None:
@@ -516,9 +522,11 @@ class Agent:
             if failure.pid in self.tracked:
                 self.exits.fill_from_launcher(failure.pid, failure.exitcode)
 
-    def _schedule_stacks(self, alive: list[Tracked], stuck: set[int], now: float) -> None:
+    def _schedule_stacks(self, alive: list[Tracked], stuck: set[int], now: float,
+                         python_only: frozenset[int] | set[int] = frozenset()) -> None:
         for t in alive:
-            self.stacks.schedule(t.proc.pid, now, t.proc.pid in stuck, t.sample.state if t.sample else None)
+            self.stacks.schedule(t.proc.pid, now, t.proc.pid in stuck, t.sample.state if t.sample else None,
+                                 python_only=t.proc.pid in python_only)
         if self.stacks.status != "ok":
             self.health.fail("stacks", self.stacks.status)
         elif self.stacks.recent_failures >= 3:

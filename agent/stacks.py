@@ -338,11 +338,14 @@ def after_timeout(plan: DumpPlan, now: float, native: bool) -> None:
         plan.native_off_until = now + NATIVE_OFF_AFTER_TIMEOUT_S
 
 
-def next_dump(now: float, plan: DumpPlan, stuck: bool) -> str | None:
-    """"python", "native" or None: which dump this rank needs now. Updates the episode."""
+def next_dump(now: float, plan: DumpPlan, stuck: bool, python_only: bool = False) -> str | None:
+    """"python", "native" or None: which dump this rank needs now. Updates the episode.
+    ``python_only``: a stuck episode of Python dumps (a rank at work whose peers are parked: where
+    it works is the question, and a native dump would hold it stopped for most of a second)."""
     if plan.quiet_until is not None and now < plan.quiet_until:
         return None
-    native = "python" if plan.native_off_until is not None and now < plan.native_off_until else "native"
+    off = python_only or (plan.native_off_until is not None and now < plan.native_off_until)
+    native = "python" if off else "native"
     if not stuck:
         plan.stuck_since = None
         due = (
@@ -412,7 +415,7 @@ class StackSampler:
         self._plans: dict[int, DumpPlan] = {}
         self.recent_failures = 0  # consecutive failed dumps, for collector health
 
-    def schedule(self, pid: int, now: float, stuck: bool, state: str | None) -> None:
+    def schedule(self, pid: int, now: float, stuck: bool, state: str | None, python_only: bool = False) -> None:
         plan = self._plans.setdefault(pid, DumpPlan(discovered_at=now))
         if self.status != "ok" and self.worker_server is None:
             with self._lock:
@@ -423,7 +426,7 @@ class StackSampler:
         with self._lock:
             if pid in self._busy:
                 return
-        kind = next_dump(now, plan, stuck)
+        kind = next_dump(now, plan, stuck, python_only)
         if kind is None:
             return
         plan.last_dump_at = now

@@ -109,6 +109,11 @@ def demo_cases(stall_step: int) -> dict[str, DemoCase]:
                                "rank 1 waits at dist.barrier()",
                                ("--fail", "stuck-save", "--fail-rank", "0", "--checkpoint-dir", "{workdir}", *at),
                                "deadlock", (0,)),
+        "eval-alone-sparse-log": DemoCase("rank 0 evaluates for 20 s on its own while rank 1 waits at dist.barrier(), "
+                                          "in a job that logs every 100 steps and prints a side thread's counter",
+                                          ("--log-every", "100", "--heartbeat-every", "0.5", "--fail", "eval-alone",
+                                           "--fail-rank", "0", "--busy-seconds", "20", "--compute-share", "0.5",
+                                           "--fail-at-step", "250"), "healthy", quiet=25.0),
         "port-held": DemoCase("an orphan (PPID 1) holds MASTER_PORT: torchrun fails with EADDRINUSE",
                               ("--steps", "50"), "rendezvous_hang", orphan_port=True),
     }

@@ -100,6 +100,19 @@ def test_parked(low_cpu_since, worked, is_parked):
     assert parked(100.0, low_cpu_since, worked) is is_parked
 
 
+def test_a_python_only_episode_never_holds_the_rank_for_a_native_dump():
+    """A rank at work beside parked peers (issue 32): its stacks every 3 s, Python ones only."""
+    plan = DumpPlan(discovered_at=0.0)
+    kinds = []
+    for t in (10.0, 11.0, 13.0, 16.0, 50.0):
+        kind = next_dump(t, plan, stuck=True, python_only=True)
+        if kind is not None:
+            plan.last_dump_at = t  # as StackSampler.schedule does
+        kinds.append(kind)
+    assert kinds == ["python", None, "python", "python", "python"]
+    assert next_dump(53.0, plan, stuck=True) == "native"  # parked itself now: its native frames
+
+
 def test_dump_schedule_background_then_stuck_episode():
     plan = DumpPlan(discovered_at=0.0)
     assert next_dump(1.0, plan, stuck=False) is None

@@ -32,6 +32,8 @@ Failure modes (``--fail MODE``), starting at step ``--fail-at-step`` on rank
 * ``stuck-save``       the rank (``--fail-rank 0``) calls ``torch.save`` to a path whose open never
                        returns (a FIFO nobody reads, as a hung network mount blocks an open) while the
                        others wait at ``dist.barrier()``: rank 0 at 0% CPU in torch/serialization.py
+* ``eval-alone``       the rank (``--fail-rank 0``) runs an evaluation pass of ``--busy-seconds`` on its
+                       own (no collective in it) while the others wait at ``dist.barrier()``: healthy
 * ``none``             clean finish
 
 Other knobs: ``--first-step-seconds S`` (every rank computes S seconds in step 1, like a
@@ -70,7 +72,7 @@ import torch.nn as nn  # noqa: E402
 from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
 
 MODES = ("none", "exit", "exit-error", "linger", "extra-collective", "straggle", "busy-all", "checkpoint", "eval",
-         "get-future", "slow-rank", "stuck-save")
+         "get-future", "slow-rank", "stuck-save", "eval-alone")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # The step line in each --log-format; "mmengine" as mmengine's LogProcessor writes it, "json" as
 # a JSON-lines logger would.
@@ -288,6 +290,20 @@ def evaluate(model: nn.Module, rank: int, step: int, seconds: float, batch: int,
     return float(val) / dist.get_world_size()
 
 
+def evaluate_alone(model: nn.Module, seconds: float, batch: int, compute_share: float = 1.0) -> float:
+    """An evaluation pass on one rank only (``if rank == 0: evaluate(); dist.barrier()``): no collective."""
+    gen = torch.Generator().manual_seed(99)
+    end = time.monotonic() + seconds
+    n, total = 0, 0.0
+    with torch.no_grad():
+        while time.monotonic() < end:
+            x = torch.randn(batch * 64, 32, generator=gen).to(DTYPE).to(DEVICE)
+            total += float(nn.functional.mse_loss(model(x), x[:, :1] * 0.5))
+            busy_compute(0.2, compute_share)
+            n += 1
+    return total / max(n, 1)
+
+
 def get_future_sync(model: nn.Module, world_size: int) -> None:
     """nanochat's DistMuonAdamW pattern: reduce_scatter(async_op=True).get_future() (NCCL only)."""
     flat = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
@@ -445,6 +461,11 @@ def train(args) -> int:
             if rank == args.fail_rank:
                 mark_stall(rank, args.fail, step)
                 save_to_hung_path(model, args.checkpoint_dir)
+            dist.barrier()
+        if args.fail == "eval-alone" and step == args.fail_at_step:
+            if rank == args.fail_rank:
+                mark_stall(rank, args.fail, step)
+                evaluate_alone(model, args.busy_seconds, args.batch, args.compute_share)
             dist.barrier()
         if args.fail == "eval" and step % eval_every == 0:
             mark_stall(rank, args.fail, step)
