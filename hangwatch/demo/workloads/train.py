@@ -274,24 +274,20 @@ def write_checkpoint(model: nn.Module, rank: int, seconds: float, directory: str
 
 def evaluate(model: nn.Module, rank: int, step: int, seconds: float, batch: int, compute_share: float = 1.0) -> float:
     """An evaluation pass: forward only, no collective until the end (then the mean val loss)."""
-    gen = torch.Generator().manual_seed(99)
-    end = time.monotonic() + seconds
-    n, total = 0, 0.0
-    with torch.no_grad():
-        while time.monotonic() < end:
-            x = torch.randn(batch * 64, 32, generator=gen).to(DTYPE).to(DEVICE)
-            total += float(nn.functional.mse_loss(model(x), x[:, :1] * 0.5))
-            busy_compute(0.2, compute_share)
-            n += 1
-            if n % 10 == 0:
-                print(f"[rank{rank}]: eval step {step} batch {n} | val loss {total / n:.4f}", flush=True)
-    val = torch.tensor([total / max(n, 1)])
+
+    def say(n: int, mean: float) -> None:
+        if n % 10 == 0:
+            print(f"[rank{rank}]: eval step {step} batch {n} | val loss {mean:.4f}", flush=True)
+
+    val = torch.tensor([evaluate_alone(model, seconds, batch, compute_share, say)])
     dist.all_reduce(val)
     return float(val) / dist.get_world_size()
 
 
-def evaluate_alone(model: nn.Module, seconds: float, batch: int, compute_share: float = 1.0) -> float:
-    """An evaluation pass on one rank only (``if rank == 0: evaluate(); dist.barrier()``): no collective."""
+def evaluate_alone(model: nn.Module, seconds: float, batch: int, compute_share: float = 1.0,
+                   say=None) -> float:  # type: ignore[no-untyped-def]
+    """An evaluation pass on this rank alone (also ``if rank == 0: evaluate(); dist.barrier()``): no
+    collective; ``say(batches, mean loss)`` after each batch."""
     gen = torch.Generator().manual_seed(99)
     end = time.monotonic() + seconds
     n, total = 0, 0.0
@@ -301,6 +297,8 @@ def evaluate_alone(model: nn.Module, seconds: float, batch: int, compute_share: 
             total += float(nn.functional.mse_loss(model(x), x[:, :1] * 0.5))
             busy_compute(0.2, compute_share)
             n += 1
+            if say is not None:
+                say(n, total / n)
     return total / max(n, 1)
 
 
