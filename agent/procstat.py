@@ -152,7 +152,7 @@ def summarize_threads(
     return {
         "total": len(threads),
         "by_state": by_state,
-        # The main thread (its tid is the pid: the lowest): where training code runs. 0 while it
+        # The main thread (its tid is the pid): where training code runs. 0 while it
         # sits in a collective or a blocked call, however busy the side threads (monitor.rank_ingest).
         "main_cpu_percent": rates.get(main_tid) if main_tid is not None else None,
         "busiest": [

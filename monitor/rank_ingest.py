@@ -199,8 +199,9 @@ def _note_held(job: JobTrack, track: RankTrack, site: str | None) -> None:
 
 
 def _not_held(job: JobTrack, track: RankTrack) -> None:
-    if track.held_stacks:
-        job.held_ranks.discard(track.rank)
+    if not track.held_stacks:
+        return  # the common case on the hot path: a rank at work, held nowhere
+    job.held_ranks.discard(track.rank)
     track.held_place, track.held_stacks, track.held_site = None, 0, ""
     track.held_since = track.held_last_at = None
 

@@ -87,7 +87,7 @@ def rank_activities(job: JobView) -> dict[int, Activity]:
     return {r.rank: classify(r, r.idle_since if r.held_stacks else None) for r in job.ranks}
 
 
-def held_stall(job: JobView, cadence: Cadence, floor_s: float = 0.0) -> HeldStall | None:
+def held_stall(job: JobView, floor_s: float = 0.0) -> HeldStall | None:
     """The stall the ranks themselves show, or None. ``floor_s``: the least allowance (a job whose
     pace is not yet known is judged no sooner than one without a log)."""
     if not any(held_since(r) is not None for r in job.ranks):

@@ -222,7 +222,7 @@ class RankView:
     flight_recorder: FlightRecord | None = None
     # How many stacks in a row, all taken since the rank went idle (``idle_since``) after it was seen
     # at work, show its main thread at one place (the same Python frames): 0 when none does. With
-    # idle CPU, no bytes moving, this is the rank's own word that it has not moved since idle_since.
+    # idle CPU and no bytes moving, the rank's own word that it has not moved since ``held_since``.
     held_stacks: int = 0
     # Since when, as far as known: when it went idle, or when a stack last showed it elsewhere, or when its
     # main thread last used CPU, whichever is latest (None when not held).

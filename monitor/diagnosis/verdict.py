@@ -146,7 +146,7 @@ def diagnose(job: JobView) -> Diagnosis:
     if not stalled:
         # The log says the job advances, or has not been silent long for its pace: the ranks' own
         # state may say otherwise (diagnosis.held), and outranks it.
-        held = held_stall(job, cadence, _held_floor(ctx))
+        held = held_stall(job, _held_floor(ctx))
         if held is None:
             return slow_ranks(ctx) or _healthy(ctx)
         ctx = _discounted(ctx, held)

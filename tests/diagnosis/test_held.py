@@ -11,7 +11,6 @@ import pytest
 from monitor.diagnosis import diagnose
 from monitor.diagnosis.activity import STUCK_IO_S
 from monitor.diagnosis.held import HELD_MIN_S, allowance_s, held_stall
-from monitor.diagnosis.cadence import job_cadence
 from monitor.diagnosis.model import BlockedIo
 from tests.diagnosis.builders import (
     NOW,
@@ -188,6 +187,6 @@ def test_the_allowance_is_the_jobs_own_wait_profile(pauses, step_s, site, expect
 def test_the_stall_starts_when_the_first_rank_went_idle():
     view = job(held(0, collective("all_reduce", 60), NOW - 9, progress=BEATING),
                held(1, collective("all_reduce", 60), NOW - 7, progress=BEATING))
-    found = held_stall(view, job_cadence(view))
+    found = held_stall(view)
     assert found is not None
     assert (found.since, found.ranks, found.site) == (NOW - 9, (0, 1), AR)
