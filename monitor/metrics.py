@@ -225,7 +225,7 @@ def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
     ranks.add("", float(sum(len(j.ranks) for j in monitor.state.jobs.values())))
     actions = Family("hangwatch_actions",
                      "Decisions of the opt-in actions' rules (--actions), by rule, kind and outcome (ok, failed, "
-                     "dry_run, rate_limited, unattributed, skipped), since the monitor started", "counter")
+                     "dry_run, rate_limited, unattributed, skipped, refused), since the monitor started", "counter")
     if monitor.actions is not None:
         for (rule, kind, outcome), count in sorted(dict(monitor.actions.counts).items()):
             actions.add(labels(("rule", "kind", "outcome"), (rule, kind, outcome)), float(count))

@@ -88,7 +88,7 @@ class ActionRecord:
     culprit_ranks: tuple[int, ...]
     culprit_nodes: tuple[str, ...]
     target: str  # the command line, the webhook, the signal
-    outcome: str  # ok, failed, dry_run, rate_limited, unattributed, skipped
+    outcome: str  # ok, failed, dry_run, rate_limited, unattributed, skipped, refused
     detail: str
 
 

@@ -37,16 +37,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from monitor.actions.placeholders import FORMATS
 from monitor.incidents import INCIDENT_VERDICTS
 
 KINDS = ("command", "webhook", "signal")
 # Signals an agent may send a rank: ones a launcher reads as a worker failure (and restarts) or
 # that make torch dump its state. Never SIGKILL: it leaves no traceback and no flight record.
 SIGNALS = ("SIGTERM", "SIGABRT", "SIGINT", "SIGUSR1", "SIGUSR2")
-# What a command's arguments may name: the job's identity (monitor/actions/policy.py, ``fields``).
-PLACEHOLDERS = ("job_id", "verdict", "culprit_ranks", "culprit_nodes", "slurm_job", "k8s_namespace", "k8s_pods",
-                "incident_started_at", "evidence_url", "rule")
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+# What a command's arguments may name: the job's identity, each in its format (monitor/actions/placeholders.py).
+PLACEHOLDERS = tuple(FORMATS)
+_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,63}$")
 _PLACEHOLDER = re.compile(r"{([^{}]*)}")
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -137,7 +137,7 @@ def _rule(raw: Any, index: int) -> ActionRule:
     _no_unknown(raw, {"name", "verdicts", "after_s", "command", "webhook", "signal", "timeout_s"}, where)
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ActionConfigError(f"{where}: name must be 1-64 letters, digits, '_', '.' or '-'")
+        raise ActionConfigError(f"{where}: name must be 1-64 letters, digits, '_', '.' or '-' (not first)")
     where = f"rule {name!r}"
     verdicts = raw.get("verdicts")
     if not isinstance(verdicts, list) or not verdicts or not all(isinstance(v, str) for v in verdicts):

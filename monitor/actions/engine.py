@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from monitor.actions.config import ActionConfig
-from monitor.actions.execute import command_line, payload, post_webhook, run_command
+from monitor.actions.execute import NotRun, command_line, payload, post_webhook, run_command
 from monitor.actions.orders import AgentOrders
 from monitor.actions.policy import ACT, DRY_RUN, ActionPolicy, Decision, JobFacts
 from monitor.store import ActionRecord, Store
@@ -45,11 +45,23 @@ class ActionEngine:
     def observe(self, facts: JobFacts, now: float) -> None:
         """A published, live verdict (cheap unless a rule acts on it now)."""
         for decision in self.policy.observe(facts, now):
-            if decision.outcome == ACT:
+            refused = self._refused_command(decision)
+            if refused is not None:
+                self._record(decision, refused.outcome, refused.detail)
+            elif decision.outcome == ACT:
                 self._queue.append(decision)
             else:
                 self._record(decision, decision.outcome, self._would(decision) if decision.outcome == DRY_RUN
                              else decision.detail)
+
+    def _refused_command(self, decision: Decision) -> NotRun | None:
+        """A command whose placeholders are not data of their kinds: refused, in a dry run too
+        (it says what would happen), before it is queued."""
+        if decision.rule.kind != "command" or decision.outcome not in (ACT, DRY_RUN):
+            return None
+        argv = command_line(decision.rule, payload(decision, self._evidence_url(decision.facts.job_id),
+                                                   dry_run=decision.outcome == DRY_RUN))
+        return argv if isinstance(argv, NotRun) and argv.outcome == "refused" else None
 
     def keep_only(self, job_ids: set[str]) -> None:
         self.policy.keep_only(job_ids)
@@ -62,8 +74,8 @@ class ActionEngine:
             body = payload(decision, self._evidence_url(decision.facts.job_id), dry_run=False)
             if rule.kind == "command":
                 argv = command_line(rule, body)
-                if isinstance(argv, str):
-                    self._record(decision, "skipped", argv)
+                if isinstance(argv, NotRun):
+                    self._record(decision, argv.outcome, argv.detail)
                     continue
                 ok, detail = await run_command(argv, body, rule.timeout_s)
                 self._record(decision, "ok" if ok else "failed", detail, target=" ".join(argv))
@@ -89,7 +101,7 @@ class ActionEngine:
         rule = decision.rule
         if rule.kind == "command":
             argv = command_line(rule, payload(decision, None, dry_run=True))
-            return f"would run: {' '.join(argv)}" if isinstance(argv, list) else f"would skip: {argv}"
+            return f"would run: {' '.join(argv)}" if isinstance(argv, list) else f"would skip: {argv.detail}"
         if rule.kind == "webhook":
             return f"would POST to {rule.webhook}"
         ranks = ", ".join(f"rank {c.rank} (pid {c.pid} on {c.node})" for c in decision.facts.culprits if c.pid)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from monitor.actions.config import PLACEHOLDERS, ActionRule
+from monitor.actions.config import ActionRule
+from monitor.actions.placeholders import PlaceholderRefused, checked_values, fill
 from monitor.actions.policy import Decision
 
 OUTPUT_KEPT = 300  # characters of a command's output kept in the audit log
@@ -37,22 +39,28 @@ def payload(decision: Decision, evidence_url: str | None, dry_run: bool) -> dict
     }
 
 
-def command_line(rule: ActionRule, fields: dict[str, Any]) -> list[str] | str:
-    """The rule's arguments with their placeholders filled (pure); a string says why not: a job
-    with no Slurm id is never given ``scancel ''``."""
-    values: dict[str, str] = {}
-    for name in PLACEHOLDERS:
-        value = fields.get(name)
-        if isinstance(value, (list, tuple)):
-            value = ",".join(str(v) for v in value)
-        if value not in (None, ""):
-            values[name] = str(value)
-    argv = []
+@dataclass(frozen=True)
+class NotRun:
+    """Why a command is not run: ``skipped`` (the job has no value for a placeholder) or
+    ``refused`` (a value that is not data of its kind: monitor/actions/placeholders.py)."""
+
+    outcome: str
+    detail: str
+
+
+def command_line(rule: ActionRule, fields: dict[str, Any]) -> list[str] | NotRun:
+    """The rule's arguments with their placeholders filled (pure), or why it must not run: a job
+    with no Slurm id is never given ``scancel ''``, nor one whose Slurm id is ``--user=root``."""
+    try:
+        values = checked_values(fields)
+    except PlaceholderRefused as refused:
+        return NotRun("refused", str(refused))
+    argv: list[str] = []
     for arg in rule.command:
         try:
-            argv.append(arg.format_map(values))
+            argv += fill(arg, values)
         except KeyError as missing:
-            return f"the job has no {missing.args[0]} for {arg!r}"
+            return NotRun("skipped", f"the job has no {missing.args[0]} for {arg!r}")
     return argv
 
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from monitor.actions.config import ActionRule
-from monitor.actions.execute import command_line, payload, post_webhook, run_command
+from monitor.actions.execute import NotRun, command_line, payload, post_webhook, run_command
 from monitor.actions.policy import ACT, Culprit, Decision, JobFacts
 
 RULE = ActionRule("cancel", frozenset({"deadlock"}), 1.0, "command", command=("scancel", "{slurm_job}", "--signal={rule}"))
@@ -38,7 +38,55 @@ def test_the_payload_names_the_job_the_culprits_and_the_evidence() -> None:
 def test_placeholders_are_filled_and_a_missing_one_skips_the_command() -> None:
     assert command_line(RULE, payload(decision(), None, False)) == ["scancel", "77.0", "--signal=cancel"]
     assert command_line(RULE, payload(decision(names={}), None, False)) == \
-        "the job has no slurm_job for '{slurm_job}'"
+        NotRun("skipped", "the job has no slurm_job for '{slurm_job}'")
+
+
+KUBECTL = ActionRule("delete", frozenset({"deadlock"}), 1.0, "command",
+                     command=("kubectl", "delete", "pod", "-n", "{k8s_namespace}", "--", "{k8s_pods}"))
+
+
+@pytest.mark.parametrize(("names", "argv"), [
+    ({"slurm_job": "77"}, ["scancel", "77", "--signal=cancel"]),
+    ({"slurm_job": "77_3.batch"}, ["scancel", "77_3.batch", "--signal=cancel"]),
+    ({"slurm_job": "77_3.0"}, ["scancel", "77_3.0", "--signal=cancel"]),
+])
+def test_slurm_job_ids_as_slurm_writes_them_are_taken(names: dict, argv: list[str]) -> None:
+    assert command_line(RULE, payload(decision(names=names), None, False)) == argv
+
+
+def test_each_pod_is_an_argument_of_its_own_where_the_placeholder_is_the_whole_argument() -> None:
+    names = {"k8s_namespace": "team-a", "k8s_pods": ["trainer-0", "trainer-1.workers"]}
+    assert command_line(KUBECTL, payload(decision(names=names), None, False)) == \
+        ["kubectl", "delete", "pod", "-n", "team-a", "--", "trainer-0", "trainer-1.workers"]
+
+
+@pytest.mark.parametrize(("rule", "names", "field"), [
+    (RULE, {"slurm_job": "--user=root"}, "slurm_job"),
+    (RULE, {"slurm_job": "-1"}, "slurm_job"),
+    (RULE, {"slurm_job": "77 --user=root"}, "slurm_job"),
+    (RULE, {"slurm_job": "77;reboot"}, "slurm_job"),
+    (RULE, {"slurm_job": "77\n78"}, "slurm_job"),
+    (KUBECTL, {"k8s_namespace": "kube-system", "k8s_pods": ["--all"]}, "k8s_pods"),
+    (KUBECTL, {"k8s_namespace": "--all-namespaces", "k8s_pods": ["p"]}, "k8s_namespace"),
+    (KUBECTL, {"k8s_namespace": "a, b", "k8s_pods": ["p"]}, "k8s_namespace"),  # a job over two namespaces
+    (KUBECTL, {"k8s_namespace": "Team", "k8s_pods": ["p"]}, "k8s_namespace"),
+    (KUBECTL, {"k8s_namespace": "ns", "k8s_pods": ["ok", "-f"]}, "k8s_pods"),
+    (KUBECTL, {"k8s_namespace": "ns", "k8s_pods": ["x" * 254]}, "k8s_pods"),
+])
+def test_a_placeholder_outside_its_format_refuses_the_command(rule: ActionRule, names: dict, field: str) -> None:
+    refused = command_line(rule, payload(decision(names=names), None, False))
+    assert isinstance(refused, NotRun) and refused.outcome == "refused", refused
+    assert refused.detail.startswith(f"{{{field}}} is ") and "never an option" in refused.detail
+
+
+def test_a_job_id_or_node_name_that_opens_with_a_dash_refuses_the_command() -> None:
+    rule = ActionRule("page", frozenset({"deadlock"}), 1.0, "command", command=("page", "{job_id}", "{culprit_nodes}"))
+    assert command_line(rule, payload(decision(), None, False)) == ["page", "job-a", "node-b"]
+    forged = decision()
+    forged = Decision(RULE, JobFacts("--exec=x:29500", "deadlock", "", forged.facts.culprits, {}), 1000.0, 1.0, ACT)
+    assert command_line(rule, payload(forged, None, False)).outcome == "refused"
+    forged = Decision(RULE, JobFacts("job-a", "deadlock", "", (Culprit(1, "-node", 1),), {}), 1000.0, 1.0, ACT)
+    assert command_line(rule, payload(forged, None, False)).outcome == "refused"
 
 
 def _run(argv: list[str], timeout: float = 10.0) -> tuple[bool, str]:
