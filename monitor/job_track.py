@@ -72,6 +72,12 @@ class JobTrack:
     held_ranks: set[int] = field(default_factory=set)
     # Claims by other nodes to this job's ranks, refused (monitor.rank_claims), by rank.
     claim_conflicts: dict[int, ClaimConflict] = field(default_factory=dict)
+    # The world size each node's live ranks of the job report, and the nodes by world size: a
+    # rank number is taken only below the world size every other node reports (monitor.rank_claims).
+    world_by_node: dict[str, int] = field(default_factory=dict)
+    nodes_by_world: dict[int, set[str]] = field(default_factory=dict)
+    # When each node first brought a rank of the job (monitor/attribution.py: a node that joined late).
+    node_joined_at: dict[str, float] = field(default_factory=dict)
 
     def note_pause(self, site: str, seconds: float) -> None:
         """A rank came back from a pause of ``seconds`` at ``site`` ("" where no stack saw it)."""

@@ -110,7 +110,7 @@ def job_dict(result: JobResult, track: JobTrack | None = None, ranks_offset: int
         # Ranks another node claimed while their own node runs them: ignored, shown (monitor.rank_claims).
         "rank_conflicts": [] if track is None else [
             {"rank": c.rank, "claimed_by": c.claimed_by, "held_by": c.held_by, "first_at": c.first_at,
-             "last_at": c.last_at, "refused": c.refused}
+             "last_at": c.last_at, "refused": c.refused, "reason": c.reason}
             for c in sorted(track.claim_conflicts.values(), key=lambda c: c.rank)],
         "now": view.now,
     }

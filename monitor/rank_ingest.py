@@ -80,6 +80,7 @@ def apply_rank(
     track.latest = rr
     track.observed_at = received_at
     track.vanished = False
+    track.seen_alive = track.seen_alive or rr.alive
     track.revision += 1
 
     if rr.state != track.proc_state:

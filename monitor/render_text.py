@@ -70,8 +70,9 @@ def render_job(job: dict[str, Any], now: float) -> str:
     _section(lines, "launchers", [_launcher_line(launcher) for launcher in job.get("launchers") or []])
     _section(lines, "leftover processes (parent gone)", [_orphan_line(o) for o in job.get("orphans") or []])
     _section(lines, "ranks claimed by another node (ignored)", [
-        f"rank {c['rank']}: claimed by {one_line(c['claimed_by'])}, run by {one_line(c['held_by'])} "
-        f"({c['refused']} reports refused)" for c in job.get("rank_conflicts") or []])
+        f"rank {c['rank']}: claimed by {one_line(c['claimed_by'])}, "
+        f"{one_line(c.get('reason') or 'run by ' + c['held_by'])} ({c['refused']} reports refused)"
+        for c in job.get("rank_conflicts") or []])
     lines.append("")
     if job["ranks"]:
         lines.extend("  " + row for row in _rank_table(job["ranks"], set(culprits)))

@@ -17,7 +17,7 @@ from monitor.diagnosis import stacks
 from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
 from monitor.job_identity import canonical_job_id, is_history, job_for, job_of_workers
 from monitor.job_track import JobTrack
-from monitor.rank_claims import note_conflict, rival_holder
+from monitor.rank_claims import note_conflict, note_world, past_the_world, rival_holder
 from monitor.rank_ingest import WaitSite, apply_launcher, apply_rank, learn_wait_sites, mark_vanished
 from monitor.tracks import NcclRasTrack, NodeTrack
 from monitor.wire import HostReport, Report
@@ -72,6 +72,7 @@ class MonitorState:
         # again under a new pid (a launcher restart), the old entry is history, not news.
         ids = {r.job_id: canonical_job_id(self.jobs, self.aliases, self.nodes, r.job_id) for r in report.ranks}
         live_ranks = {(ids[r.job_id], r.rank) for r in report.ranks if r.alive}
+        live_worlds: dict[str, int] = {}  # job -> the world size this node's live ranks of it report
         for rank_report in report.ranks:
             job_id = ids[rank_report.job_id]
             if not rank_report.alive and (
@@ -81,6 +82,11 @@ class MonitorState:
             self.forgotten.pop(job_id, None)
             job = job_for(self.jobs, self.forgotten_pids, job_id, report.node, rank_report.pid, rank_report.alive)
             if not rank_report.alive and is_history(job, report.node, rank_report):
+                continue
+            beyond = past_the_world(job, report.node, rank_report.rank, rank_report.world_size, self.nodes, received_at)
+            if beyond is not None:
+                note_conflict(job, rank_report.rank, report.node, beyond[0], received_at, reason=beyond[1])
+                self.claims_refused += 1
                 continue
             if rank_report.alive:
                 holder = rival_holder(job, report.node, rank_report.rank, self.nodes, received_at)
@@ -93,7 +99,13 @@ class MonitorState:
                     del job.claim_conflicts[rank_report.rank]  # the claim is taken now: the rank moved
             apply_rank(job, report.node, rank_report, received_at, offset, wait_site, self.cpu_level_window_s)
             node.rank_keys.add((job_id, rank_report.rank))
+            job.node_joined_at.setdefault(report.node, received_at)
+            if rank_report.alive:
+                live_worlds[job.job_id] = min(rank_report.world_size, live_worlds.get(job.job_id, rank_report.world_size))
             touched.add(job.job_id)
+        for job_id in {j for j, _ in previous_keys} | touched:
+            if job_id in self.jobs:
+                note_world(self.jobs[job_id], report.node, live_worlds.get(job_id))
         for job_id, rank in previous_keys - node.rank_keys:
             job = self.jobs.get(job_id)
             track = job.ranks.get(rank) if job else None

@@ -63,6 +63,9 @@ class RankTrack:
     observed_at: float
     latest: RankReport
     alive: bool = True
+    # Reported alive at least once: a rank only ever said to have ended is a node's word, not the
+    # rank's own evidence (monitor/attribution.py: no action rests on it alone).
+    seen_alive: bool = False
     exit: ExitView | None = None
     # True when the agent stopped listing this rank without saying it ended.
     vanished: bool = False
@@ -234,3 +237,6 @@ class ClaimConflict:
     first_at: float
     last_at: float
     refused: int = 1
+    # Why it was refused when not because ``held_by`` runs the rank: the rank is past the world
+    # size ``held_by``'s live ranks of the job report.
+    reason: str = ""

@@ -257,8 +257,8 @@ def test_json_carries_launchers_orphans_stack_groups_and_wait_share(client: Test
              frame("save", "/work/train.py", 150)]
     agent_frames = [frame("_invoke_run", "/x/site-packages/torch/distributed/elastic/agent/server/api.py", 900)]
     for i in range(6):
-        ranks = [rank(rank=0, stack=stack(clock.now, frames=other)), rank(rank=1, stack=stack(clock.now)),
-                 rank(rank=2, stack=stack(clock.now))]
+        ranks = [rank(rank=0, world_size=3, stack=stack(clock.now, frames=other)),
+                 rank(rank=1, world_size=3, stack=stack(clock.now)), rank(rank=2, world_size=3, stack=stack(clock.now))]
         body = report(ranks=ranks, sent_at=clock.now, orphans=[orphan(4242, "torchrun train.py", [29500])],
                       launchers=[launcher(worker_pids=[1000, 1001, 1002], stack=stack(clock.now, frames=agent_frames))])
         post(client, body)

@@ -141,7 +141,8 @@ def test_chart_draws_one_line_per_rank_and_marks_since_when_in_trouble(
     monkeypatch.setattr("monitor.diagnosis.diagnose",
                         lambda job: Diagnosis(verdict["word"], (1,), job.now - 20, f"{verdict['word']} now"))
     now = clock.now
-    ranks = [rank(rank=r, progress=progress(3, 30 + r, [(now - 90, 10 + r), (now - 60, 20 + r), (now - 30, 30 + r)]))
+    ranks = [rank(rank=r, world_size=3,
+                  progress=progress(3, 30 + r, [(now - 90, 10 + r), (now - 60, 20 + r), (now - 30, 30 + r)]))
              for r in range(3)]
     client.post("/api/v1/reports", json=report(ranks=ranks, sent_at=now))
     card = render_page(client, tmp_path)["cards"]["job-a"]
@@ -164,7 +165,7 @@ def test_chart_draws_one_line_per_rank_and_marks_since_when_in_trouble(
 def test_ranks_sharing_a_job_log_share_one_line_and_no_steps_says_so(client: TestClient, clock: FakeClock,
                                                                     tmp_path: Path) -> None:
     shared = progress(2, 8, [(clock.now - 10, 7), (clock.now - 5, 8)], scope="job")
-    body = report(ranks=[rank(job_id="shared", rank=r, progress=shared) for r in range(4)], sent_at=clock.now)
+    body = report(ranks=[rank(job_id="shared", rank=r, world_size=4, progress=shared) for r in range(4)], sent_at=clock.now)
     client.post("/api/v1/reports", json=body)
     client.post("/api/v1/reports", json=report(node="node-b", ranks=[rank(job_id="quiet")], sent_at=clock.now))
     cards = render_page(client, tmp_path)["cards"]

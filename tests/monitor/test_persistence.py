@@ -185,7 +185,7 @@ def test_a_restarted_monitor_makes_no_room_until_it_has_listened_as_long_as_sile
     store = open_store(settings, clock)
     try:
         with TestClient(create_app(settings, store, clock=clock)) as client:
-            body = report(node="node-a", ranks=[rank(job_id="job-a", rank=r) for r in range(4)], sent_at=clock.now)
+            body = report(node="node-a", ranks=[rank(job_id="job-a", rank=r, world_size=4) for r in range(4)], sent_at=clock.now)
             assert client.post("/api/v1/reports", json=body).status_code == 202
     finally:
         store.close()

@@ -81,9 +81,46 @@ def test_the_conflict_goes_once_the_claim_is_taken() -> None:
 def test_conflicts_kept_per_job_are_bounded() -> None:
     state = MonitorState()
     ranks = range(CONFLICTS_KEPT + 20)
-    post(state, "node-b", T0, *(rank_on("node-b", r) for r in ranks))
-    post(state, "node-a", T0 + 1, *(rank_on("node-a", r) for r in ranks))
+    post(state, "node-b", T0, *(rank_on("node-b", r, world_size=len(ranks)) for r in ranks))
+    post(state, "node-a", T0 + 1, *(rank_on("node-a", r, world_size=len(ranks)) for r in ranks))
     job = state.jobs["job-x"]
     assert len(job.claim_conflicts) == CONFLICTS_KEPT
     assert state.claims_refused == len(ranks)
     assert all(t.node == "node-b" for t in job.ranks.values())
+
+
+# What node-a says of a rank of node-b's 2-rank job: every one is refused, why in the conflict.
+WORLD_CASES = {
+    "rank 2 of 2, said to have failed": ({"rank_no": 2, "world_size": 3, "alive": False, "exit_code": 1},
+                                         "past the world size 2 that"),
+    "rank 2 alive, claiming a world of 3": ({"rank_no": 2, "world_size": 3}, "past the world size 2 that"),
+    "rank 5 of its own world of 2": ({"rank_no": 5}, "past the world size 2 its own entry gives"),
+    "rank 1, which node-b runs": ({"rank_no": 1}, ""),
+}
+
+
+@pytest.mark.parametrize("claim,reason", WORLD_CASES.values(), ids=WORLD_CASES.keys())
+def test_a_rank_past_the_world_another_node_reports_is_refused(claim: dict, reason: str) -> None:
+    state = MonitorState()
+    post(state, "node-b", T0, rank_on("node-b", 0), rank_on("node-b", 1))
+    fields = dict(claim)
+    rank_no = fields.pop("rank_no")
+    exit_code = fields.pop("exit_code", None)
+    if exit_code is not None:
+        fields["exit"] = {"at": T0, "code": exit_code}
+    post(state, "node-a", T0 + 1, rank_on("node-a", rank_no, **fields))
+    job = state.jobs["job-x"]
+    assert sorted(job.ranks) == [0, 1] and all(t.node == "node-b" for t in job.ranks.values())
+    assert job.claim_conflicts[rank_no].claimed_by == "node-a"
+    assert job.claim_conflicts[rank_no].reason.startswith(reason)
+
+
+def test_the_world_bound_follows_an_elastic_resize() -> None:
+    """node-b's 2-rank workers end; a 4-rank world starts over node-b and node-a: ranks 2, 3 taken."""
+    state = MonitorState()
+    post(state, "node-b", T0, rank_on("node-b", 0), rank_on("node-b", 1))
+    post(state, "node-b", T0 + 1, rank_on("node-b", 0, alive=False), rank_on("node-b", 1, alive=False))
+    post(state, "node-a", T0 + 2, *(rank_on("node-a", r, world_size=4) for r in (2, 3)))
+    job = state.jobs["job-x"]
+    assert {r: t.node for r, t in job.ranks.items() if t.alive} == {2: "node-a", 3: "node-a"}
+    assert job.claim_conflicts == {}
