@@ -10,7 +10,9 @@ it is. It is tied to a job by:
     appends and closes).
 Written by processes of several jobs, written only by processes of no job, or held by nobody while
 several jobs run: the file's lines are credited to no job. Guessing would show one job's steps as
-another's progress and hide a deadlock (issue 20).
+another's progress and hide a deadlock (issue 20). The operator's word holds against writers of no
+job, not against another job's processes: a file named for job A that job B's processes also write
+is credited to no job, with a warning naming B and its pids (issue 33).
 
 ``decide`` is pure; ``LogOwners`` reads /proc and keeps each file's tie for RESOLVE_EVERY_S.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from agent.identity import RankProcess
@@ -66,13 +68,13 @@ class Tie:
     how: str
 
 
-def decide(named: str | None, writer_jobs: Iterable[frozenset[str]], node_jobs: frozenset[str]) -> Tie:
-    """The tie of one file: ``named`` from --log JOB=PATH; ``writer_jobs``, for each process that
-    has the file open for writing, the jobs it belongs to (empty: it belongs to none)."""
+def decide(named: str | None, writers: Mapping[int, frozenset[str]], node_jobs: frozenset[str]) -> Tie:
+    """The tie of one file: ``named`` from --log JOB=PATH; ``writers``, each process that has the
+    file open for writing (by pid) -> the jobs it belongs to (empty: it belongs to none), a named
+    job's other ids already read as ``named``."""
     if named is not None:
-        return Tie(named, "named on --log")
-    writers = list(writer_jobs)
-    jobs = frozenset().union(*writers)
+        return _named_tie(named, writers)
+    jobs = frozenset().union(*writers.values())
     if len(jobs) == 1:
         return Tie(next(iter(jobs)), "written by the job's processes")
     if len(jobs) > 1:
@@ -85,6 +87,45 @@ def decide(named: str | None, writer_jobs: Iterable[frozenset[str]], node_jobs: 
         return Tie(None, f"nobody holds it open and {len(node_jobs)} jobs run on this node: name the job "
                          "with --log JOB=PATH")
     return Tie(None, "no job runs on this node")
+
+
+def _named_tie(named: str, writers: Mapping[int, frozenset[str]]) -> Tie:
+    """The operator's word, unless processes of another job write the file too: their lines would
+    show as the named job's progress and could hide its hang. A process of the named job and of
+    another (a shell that launched both) counts as the other's: its output may be that job's.
+    Writers of no job leave the word standing: a job's output often reaches its file through
+    processes that are not its ranks' ancestors (Slurm's batch shell and srun write slurm-%j.out,
+    the ranks are slurmstepd's children) or that this agent does not see as ranks (another PID
+    namespace, a job left out by --job), and naming the file is how the operator ties those."""
+    others = {pid: jobs - {named} for pid, jobs in writers.items() if jobs - {named}}
+    if not others:
+        return Tie(named, "named on --log")
+    jobs = sorted(frozenset().union(*others.values()))
+    pids = sorted(others)
+    return Tie(None, f"named for job {named} on --log but also written by {_plural('job', jobs)} "
+                     f"({_plural('pid', pids)})")
+
+
+def _plural(word: str, items: list) -> str:
+    return f"{word}{'s' if len(items) > 1 else ''} {', '.join(map(str, items))}"
+
+
+def _ids_of(named: str | None, ranks: list[RankProcess]) -> set[str]:
+    """The job ids of the job named on --log (it may be named by its run id or Slurm job id): a
+    writer of that job counts as the named job's, not as another's."""
+    if named is None:
+        return set()
+    return {r.identity.job_id for r in ranks if named in job_aliases(r)}
+
+
+def _say(source: LogSource, tie: Tie) -> None:
+    """Once per change of a file's tie. A named file credited to no job is a warning: the
+    operator's word was overruled (another job writes it)."""
+    if tie.job is not None:
+        log.info("log %s: credited to job %s (%s)", source.path, tie.job, tie.how)
+    else:
+        log.log(logging.WARNING if source.job is not None else logging.INFO,
+                "log %s: credited to no job: %s", source.path, tie.how)
 
 
 @dataclass
@@ -104,20 +145,14 @@ class LogOwners:
              now: float) -> dict[tuple[int, int], Tie]:
         """The tie of each followed --log file (by (device, inode)), looked up again when due."""
         node_jobs = frozenset(r.identity.job_id for r in ranks)
-        due = {key: source for key, source in files.items()
-               if source.job is None and self._due(key, now, node_jobs)}
+        due = {key: source for key, source in files.items() if self._due(key, now, node_jobs)}
         found = self._resolve(due, ranks, node_jobs) if due else {}
         out: dict[tuple[int, int], Tie] = {}
         for key, source in files.items():
-            if source.job is not None:
-                out[key] = decide(source.job, (), node_jobs)
-                continue
             if key in found:
                 previous = self._known.get(key)
                 if previous is None or previous.tie != found[key]:
-                    log.info("log %s: %s", source.path,
-                             f"credited to job {found[key].job} ({found[key].how})" if found[key].job
-                             else f"credited to no job: {found[key].how}")
+                    _say(source, found[key])
                 self._known[key] = _Known(found[key], now, node_jobs)
             out[key] = self._known[key].tie
         for key in [k for k in self._known if k not in files]:
@@ -132,7 +167,7 @@ class LogOwners:
                  node_jobs: frozenset[str]) -> dict[tuple[int, int], Tie]:
         writers = self._writers(files)
         if not any(writers.values()):
-            return {key: decide(None, (), node_jobs) for key in files}
+            return {key: decide(source.job, {}, node_jobs) for key, source in files.items()}
         jobs_of = self._jobs_by_process(ranks)
         pipe_jobs: dict[str, set[str]] = {}
         for pid, jobs in jobs_of.items():
@@ -141,15 +176,16 @@ class LogOwners:
                 if target and target.startswith("pipe:"):
                     pipe_jobs.setdefault(target, set()).update(jobs)
         out = {}
-        for key in files:
-            writer_jobs = []
+        for key, source in files.items():
+            named_ids = _ids_of(source.job, ranks)
+            writer_jobs = {}
             for pid in writers[key]:
                 jobs = set(jobs_of.get(pid, ()))
                 stdin = self._link(pid, 0)
                 if stdin and stdin in pipe_jobs:
                     jobs |= pipe_jobs[stdin]
-                writer_jobs.append(frozenset(jobs))
-            out[key] = decide(None, writer_jobs, node_jobs)
+                writer_jobs[pid] = frozenset(source.job if job in named_ids else job for job in jobs)
+            out[key] = decide(source.job, writer_jobs, node_jobs)
         return out
 
     def _jobs_by_process(self, ranks: list[RankProcess]) -> dict[int, set[str]]:

@@ -3,6 +3,8 @@ real processes writing real files (a rank's own file, a launcher's, ``tee`` read
 
 from __future__ import annotations
 
+import logging
+import os
 import subprocess
 import sys
 import time
@@ -12,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from agent.discovery import RankIdentity, RankProcess
-from agent.log_owners import LogSource, Tie, decide
+from agent.log_owners import RESOLVE_EVERY_S, LogSource, Tie, decide
 from agent.logs import LogFollower
+from hangwatch.demo.harness import MonitorClient, Reaper, free_port, start_agent, start_monitor
 
 A, B = "127.0.0.1:29500", "127.0.0.1:29600"
 
@@ -34,25 +37,52 @@ def test_log_argument(text, source):
 
 
 ONE, TWO = frozenset({A}), frozenset({A, B})
+NO_JOB, OF_B = frozenset(), frozenset({B})
 
 
 @pytest.mark.parametrize(
     "named, writers, node_jobs, job, how",
     [
-        (B, [ONE], TWO, B, "named on --log"),  # the operator's word wins
-        (None, [ONE], TWO, A, "written by the job's processes"),
-        (None, [ONE, frozenset()], TWO, A, "written by the job's processes"),  # and a stray writer
-        (None, [ONE, frozenset({B})], TWO, None, "written by processes of 2 jobs"),
-        (None, [frozenset()], ONE, None, "written only by processes of no job"),
-        (None, [], ONE, A, "nobody holds it open and one job runs"),
-        (None, [], TWO, None, "nobody holds it open and 2 jobs run on this node: name the job"),
-        (None, [], frozenset(), None, "no job runs"),
+        (None, {1: ONE}, TWO, A, "written by the job's processes"),
+        (None, {1: ONE, 2: NO_JOB}, TWO, A, "written by the job's processes"),  # and a stray writer
+        (None, {1: ONE, 2: OF_B}, TWO, None, "written by processes of 2 jobs"),
+        (None, {1: NO_JOB}, ONE, None, "written only by processes of no job"),
+        (None, {}, ONE, A, "nobody holds it open and one job runs"),
+        (None, {}, TWO, None, "nobody holds it open and 2 jobs run on this node: name the job"),
+        (None, {}, frozenset(), None, "no job runs"),
     ],
 )
 def test_which_job_a_file_counts_for(named, writers, node_jobs, job, how):
     tie = decide(named, writers, node_jobs)
     assert tie.job == job and tie.how.startswith(how), tie
     assert isinstance(tie, Tie)
+
+
+@pytest.mark.parametrize(
+    "writers, job, how",
+    [
+        ({}, A, "named on --log"),  # written by nobody: the operator's word, as before
+        ({1: ONE}, A, "named on --log"),  # the job's rank, launcher or ancestor
+        # A tee, or Slurm's batch shell and srun (not the ranks' ancestors): no other job's lines.
+        ({1: ONE, 2: NO_JOB}, A, "named on --log"),
+        ({2: NO_JOB}, A, "named on --log"),
+        # Another job's process writes it too: its steps would show as A's progress.
+        ({1: ONE, 7: OF_B}, None, f"named for job {A} on --log but also written by job {B} (pid 7)"),
+        ({7: OF_B}, None, f"named for job {A} on --log but also written by job {B} (pid 7)"),
+        # A shell that launched both jobs: its output may be B's.
+        ({3: TWO}, None, f"named for job {A} on --log but also written by job {B} (pid 3)"),
+        ({8: frozenset({"c"}), 7: OF_B, 1: ONE}, None,
+         f"named for job {A} on --log but also written by jobs {B}, c (pids 7, 8)"),
+    ],
+)
+def test_a_file_named_for_a_job_counts_for_it_unless_another_job_writes_it(writers, job, how):
+    tie = decide(A, writers, TWO)
+    assert tie == Tie(job, how)
+
+
+def test_a_file_named_for_a_job_that_is_not_running_counts_for_none_once_another_job_writes_it():
+    assert decide("gone", {}, ONE) == Tie("gone", "named on --log")
+    assert decide("gone", {7: ONE}, ONE).job is None
 
 
 def _rank(proc: subprocess.Popen | int, job: str, rank: int = 0, ppid: int = 1) -> RankProcess:
@@ -165,3 +195,108 @@ def test_a_log_nobody_holds_counts_for_the_only_job_and_for_none_beside_a_second
     follower.collect(both, now=4.0)
     assert _step(follower, rank_a.pid) == 5 and _step(follower, rank_b.pid) is None
     follower.close()
+
+
+@pytest.mark.live
+def test_a_file_named_for_a_job_that_another_jobs_rank_writes_counts_for_none_said_once(tmp_path, processes,
+                                                                                       caplog):
+    """Job A is named by its Slurm job id: own.log, held by A's rank, counts for A; shared.log, named for
+    A but held by a rank of job B too, counts for none, with one warning naming B and its pid."""
+    own_log, shared_log = tmp_path / "own.log", tmp_path / "shared.log"
+    for path in (own_log, shared_log):
+        path.write_text("")
+    rank_a = processes.holding(own_log)
+    shared_a = processes.holding(shared_log)
+    writer_b = processes.holding(shared_log)
+    slurm = {"SLURM_JOB_ID": "123"}
+    ranks = [RankProcess(rank_a.pid, 1, 1, RankIdentity(A, 0, 2, 0, "env"), "python train.py", slurm),
+             RankProcess(shared_a.pid, 1, 1, RankIdentity(A, 1, 2, 1, "env"), "python train.py", slurm),
+             _rank(writer_b, B)]
+    follower = LogFollower(extra_paths=(f"123={own_log}", f"123={shared_log}"))
+    with caplog.at_level(logging.INFO, logger="agent"):
+        follower.collect(ranks, now=1.0)
+        _append(own_log, "step 7\n")
+        _append(shared_log, "step 99\n")
+        for now in (2.0, 3.0, 2.0 + RESOLVE_EVERY_S):  # looked up again, the same tie: not said again
+            follower.collect(ranks, now=now)
+    try:
+        assert follower.progress_of(rank_a.pid)["recent"] == [(2.0, 7)]
+        assert _step(follower, shared_a.pid) == 7 and _step(follower, writer_b.pid) is None
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warnings == [f"log {shared_log}: credited to no job: named for job 123 on --log but also written "
+                            f"by job {B} (pid {writer_b.pid})"], caplog.text
+        assert f"log {own_log}: credited to job 123 (named on --log)" in caplog.text
+    finally:
+        follower.close()
+
+
+# A rank of job B that writes its steps both to its own stdout and to the file named for job A.
+STEPPING_RANK = """
+import sys, time
+shared = open(sys.argv[1], "a", buffering=1)
+step = 0
+while True:
+    step += 1
+    shared.write(f"step {step}\\n")
+    print(f"step {step}", flush=True)
+    time.sleep(0.1)
+"""
+
+
+def _job_env(port: int) -> dict[str, str]:
+    """What makes a Python process a rank of the job 127.0.0.1:PORT to the agent's discovery."""
+    return {"PATH": os.environ.get("PATH", ""), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def _steps_by_job(answer: dict) -> dict[str, list[int | None]]:
+    return {job["job_id"]: [r["step"] for r in job["ranks"]] for job in answer.get("jobs", [])}
+
+
+@pytest.mark.live
+@pytest.mark.timeout(90)
+def test_the_real_agent_credits_a_named_log_another_job_writes_to_no_job(tmp_path):
+    """Issue 33: ``--log A=shared.log`` while job B's rank writes its steps there. Before, the monitor
+    showed B's steps as A's progress (A idle, "healthy"); now A shows none, and the agent's log names
+    B and the pid that writes the file."""
+    shared_log, a_out, b_out = tmp_path / "shared.log", tmp_path / "a.out", tmp_path / "b.out"
+    shared_log.write_text("")
+    port_a, port_b = free_port(), free_port()
+    job_a, job_b = f"127.0.0.1:{port_a}", f"127.0.0.1:{port_b}"
+    with Reaper() as reaper:
+        with open(a_out, "wb") as out:  # job A: an idle rank that prints nothing
+            reaper.popen([sys.executable, "-c", "import time; time.sleep(120)"], stdout=out, env=_job_env(port_a))
+        with open(b_out, "wb") as out:
+            rank_b = reaper.popen([sys.executable, "-c", STEPPING_RANK, str(shared_log)], stdout=out,
+                                  env=_job_env(port_b))
+        _wait_until(lambda: "step 1" in shared_log.read_text(), 20, lambda: "job B wrote nothing")
+        monitor = start_monitor(reaper, tmp_path)
+        agent = start_agent(reaper, tmp_path, monitor.url, interval=0.5, extra=[
+            "--job", job_a, "--job", job_b, "--no-stacks", "--no-nccl-ras", "--log", f"{job_a}={shared_log}"])
+        client = MonitorClient(monitor.url)
+        try:
+            # B's steps come from its stdout, read in the same tick as shared.log: once the monitor
+            # shows them beside A's rank, shared.log's lines were read too, and none went to A.
+            seen: dict[str, list[int | None]] = {}
+
+            def a_shows_none_beside_bs_steps() -> bool:
+                seen.update(_steps_by_job(client.diagnose()))
+                assert not any(seen.get(job_a, [])), f"job A shows job B's steps: {seen}"
+                return job_a in seen and any(seen.get(job_b, []))
+
+            _wait_until(a_shows_none_beside_bs_steps, 45, lambda: f"{seen}\nagent:\n{agent.log_tail(20)}")
+            warning = (f"WARNING log {shared_log}: credited to no job: named for job {job_a} on --log "
+                       f"but also written by job {job_b} (pid {rank_b.pid})")
+            _wait_until(lambda: warning in agent.log_tail(200), 10, lambda: agent.log_tail(20))
+            assert agent.log_tail(200).count(warning) == 1, agent.log_tail(20)
+            assert a_shows_none_beside_bs_steps()
+        finally:
+            client.close()
+
+
+def _wait_until(condition, timeout: float, context) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not so in {timeout}s: {context()}")
+        time.sleep(0.2)
