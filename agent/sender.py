@@ -113,6 +113,10 @@ class Sender:
         self.replayed = 0
         # Each body sent is numbered (monitor/report_order.py: a replayed body is refused).
         self._seq = 0
+        # Set once the monitor refused a number as stale: this agent's reports are then a new run
+        # that started at this time (the body's agent.started_at), numbered from 1 again.
+        self._run_started_at: float | None = None
+        self.runs_started = 0
         self.delta = DeltaState()
         # Seconds the monitor asked to wait (503 + Retry-After), for the sending thread.
         self.retry_after: float | None = None
@@ -140,7 +144,7 @@ class Sender:
     def post(self, report: dict) -> bool:
         """Send one report now; True when the monitor took it. Sets sent_at at sending time."""
         compact, baseline = self.delta.compact(report)
-        response = self._send(dict(compact, sent_at=time.time(), seq=self._next_seq()))
+        response = self._send(self._numbered(dict(compact, sent_at=time.time())))
         if response is None:
             return False
         if response.status_code >= 400:
@@ -152,9 +156,25 @@ class Sender:
             self.on_orders(answer["orders"], self)
         return True
 
-    def _next_seq(self) -> int:
+    def _numbered(self, body: dict) -> dict:
+        """``body`` with its number, in this agent's current run of reports."""
         self._seq += 1
-        return self._seq
+        body["seq"] = self._seq
+        if self._run_started_at is not None and isinstance(body.get("agent"), dict):
+            body["agent"] = dict(body["agent"], started_at=self._run_started_at)
+        return body
+
+    def _start_new_run(self, response: httpx.Response) -> None:
+        """The monitor took a number of this run as stale: a body was replayed (or forged) with this
+        agent's run ahead of it. Waiting would not help (the monitor never goes back), so the
+        reports start a new run, which the monitor takes as a restarted agent's."""
+        previous = self._run_started_at
+        self._run_started_at = max(time.time(), (previous or 0.0) + 0.001)
+        self._seq = 0
+        self.runs_started += 1
+        self.delta.reset()  # the next report is full: the new run's first
+        log.warning("monitor refused report as stale (%s): another sender used this node's numbers; "
+                    "starting a new run of reports", response.text[:300])
 
     def upload(self, path: str, gzipped: bytes) -> str | None:
         """POST an evidence capture's part (agent/capture.py) to ``path`` on this monitor; None when
@@ -180,7 +200,7 @@ class Sender:
                 kept = self.journal.oldest()
             if kept is None:
                 break
-            body = dict(kept.report, sent_at=kept.taken_at, replayed=True, delta=False, seq=self._next_seq())
+            body = self._numbered(dict(kept.report, sent_at=kept.taken_at, replayed=True, delta=False))
             response = self._send(body)
             if response is None:
                 return False
@@ -221,6 +241,9 @@ class Sender:
                 self.retry_after = _retry_after(response.headers.get("retry-after"))
             self._note_down(f"HTTP {response.status_code}")
             return None
+        if response.status_code == 409:
+            self._start_new_run(response)
+            return response
         if response.status_code >= 400:
             key = f"{response.status_code} {response.text[:500]}"
             if key not in self._logged_rejections:

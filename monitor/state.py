@@ -18,6 +18,7 @@ from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
 from monitor.job_identity import canonical_job_id, is_history, job_for, job_of_workers
 from monitor.job_track import JobTrack
 from monitor.rank_claims import note_conflict, note_world, past_the_world, rival_holder
+from monitor.report_order import runs_replaced
 from monitor.rank_ingest import WaitSite, apply_launcher, apply_rank, learn_wait_sites, mark_vanished
 from monitor.tracks import NcclRasTrack, NodeTrack
 from monitor.wire import HostReport, Report
@@ -61,6 +62,7 @@ class MonitorState:
             stack_failures=(node.stack_failures if node else 0) + sum(1 for r in report.ranks if r.stack_error),
             live=not report.replayed,
             seq=report.seq,
+            past_runs=runs_replaced(node.last_taken() if node else None, report),
             facts_cache=node.facts_cache if node else None,
         )
         for health in report.collectors:

@@ -13,7 +13,7 @@ from statistics import median
 from monitor.diagnosis import ExitView, HostFacts, LogPhase, RankView, Stack
 from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S, FlightRecord
 from monitor.diagnosis.slow_rank import CPU_LEVEL_EVERY, CPU_LEVEL_MIN_SAMPLES, CPU_LEVEL_MIN_SPAN
-from monitor.report_order import LastTaken
+from monitor.report_order import LastTaken, Run
 from monitor.wire import (
     AgentInfo,
     CollectorHealth,
@@ -220,9 +220,11 @@ class NodeTrack:
     attributed: bool = False
     # The latest report's number in its agent's run (monitor/report_order.py); None: not numbered.
     seq: int | None = None
+    # The runs of the agent this node replaced (monitor/report_order.py): none is taken again.
+    past_runs: tuple[Run, ...] = ()
 
     def last_taken(self) -> LastTaken:
-        return LastTaken(self.agent.started_at, self.agent.pid, self.seq, self.last_report_at)
+        return LastTaken(self.agent.started_at, self.agent.pid, self.seq, self.last_report_at, self.past_runs)
     # (host report, its HostFacts) for monitor/views.host_facts: the facts change only with the host.
     facts_cache: tuple[HostReport, HostFacts] | None = None
 
