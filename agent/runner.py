@@ -612,7 +612,7 @@ class Agent:
         t = self.tracked.get(pid)
         if t is None or not t.alive:
             return None
-        return RankTarget(pid, t.proc.identity.rank, t.proc.starttime, t.started_at)
+        return RankTarget(pid, t.proc.identity.job_id, t.proc.identity.rank, t.proc.starttime, t.started_at)
 
     # --- the report ------------------------------------------------------------------
 

@@ -3,10 +3,14 @@ monitor/actions/): the only thing the monitor can make an agent do.
 
 Refused unless the agent was started with ``--allow-signals``: a monitor, or whoever holds its
 address, must not be able to end training processes on a node whose operator did not agree.
-An order names a rank this agent tracks (pid, rank number, start time); anything else is
-refused, so an order can never reach a process that is not a live rank seen here (a pid reused
-since is caught by the start time, read again through a pidfd, which then carries the signal).
-Every order gets a result, sent back in the next report (``order_results``) for the audit log.
+An order names the job, the rank, the pid and its start time, and is carried out only on a
+process this agent's own discovery places there: a live rank it tracks, with that pid and rank
+number, in that job (the id its environment gives it, agent/identity.py). Anything else is
+refused, so an order can never reach a process that is not that rank of that job as seen here:
+a node that posts a made-up job naming another job's pid gets a refusal, not a dead rank. A pid
+reused since is caught by the start time, read again through a pidfd, which then carries the
+signal. Every order gets a result, sent back in the next report (``order_results``) for the
+audit log.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class RankTarget:
     """A rank this agent tracks, as an order must name it."""
 
     pid: int
+    job_id: str  # the job its environment places it in: the id this agent reports it under
     rank: int
     starttime: int  # clock ticks after boot (/proc/PID/stat field 22)
     started_at: float | None
@@ -74,16 +79,23 @@ class SignalOrders:
         return out
 
     def _carry_out(self, order: dict) -> tuple[bool, str]:
-        name, pid, rank = order.get("signal"), order.get("pid"), order.get("rank")
+        name, pid, rank, job_id = order.get("signal"), order.get("pid"), order.get("rank"), order.get("job_id")
         if not self.allowed:
             return False, "refused: this agent was started without --allow-signals"
         if name not in ALLOWED_SIGNALS:
             return False, f"refused: signal {name!r} is not one an agent sends ({', '.join(ALLOWED_SIGNALS)})"
         if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(rank, int) or isinstance(rank, bool):
             return False, "refused: the order names no pid and rank"
+        if not isinstance(job_id, str) or not job_id:
+            # A monitor from before orders named their job: the pid and rank number alone fit
+            # rank 0 of every job on the node.
+            return False, "refused: the order names no job (a monitor too old for this agent?)"
         target = self.find_rank(pid)
         if target is None or target.rank != rank:
             return False, f"refused: pid {pid} is not a live rank {rank} this agent tracks"
+        if target.job_id != job_id:
+            return False, (f"refused: pid {pid} is rank {target.rank} of job {target.job_id[:256]!r} here, "
+                           f"not of job {job_id[:256]!r} the order names")
         started_at = order.get("started_at")
         if started_at is not None and target.started_at is not None and abs(started_at - target.started_at) > 1.0:
             return False, f"refused: pid {pid} is another process than the rank the monitor named"

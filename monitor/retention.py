@@ -98,6 +98,42 @@ def make_room_for_ranks(
     return chosen
 
 
+def make_room_in_node(
+    jobs: dict[str, JobTrack], aliases: dict[str, str], forgotten: dict[str, float],
+    forgotten_pids: dict[str, frozenset[tuple[str, int]]], held: set[str], node: str, needed: int, now: float,
+    silent_s: float,
+) -> list[str]:
+    """At its ``max_jobs_per_node``, forget up to ``needed`` of the jobs ``node`` holds alone that
+    ended, or that it has not mentioned for over ``silent_s`` (those ended longest ago, then the
+    longest silent, first): a node that runs many short jobs is not refused new ones for its
+    finished ones, and one node's quota never costs another node a job. An ended job is remembered
+    as forgotten (its dead ranks, still listed for a while, do not bring it back); a silent one is
+    not (it comes back if its node speaks of it again). Returns the jobs forgotten."""
+    candidates = []
+    for job_id in held:
+        job = jobs.get(job_id)
+        if job is None or set(job.node_joined_at) - {node}:
+            continue
+        ended_at = job.ended_at
+        if ended_at is not None:
+            candidates.append((0, ended_at, job_id))
+        elif now - job.last_report_at > silent_s:
+            candidates.append((1, job.last_report_at, job_id))
+    dropped = []
+    for ended, _, job_id in heapq.nsmallest(needed, candidates):
+        job = jobs.pop(job_id)
+        held.discard(job_id)
+        if ended == 0:
+            pids = frozenset((t.node, t.pid) for t in (*job.ranks.values(), *job.launchers.values()))
+            for name in (job_id, *job.aliases):
+                forgotten[name] = now
+                forgotten_pids[name] = pids
+        for name in (job_id, *job.aliases):
+            aliases.pop(name, None)
+        dropped.append(job_id)
+    return dropped
+
+
 def make_room_for_jobs(
     jobs: dict[str, JobTrack], aliases: dict[str, str], needed: int, max_jobs: int, now: float, silent_s: float,
 ) -> list[str]:

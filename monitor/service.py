@@ -31,9 +31,9 @@ from monitor.rank_timeline import RankTimeline
 from monitor.state import MonitorState
 from monitor.hang_cost import JobCost, account
 from monitor.incidents import ENDS_INCIDENT, INCIDENT_VERDICTS, SuspectNode, incidents, suspect_nodes
-from monitor.actions.orders import AgentOrders
+from monitor.actions.orders import AgentOrders, ReportedPids
 from monitor.actions.policy import Culprit, JobFacts
-from monitor.rank_claims import recent_conflict
+from monitor.attribution import why_unattributed
 from monitor.report_order import stale_reason
 from monitor.store import Store, VerdictChange
 
@@ -67,6 +67,10 @@ SUSPECT_WINDOW_S = 7 * 86400.0
 SUSPECTS_REFRESH_S = 60.0
 REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema", "disconnected", "unauthorized",
                   "wrong_node", "world_size", "too_many_nodes", "too_many_jobs", "too_many_ranks", "node_jobs", "stale")
+
+
+# The setting each make-room reason is named by in the log.
+_LIMIT_NAMES = {"node_jobs": "max_jobs_per_node", "too_many_jobs": "max_jobs", "too_many_ranks": "max_ranks"}
 
 
 @dataclass(frozen=True)
@@ -281,27 +285,39 @@ class Monitor:
 
             def check() -> Refusal | None:
                 return check_report(report, limits, state.jobs.keys(), state.nodes.keys(), state.resolve,
-                                    state.known_ranks, state.ranks_total)
+                                    state.known_ranks, state.ranks_total, state.jobs_of_node)
 
             refusal = check()
             # Silence means nothing until the monitor has listened that long: after a restart every
             # job's last report is its snapshot's, and live jobs would make room for junk.
             if now - self.started_at <= limits.job_room_silent_s:
                 return refusal
-            for _ in range(2):  # room for new jobs may leave the report short of rank room, or the other way
+            silent_s = limits.job_room_silent_s
+            for _ in range(3):  # room made for one limit may leave the report short of another's
                 made: list[str] = []
-                if refusal is not None and refusal.reason == "too_many_jobs":
-                    made = state.make_room_for_jobs(refusal.new_jobs, limits.max_jobs, now, limits.job_room_silent_s)
+                if refusal is not None and refusal.reason == "node_jobs":
+                    made = state.make_room_in_node(report.node, len(refusal.excess_jobs), now, silent_s)
+                elif refusal is not None and refusal.reason == "too_many_jobs":
+                    made = state.make_room_for_jobs(refusal.new_jobs, limits.max_jobs, now, silent_s)
                 elif refusal is not None and refusal.reason == "too_many_ranks":
-                    made = state.make_room_for_ranks(refusal.new_ranks, limits.max_ranks, now, limits.job_room_silent_s)
+                    made = state.make_room_for_ranks(refusal.new_ranks, limits.max_ranks, now, silent_s)
                 if not made:
                     break
                 self.jobs_displaced += len(made)
-                log.info("at %s: forgot %d jobs silent for over %.0fs (%s) to take new ones",
-                         "max_jobs" if refusal.reason == "too_many_jobs" else "max_ranks", len(made),
-                         limits.job_room_silent_s, ", ".join(made[:5]) + (" ..." if len(made) > 5 else ""))
+                log.info("at %s: forgot %d jobs ended or silent for over %.0fs (%s) to take new ones",
+                         _LIMIT_NAMES[refusal.reason], len(made), silent_s,
+                         ", ".join(made[:5]) + (" ..." if len(made) > 5 else ""))
                 refusal = check()
             return refusal
+
+    def without_jobs(self, report: Any, job_ids: frozenset[str]) -> Any:
+        """``report`` without its entries of ``job_ids`` (the monitor's ids): a refused excess."""
+        with self._lock:
+            resolve = self.state.resolve
+            return msgspec.structs.replace(
+                report, ranks=[r for r in report.ranks if resolve(r.job_id) not in job_ids],
+                launchers=[launcher for launcher in report.launchers
+                           if not launcher.job_id or resolve(launcher.job_id) not in job_ids])
 
     def reject(self, reason: str) -> None:
         with self._lock:
@@ -524,20 +540,14 @@ class Monitor:
     def _facts(self, job: JobTrack, found: Diagnosis, now: float) -> JobFacts:
         """What an action needs of a published verdict (monitor/actions/policy.py)."""
         culprits = []
+        reported_pids = ReportedPids(self.state.nodes, self.state.jobs)
         for rank in found.culprit_ranks:
             track = job.ranks.get(rank)
             if track is not None:
-                culprits.append(Culprit(rank, track.node, track.pid if track.alive else None, track.latest.started_at))
-        unattributed = None
-        conflict = recent_conflict(job, now)
-        if conflict is not None:
-            unattributed = (f"node {conflict.claimed_by} claimed rank {conflict.rank}, which node {conflict.held_by} "
-                            "holds: the job's evidence may not come from the nodes it names")
-        else:
-            unbound = sorted(n for n in job.nodes if n in self.state.nodes and not self.state.nodes[n].attributed)
-            if unbound:
-                unattributed = (f"node {unbound[0]}{f' and {len(unbound) - 1} more' if len(unbound) > 1 else ''} "
-                                "reports with a shared token (or none): another client could have spoken for it")
+                pid = track.pid if track.alive else None
+                culprits.append(Culprit(rank, track.node, pid, track.latest.started_at, track.latest.job_id,
+                                        reported_pids.conflict(track.node, job.job_id, rank, pid)))
+        unattributed = why_unattributed(job, found.culprit_ranks, self.state.nodes, now)
         return JobFacts(job.job_id, found.verdict, found.summary, tuple(culprits), self._results[job.job_id].names,
                         unattributed)
 

@@ -42,6 +42,9 @@ class MonitorState:
         self.forgotten_pids: dict[str, frozenset[tuple[str, int]]] = {}
         # Ranks claimed by a node while another node holds them (monitor.rank_claims).
         self.claims_refused = 0
+        # The jobs each node brought ranks of (monitor/limits.py: max_jobs_per_node counts them);
+        # a job forgotten since leaves its nodes' sets when next read (jobs_of_node).
+        self.node_jobs: dict[str, set[str]] = {}
 
     def apply(self, report: Report, received_at: float, wait_site: WaitSite = stacks.wait_site) -> set[str]:
         """Take in one accepted report; return the ids of the jobs it touched."""
@@ -102,6 +105,7 @@ class MonitorState:
             apply_rank(job, report.node, rank_report, received_at, offset, wait_site, self.cpu_level_window_s)
             node.rank_keys.add((job_id, rank_report.rank))
             job.node_joined_at.setdefault(report.node, received_at)
+            self.node_jobs.setdefault(report.node, set()).add(job.job_id)
             if rank_report.alive:
                 live_worlds[job.job_id] = min(rank_report.world_size, live_worlds.get(job.job_id, rank_report.world_size))
             touched.add(job.job_id)
@@ -160,6 +164,20 @@ class MonitorState:
     def make_room_for_ranks(self, needed: int, max_ranks: int, now: float, silent_s: float) -> list[str]:
         """See ``retention.make_room_for_ranks``: the jobs forgotten to let ``needed`` new ranks in."""
         return retention.make_room_for_ranks(self.jobs, self.aliases, needed, max_ranks, now, silent_s)
+
+    def jobs_of_node(self, node: str) -> set[str]:
+        """The jobs ``node`` brought ranks of that the monitor still keeps."""
+        held = self.node_jobs.get(node)
+        if not held:
+            return set()
+        for gone in [job_id for job_id in held if job_id not in self.jobs]:
+            held.discard(gone)
+        return held
+
+    def make_room_in_node(self, node: str, needed: int, now: float, silent_s: float) -> list[str]:
+        """See ``retention.make_room_in_node``: the node's own jobs forgotten to let new ones in."""
+        return retention.make_room_in_node(self.jobs, self.aliases, self.forgotten, self.forgotten_pids,
+                                           self.jobs_of_node(node), node, needed, now, silent_s)
 
     def known_ranks(self, job_id: str) -> Container[int]:
         job = self.jobs.get(job_id)

@@ -11,7 +11,7 @@ say ``dry_run = false`` only records what it would have done. Example::
     name = "cancel"
     verdicts = ["deadlock", "stalled"]
     after_s = 600            # the verdict held this long (published, not raw)
-    command = ["scancel", "{slurm_job}"]   # placeholders from the job's identity; its JSON on stdin
+    command = ["scancel", "--", "{slurm_job}"]   # placeholders: data in their formats (placeholders.py)
 
     [[rule]]
     name = "chat"
@@ -160,7 +160,7 @@ def _rule(raw: Any, index: int) -> ActionRule:
         command = raw["command"]
         if not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command):
             raise ActionConfigError(f"{where}: command must be a list of arguments (no shell), e.g. "
-                                    '["scancel", "{slurm_job}"]')
+                                    '["scancel", "--", "{slurm_job}"]')
         for arg in command:
             unknown = [p for p in _PLACEHOLDER.findall(arg) if p not in PLACEHOLDERS]
             if unknown:

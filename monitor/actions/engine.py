@@ -91,10 +91,12 @@ class ActionEngine:
 
     def _order_signals(self, decision: Decision) -> None:
         assert decision.rule.signal is not None
-        targets = [(c.node, c.rank, c.pid, c.started_at) for c in decision.facts.culprits if c.pid]
+        # A culprit that does not say its node's spelling of the job is named by the job's own id.
+        targets = [(c.node, c.job_id or decision.facts.job_id, c.rank, c.pid, c.started_at)
+                   for c in decision.facts.culprits if c.pid]
         key = next(self._signal_ids)
         self._signals[key] = (decision, f"{decision.rule.signal} to " + ", ".join(
-            f"rank {rank} (pid {pid} on {node})" for node, rank, pid, _ in targets))
+            f"rank {rank} (pid {pid} on {node})" for node, _, rank, pid, _ in targets))
         self.orders.order(key, decision.rule.signal, targets, self.clock())
 
     def _would(self, decision: Decision) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from monitor.actions.config import ActionRule
-from monitor.actions.placeholders import PlaceholderRefused, checked_values, fill
+from monitor.actions.placeholders import PlaceholderRefused, checked_values, fill, used_in
 from monitor.actions.policy import Decision
 
 OUTPUT_KEPT = 300  # characters of a command's output kept in the audit log
@@ -52,7 +52,7 @@ def command_line(rule: ActionRule, fields: dict[str, Any]) -> list[str] | NotRun
     """The rule's arguments with their placeholders filled (pure), or why it must not run: a job
     with no Slurm id is never given ``scancel ''``, nor one whose Slurm id is ``--user=root``."""
     try:
-        values = checked_values(fields)
+        values = checked_values(fields, used_in(rule.command))
     except PlaceholderRefused as refused:
         return NotRun("refused", str(refused))
     argv: list[str] = []

@@ -2,17 +2,26 @@
 rank's node in the answer to its next report, and answered in a later report (order_results).
 
 The monitor never reaches into a node: the agent that reports a rank is the only one that can
-signal it, and only if its operator allowed that (agent/signal_orders.py). An order not taken or
-not answered within ``ANSWER_S`` is failed: its node stopped reporting (or its agent is too old).
+signal it, and only if its operator allowed that (agent/signal_orders.py). An order names the job
+(as the rank's node spelled it), the rank, the pid and its start time; the agent signals only a
+process its own discovery places there. An order not taken or not answered within ``ANSWER_S`` is
+failed: its node stopped reporting (or its agent is too old).
+
+A node that reports one live pid as two ranks (of one job or two) is lying about one of them: no
+signal is ordered on its word about that pid (``ReportedPids``; the engine records the action as
+unattributed).
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from monitor.job_track import JobTrack
+from monitor.tracks import NodeTrack, RankKey
 
 ANSWER_S = 30.0
 # An order nobody took (its node stopped reporting) is dropped after this.
@@ -45,16 +54,22 @@ class AgentOrders:
         self._finished: list[Finished] = []
         self._given: dict[str, float] = {}  # order id -> when given (orders that need no answer)
 
-    def order(self, key: Any, signal: str, targets: Iterable[tuple[str, int, int, float | None]], now: float) -> int:
-        """Queue ``signal`` for each (node, rank, pid, started_at); returns how many orders."""
+    def order(self, key: Any, signal: str, targets: Iterable[tuple[str, str, int, int, float | None]],
+              now: float) -> int:
+        """Queue ``signal`` for each (node, job_id, rank, pid, started_at); returns how many orders.
+
+        ``job_id`` is the id the node itself reported the rank under, not the id the monitor keeps
+        the job under nor its aliases: the agent compares it with the id its discovery gives the pid
+        (the same string it put in that report), so the exact spelling always matches, while other
+        nodes' spellings (aliases joined by monitor/job_identity.py) could only widen what it takes."""
         batch = _Batch(key, now, set())
         with self._lock:
-            for node, rank, pid, started_at in targets:
+            for node, job_id, rank, pid, started_at in targets:
                 order_id = f"{now:.0f}-{next(self._ids)}"
                 batch.waiting.add(order_id)
                 self._batches[order_id] = batch
-                self._pending.setdefault(node, []).append(
-                    {"id": order_id, "signal": signal, "rank": rank, "pid": pid, "started_at": started_at})
+                self._pending.setdefault(node, []).append({"id": order_id, "signal": signal, "job_id": job_id,
+                                                           "rank": rank, "pid": pid, "started_at": started_at})
         return len(batch.waiting)
 
     def give(self, node: str, order: dict[str, Any], now: float) -> None:
@@ -122,3 +137,42 @@ class AgentOrders:
         results = [batch.said[k] for k in sorted(batch.said)]
         ok = all(r[0] for r in results)
         self._finished.append(Finished(batch.key, ok, "; ".join(detail for _, detail in results)))
+
+
+class ReportedPids:
+    """The live ranks each node's latest report names, by pid, to tell a node that reports one
+    process as two ranks.
+
+    Asked only for a verdict's culprits, when an action may follow: each culprit's node is indexed
+    once, from its rank keys (the ranks of its latest report: O(that node's ranks)), so ingest pays
+    nothing and no pass walks every rank the monitor knows.
+    """
+
+    def __init__(self, nodes: Mapping[str, NodeTrack], jobs: Mapping[str, JobTrack]) -> None:
+        self.nodes = nodes
+        self.jobs = jobs
+        self._by_node: dict[str, dict[int, list[RankKey]]] = {}
+
+    def conflict(self, node: str, job_id: str, rank: int, pid: int | None) -> str | None:
+        """Why ``node``'s word that ``pid`` is ``rank`` of ``job_id`` cannot be trusted; None: it can."""
+        if pid is None:
+            return None
+        by_pid = self._by_node.get(node)
+        if by_pid is None:
+            by_pid = self._by_node[node] = self._index(node)
+        other = next((key for key in by_pid.get(pid, ()) if key != (job_id, rank)), None)
+        if other is None:
+            return None
+        return (f"node {node} reports pid {pid} as rank {rank} of job {job_id} and as rank {other[1]} of job "
+                f"{other[0]}: one process is one rank of one job, so it is lying about one of them")
+
+    def _index(self, node: str) -> dict[int, list[RankKey]]:
+        by_pid: dict[int, list[RankKey]] = {}
+        reported = self.nodes.get(node)
+        for job_id, rank in reported.rank_keys if reported is not None else ():
+            job = self.jobs.get(job_id)
+            track = job.ranks.get(rank) if job is not None else None
+            # Ended ranks are left out: a pid the kernel gave again to a new process is no lie.
+            if track is not None and track.alive and track.node == node:
+                by_pid.setdefault(track.pid, []).append((job_id, rank))
+        return by_pid

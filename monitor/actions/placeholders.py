@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+_PLACEHOLDER = re.compile(r"{([^{}]*)}")
 _DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 # How each placeholder's value may look, one item of a list at a time.
 FORMATS: dict[str, re.Pattern[str]] = {
@@ -59,12 +60,19 @@ _KIND = {
 assert set(_KIND) == set(FORMATS)
 
 
-def checked_values(fields: Mapping[str, Any]) -> dict[str, list[str]]:
-    """Each placeholder's value as the items a command may be given, every one checked against
-    its format; empty or absent ones are left out (the caller says the job has none). Raises
-    ``PlaceholderRefused`` for the first value that is not data of its kind."""
+def used_in(args: Sequence[str]) -> list[str]:
+    """The placeholders ``args`` name, in the order of FORMATS."""
+    named = {name for arg in args for name in _PLACEHOLDER.findall(arg)}
+    return [name for name in FORMATS if name in named]
+
+
+def checked_values(fields: Mapping[str, Any], names: Sequence[str] = tuple(FORMATS)) -> dict[str, list[str]]:
+    """The values of the placeholders ``names`` as the items a command may be given, every one
+    checked against its format; empty or absent ones are left out (the caller says the job has
+    none). Raises ``PlaceholderRefused`` for the first value that is not data of its kind."""
     out: dict[str, list[str]] = {}
-    for name, pattern in FORMATS.items():
+    for name in names:
+        pattern = FORMATS[name]
         value = fields.get(name)
         if value is None or value == "" or value == [] or value == ():
             continue

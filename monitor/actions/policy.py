@@ -26,6 +26,11 @@ class Culprit:
     node: str
     pid: int | None
     started_at: float | None = None  # the process's start, so an agent can tell a reused pid
+    # The id its node reported it under: the job's id or an alias of it (the node's own spelling).
+    job_id: str | None = None
+    # Why its node's word on which process this rank is cannot be trusted (None: it can): the node
+    # reports the pid as another rank too (monitor/actions/orders.py ReportedPids).
+    pid_conflict: str | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,10 @@ class ActionPolicy:
                                           f"(max_actions {self.config.max_actions})")
         if rule.kind == "signal" and not any(c.pid for c in facts.culprits):
             return decision(UNATTRIBUTED, "no culprit rank with a known process to signal")
+        doubted = next((c.pid_conflict for c in facts.culprits if c.pid and c.pid_conflict), None)
+        if rule.kind == "signal" and doubted is not None:
+            # A node that lies about which process a rank is could aim the signal at another job's rank.
+            return decision(UNATTRIBUTED, f"no {rule.signal} ordered: {doubted}")
         return decision(DRY_RUN if self.config.dry_run else ACT)
 
     def keep_only(self, job_ids: set[str]) -> None:

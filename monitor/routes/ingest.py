@@ -141,15 +141,22 @@ class IngestLayer:
         """Apply one decoded report: its answer, or the refusal raised as an Answer."""
         monitor = self.monitor
         refusal = monitor.refusal(report)
+        refused_jobs: list[str] = []
         if refusal is not None:
             monitor.reject(refusal.reason)
-            raise _refuse(refusal.status, refusal.detail)
+            rest = monitor.without_jobs(report, refusal.excess_jobs) if refusal.excess_jobs else None
+            if rest is None or not rest.ranks:
+                raise _refuse(refusal.status, refusal.detail)
+            # Only the excess is refused: the node's other jobs keep being heard.
+            report, refused_jobs = rest, sorted(refusal.excess_jobs)
         answer = monitor.ingest(report, attributed=attributed)
         self.guard.accepted(report.node, time.monotonic())
         # "delta": this monitor takes delta reports (agent/delta.py); "send_full": make the next one full.
         # "replay": this monitor applies reports kept through an outage at their own times.
         out = {"accepted": True, "ranks": len(report.ranks), "delta": True, "send_full": answer.send_full,
                "replay": True}
+        if refused_jobs:
+            out["refused_jobs"] = {"jobs": refused_jobs[:64], "detail": refusal.detail if refusal else ""}
         if report.order_results:
             monitor.orders.answered(report.order_results)
         # Orders for this node's agent only (monitor/actions/orders.py): signals to its culprit ranks

@@ -49,23 +49,26 @@ def _audit(base: str, timeout: float = 15) -> list[dict]:
     raise AssertionError("no audit entry")
 
 
-def _stop_rank_1(base: str, token: str = NODE_A) -> list[dict]:
-    """Report rank 1 stopped until the audit log has a decision; the answers' orders, if any."""
+def _stop_rank_1(base: str, token: str = NODE_A, also: tuple[dict, ...] = ()) -> list[dict]:
+    """Report rank 1 stopped (and the ranks ``also``) until the audit log has a decision; the
+    answers' orders, if any."""
     orders: list[dict] = []
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        orders += _post(base, "node-a", token, _ranks("T")).get("orders", [])
+        orders += _post(base, "node-a", token, [*_ranks("T"), *also]).get("orders", [])
         if httpx.get(base + "/api/v1/actions", params={"job": "job-s"}, timeout=5).json()["actions"] or orders:
             break
         time.sleep(0.5)
-    orders += _post(base, "node-a", token, _ranks("T")).get("orders", [])
+    orders += _post(base, "node-a", token, [*_ranks("T"), *also]).get("orders", [])
     return orders
 
 
 def test_a_signal_order_goes_to_the_culprits_node_and_its_answer_lands_in_the_audit_log(tmp_path: Path) -> None:
     with running_monitor(tmp_path, *_files(tmp_path, dry_run=False)) as monitor:
         orders = _stop_rank_1(monitor.base)
-        assert [(o["signal"], o["rank"], o["pid"], o["started_at"]) for o in orders] == [("SIGTERM", 1, 2001, 123.0)]
+        # The job as the node spelled it, the rank, its pid and start: the agent checks all of them.
+        assert [(o["signal"], o["job_id"], o["rank"], o["pid"], o["started_at"]) for o in orders] == \
+            [("SIGTERM", "job-s", 1, 2001, 123.0)]
         # The agent says what it did in its next report; the action is then recorded with it.
         results = [{"id": orders[0]["id"], "ok": True, "detail": "sent SIGTERM to rank 1 (pid 2001)"}]
         _post(monitor.base, "node-a", NODE_A, _ranks("T"), order_results=results)
@@ -102,6 +105,18 @@ def test_no_action_while_another_node_claims_a_rank_of_the_job(tmp_path: Path) -
         assert _stop_rank_1(monitor.base) == []
         [entry] = _audit(monitor.base)
         assert entry["outcome"] == "unattributed" and "node node-b claimed rank 1" in entry["detail"], entry
+
+
+def test_no_signal_on_a_pid_the_node_also_reports_as_a_rank_of_another_job(tmp_path: Path) -> None:
+    # node-a says pid 2001 is the stopped rank 1 of job-s and rank 0 of job-t: one is a lie, and a
+    # signal meant for the one could end the other.
+    other_job = rank(job_id="job-t", rank=0, world_size=1, pid=2001, started_at=123.0)
+    with running_monitor(tmp_path, *_files(tmp_path, dry_run=False)) as monitor:
+        assert _stop_rank_1(monitor.base, also=(other_job,)) == []
+        [entry] = _audit(monitor.base)
+        assert entry["outcome"] == "unattributed", entry
+        assert entry["detail"].startswith("no SIGTERM ordered: node node-a reports pid 2001 as rank 1 of job job-s "
+                                          "and as rank 0 of job job-t"), entry
 
 
 def test_actions_are_off_without_the_file(tmp_path: Path) -> None:

@@ -28,29 +28,58 @@ def _job_ids(base: str) -> set[str]:
 
 
 def test_junk_cannot_lock_new_jobs_out(tmp_path: Path) -> None:
-    """One node name may name only its share of jobs; junk sent once under many names fills the
-    monitor, then gives its places to a real job once silent, while junk that keeps talking keeps its."""
+    """One node holds only its share of jobs, counted across its reports (issue 33: 2,000 jobs
+    spread over reports of 63 once passed a per-report count); only the excess is refused, never
+    the node's other jobs; junk sent once under many names fills the monitor, then gives its places
+    to a real job once silent, while junk that keeps talking keeps its."""
     env = {"HANGWATCH_MAX_JOBS": "10", "HANGWATCH_MAX_JOBS_PER_NODE": "4", "HANGWATCH_JOB_ROOM_SILENT_S": "2"}
     with running_monitor(tmp_path, extra_env=env) as monitor, httpx.Client(base_url=monitor.base, timeout=5) as http:
         def post(node: str, *jobs: str) -> httpx.Response:
             return http.post(URL, json=report(node=node, ranks=[rank(job_id=job, rank=0) for job in jobs]))
 
-        greedy = post("greedy", *(f"greedy-{i}" for i in range(5)))
-        assert greedy.status_code == 429 and "max_jobs_per_node" in greedy.json()["detail"], greedy.text
-        assert [post(f"junk-{i}", f"junk-{i}").status_code for i in range(10)] == [202] * 10
-        assert post("node-real", "job-real").status_code == 429  # full, and every junk job just spoke
+        assert post("greedy", "greedy-0", "greedy-1", "greedy-2").status_code == 202
+        some = post("greedy", "greedy-3", "greedy-4", "greedy-5")
+        assert some.status_code == 202 and some.json()["refused_jobs"]["jobs"] == ["greedy-4", "greedy-5"], some.text
+        assert "max_jobs_per_node" in some.json()["refused_jobs"]["detail"]
+        none = post("greedy", "greedy-6", "greedy-7", "greedy-8")
+        assert none.status_code == 429 and "max_jobs_per_node" in none.json()["detail"], none.text
+        assert {j for j in _job_ids(monitor.base) if j.startswith("greedy")} == {f"greedy-{i}" for i in range(4)}
+
+        assert post("node-real", "job-real").status_code == 202
+        assert [post(f"junk-{i}", f"junk-{i}").status_code for i in range(5)] == [202] * 5  # 10 jobs: full
+        # A new job past max_jobs is refused alone: the node's live job is still taken.
+        both = post("node-real", "job-real", "job-real-2")
+        assert both.status_code == 202 and both.json()["refused_jobs"]["jobs"] == ["job-real-2"], both.text
         deadline = time.monotonic() + 15
         while True:
             assert post("junk-0", "junk-0").status_code == 202  # the one that keeps talking
-            status = post("node-real", "job-real").status_code
-            if status == 202:
+            both = post("node-real", "job-real", "job-real-2")
+            assert both.status_code == 202, both.text
+            if "refused_jobs" not in both.json():
                 break
-            assert status == 429 and time.monotonic() < deadline, "the real job never got a place"
+            assert time.monotonic() < deadline, "the real job's new job never got a place"
             time.sleep(0.5)
         jobs = _job_ids(monitor.base)
-        assert {"job-real", "junk-0"} <= jobs and len(jobs) <= 10, jobs
+        assert {"job-real", "job-real-2", "junk-0"} <= jobs and len(jobs) <= 10, jobs
         assert float(_metric_line(monitor.base, "hangwatch_monitor_jobs_displaced_total").split()[-1]) >= 1
-        assert _metric_line(monitor.base, 'hangwatch_reports_rejected_total{reason="node_jobs"}').endswith(" 1.0")
+        assert _metric_line(monitor.base, 'hangwatch_reports_rejected_total{reason="node_jobs"}').endswith(" 2.0")
+
+
+def test_a_node_at_its_share_makes_room_with_its_own_ended_jobs(tmp_path: Path) -> None:
+    """A node that runs many short jobs is not refused a new one for its finished ones."""
+    env = {"HANGWATCH_MAX_JOBS_PER_NODE": "2", "HANGWATCH_JOB_ROOM_SILENT_S": "1"}
+    with running_monitor(tmp_path, extra_env=env) as monitor, httpx.Client(base_url=monitor.base, timeout=5) as http:
+        def post(*ranks: dict) -> httpx.Response:
+            return http.post(URL, json=report(node="node-ci", ranks=list(ranks)))
+
+        ended = {"alive": False, "exit": {"at": time.time(), "code": 0, "source": "proc"}}
+        assert post(rank(job_id="short-0"), rank(job_id="short-1")).status_code == 202
+        assert post(rank(job_id="short-0", **ended), rank(job_id="short-1", **ended)).status_code == 202
+        deadline = time.monotonic() + 15
+        while (answer := post(rank(job_id="short-2"))).status_code != 202:
+            assert answer.status_code == 429 and time.monotonic() < deadline, answer.text
+            time.sleep(0.3)
+        assert "short-2" in _job_ids(monitor.base)
 
 
 def test_junk_ranks_cannot_fill_the_monitor_and_give_their_room_once_silent(tmp_path: Path) -> None:
