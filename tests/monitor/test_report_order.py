@@ -93,6 +93,7 @@ def test_a_replaced_run_is_remembered_and_the_memory_is_bounded() -> None:
     assert len(last.past_runs) == 16 and last.past_runs[-1] == (NOW + 98, 98)
 
 
+@pytest.mark.live  # waits out CURRENT_RUN_SILENT_S: handed out before the quick tier
 def test_forged_numbers_neither_pass_nor_lock_the_agent_out(tmp_path: Path) -> None:
     """The issue's probes against a real monitor, with the agent's own sender: a captured body with
     its number taken out, one numbered 10^15, one a little ahead (taken: the agent's next numbers
