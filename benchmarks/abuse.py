@@ -1,14 +1,18 @@
 """One sender against a real monitor, the attacks of issue 20, with figures for benchmarks/README.md.
 
     python benchmarks/abuse.py [--cases replay,junk,padded,headers] [--padded-seconds 20]
-                               [--snapshot-budget BYTES] [--unguarded-headers]
+                               [--settle-seconds 90]
+                               [--snapshot-budget BYTES] [--silent-budget BYTES] [--unguarded-headers]
 
 - replay: an agent's numbered reports, then two old bodies re-posted verbatim in turn: how many taken.
 - junk: 2,000 junk jobs, one POST each under ever new node names (a shared token allows it), then
   a real agent's new job: how long it is refused (it was for the whole 600-s job retention); and
   2,000 jobs in reports of one node name.
 - padded: valid reports padded with text zlib cannot shrink, under ever new node names, from 4
-  threads for ``--padded-seconds``: the database's growth (it was about 650 MB in 20 s).
+  threads for ``--padded-seconds``: the database's growth (it was about 650 MB in 20 s), and the
+  monitor's RSS before, at its peak and as it settles over ``--settle-seconds`` after the flood
+  (it stayed at 1 GB), while one real node reports every second throughout, as a cluster's agents
+  do: whether its job is still shown at the end.
 - headers: 16 clients each sending 100-KB request heads three ways (one header in pieces, many
   headers, heads again and again on a keep-alive connection): the monitor's RSS before and at
   its peak (it grew from 60 to 487 MB); ``--unguarded-headers`` lifts the head limit to show the
@@ -79,13 +83,21 @@ def junk(base: str, wait_limit_s: float) -> None:
               f"another real job then: {real2}")
 
 
-def padded(base: str, db: Path, seconds: float, pid: int) -> None:
+def padded(base: str, db: Path, seconds: float, pid: int, settle_s: float) -> None:
     size_before = _db_bytes(db)
     proc = psutil.Process(pid)
     rss_before = proc.memory_info().rss
     stop = time.monotonic() + seconds
     counts = {"posted": 0, "bytes": 0}
     lock = threading.Lock()
+    live_stop = threading.Event()
+
+    def live_agent() -> None:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            seq = 1
+            while not live_stop.wait(0 if seq == 1 else 1.0):
+                http.post(URL, json=report(node="node-live", ranks=[rank(job_id="job-live", world_size=1)], seq=seq))
+                seq += 1
 
     def sender(worker: int) -> None:
         rng = random.Random(worker)
@@ -101,6 +113,8 @@ def padded(base: str, db: Path, seconds: float, pid: int) -> None:
                     counts["bytes"] += len(answer.request.content)
                 n += 1
 
+    live = threading.Thread(target=live_agent)
+    live.start()
     threads = [threading.Thread(target=sender, args=(w,)) for w in range(4)]
     for t in threads:
         t.start()
@@ -123,6 +137,24 @@ def padded(base: str, db: Path, seconds: float, pid: int) -> None:
           f"{value('hangwatch_monitor_snapshots_dropped_total')} (writer behind), "
           f"{value(TOO_LARGE)} (too large), {value(OVER_BUDGET)} (over budget); "
           f"RSS {rss_before / 2**20:.0f} -> peak {peak / 2**20:.0f} MiB; /metrics right after: {metrics_s:.2f} s")
+    settling = _rss_while_idle(proc, settle_s)
+    live_stop.set()
+    live.join()
+    live_job = httpx.get(f"{base}/diagnose", params={"job": "job-live", "format": "json"}, timeout=30).status_code
+    if settling:
+        print("padded: RSS after the flood: " + ", ".join(f"+{at:.0f} s {rss / 2**20:.0f}" for at, rss in settling)
+              + f" MiB; settled at {settling[-1][1] / 2**20:.0f} MiB (before {rss_before / 2**20:.0f}); "
+              f"the live node's job: {'shown' if live_job == 200 else f'answered {live_job}'}")
+
+
+def _rss_while_idle(proc: psutil.Process, seconds: float, every_s: float = 10.0) -> list[tuple[float, int]]:
+    """The process's RSS every ``every_s`` for ``seconds`` while no junk comes."""
+    started = time.monotonic()
+    samples = []
+    while (at := time.monotonic() - started) < seconds:
+        time.sleep(min(every_s, seconds - at))
+        samples.append((time.monotonic() - started, proc.memory_info().rss))
+    return samples
 
 
 def _db_bytes(db: Path) -> int:
@@ -182,13 +214,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default="replay,junk,padded,headers")
     parser.add_argument("--padded-seconds", type=float, default=20.0)
+    parser.add_argument("--settle-seconds", type=float, default=90.0, help="RSS sampled this long after the flood")
     parser.add_argument("--junk-wait-limit", type=float, default=120.0)
     parser.add_argument("--snapshot-budget", type=int, default=None, help="HANGWATCH_SNAPSHOT_BUDGET_BYTES")
+    parser.add_argument("--silent-budget", type=int, default=None, help="HANGWATCH_MAX_SILENT_BYTES")
     parser.add_argument("--unguarded-headers", action="store_true", help="lift the request-head limit")
     args = parser.parse_args()
     env = {"HANGWATCH_MAX_WORLD_SIZE": "65536"}
     if args.snapshot_budget:
         env["HANGWATCH_SNAPSHOT_BUDGET_BYTES"] = str(args.snapshot_budget)
+    if args.silent_budget:
+        env["HANGWATCH_MAX_SILENT_BYTES"] = str(args.silent_budget)
     if args.unguarded_headers:
         env["HANGWATCH_MAX_HEADER_BYTES"] = str(1 << 30)
         env["HANGWATCH_MAX_HEADERS"] = str(1 << 20)
@@ -200,7 +236,7 @@ def main() -> int:
             elif case == "junk":
                 junk(monitor.base, args.junk_wait_limit)
             elif case == "padded":
-                padded(monitor.base, monitor.db, args.padded_seconds, monitor.proc.pid)
+                padded(monitor.base, monitor.db, args.padded_seconds, monitor.proc.pid, args.settle_seconds)
             elif case == "headers":
                 headers(monitor.base, monitor.proc.pid)
             else:

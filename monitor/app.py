@@ -26,6 +26,7 @@ from monitor.load import LoadGuard
 from monitor.routes import actions, captures, diagnose, metrics, nodes, page
 from monitor.routes.ingest import IngestLayer
 from monitor.gc_tuning import GcTamer
+from monitor.heap_trim import HeapTrimmer
 from monitor.security_headers import SecurityHeaders
 from monitor.service import Monitor
 from monitor.settings import Settings
@@ -53,6 +54,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         confirm_alarms=settings.confirm_alarms,
         straggler_window_s=settings.straggler_window_s,
         suspect_window_s=settings.suspect_window_s,
+        max_silent_bytes=settings.max_silent_bytes,
         limits=Limits(max_jobs=settings.max_jobs, max_nodes=settings.max_nodes, max_world_size=settings.max_world_size,
                       max_jobs_per_node=settings.max_jobs_per_node, job_room_silent_s=settings.job_room_silent_s,
                       max_ranks=settings.max_ranks),
@@ -154,6 +156,7 @@ async def _keep_watchdog_fed(notifier: Notifier) -> None:
 async def _tick_forever(monitor: Monitor, guard: LoadGuard, interval_s: float) -> None:
     """A diagnosis pass every ``interval_s``, a few jobs at a time so requests are served in between."""
     gc_tamer = GcTamer(last_full_at=time.monotonic())
+    heap = HeapTrimmer()
     while True:
         started = time.monotonic()
         offloaded = 0.0
@@ -166,6 +169,10 @@ async def _tick_forever(monitor: Monitor, guard: LoadGuard, interval_s: float) -
                     await asyncio.to_thread(step.run)
                     offloaded += time.monotonic() - handed
             guard.forget(set(monitor.state.nodes))
+            if heap.due(time.monotonic()):  # what a flood or forgotten jobs freed goes back to the system
+                handed = time.monotonic()
+                await asyncio.to_thread(heap.trim)
+                offloaded += time.monotonic() - handed
         except Exception:
             log.exception("background diagnosis failed")
         gc_tamer.after_pass(started)

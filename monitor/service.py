@@ -35,6 +35,7 @@ from monitor.actions.orders import AgentOrders, ReportedPids
 from monitor.actions.policy import Culprit, JobFacts
 from monitor.attribution import why_unattributed
 from monitor.report_order import stale_reason
+from monitor.silent_budget import MAX_SILENT_BYTES, SilentBudget
 from monitor.store import Store, VerdictChange
 
 if TYPE_CHECKING:
@@ -142,9 +143,12 @@ class Monitor:
         limits: Limits | None = None,
         straggler_window_s: float = CPU_LEVEL_WINDOW_S,
         suspect_window_s: float = SUSPECT_WINDOW_S,
+        max_silent_bytes: int = MAX_SILENT_BYTES,
     ) -> None:
         self.store = store
         self.limits = limits or Limits()
+        # What silent jobs and nodes keep, bounded (monitor/silent_budget.py).
+        self.silent_budget = SilentBudget(max_silent_bytes)
         self.clock = clock
         # Reports received before this were replayed from the store (see JobView.monitor_started_at).
         self.started_at = clock()
@@ -412,6 +416,9 @@ class Monitor:
         started = time.perf_counter()
         with self._lock:
             self.state.prune(now, self.job_retention_s)
+            # Silence means nothing until the monitor has listened that long (see ``refusal``).
+            if now - self.started_at > self.limits.job_room_silent_s:
+                self.silent_budget.enforce(self.state, now, self.limits.job_room_silent_s)
             known = set(self.state.jobs)
             # What the monitor keeps per job goes with the job.
             for per_job in (self._results, self._revisions, self._settled, self.costs, self._incident_nodes):
@@ -426,6 +433,8 @@ class Monitor:
             self._dirty &= known
             # A node silent past the job retention (its jobs forgotten) starts over with a full report.
             self._full_seen &= {n for n, t in self.state.nodes.items() if now - t.last_report_at <= self.job_retention_s}
+            for gone in self._snapshot_due.keys() - self.state.nodes.keys():
+                del self._snapshot_due[gone]  # else every node name ever heard stays here
             ids = list(self.state.jobs)
         step_started = time.perf_counter()
         for job_id in ids:

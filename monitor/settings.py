@@ -98,6 +98,10 @@ class Settings:
     job_room_silent_s: float = 60.0
     max_ranks: int = 100_000
     max_nodes: int = 10000
+    # What jobs and nodes silent for job_room_silent_s keep (their reports, estimated), all together:
+    # past it the densest is forgotten first (monitor/silent_budget.py), so junk sent once under new
+    # node names cannot hold the monitor's memory for the job retention.
+    max_silent_bytes: int = 256 * 1024 * 1024
     max_world_size: int = 65536
     # Connection guards (monitor/http_guard.py): open connections at most (kept under the open-file
     # limit), and how long a client may take over a request's headers and over its body.
@@ -170,7 +174,8 @@ class Settings:
             raise SettingsError(f"{named('host')} must not be empty")
         if not 1 <= self.port <= 65535:
             raise SettingsError(f"{named('port')} must be between 1 and 65535, not {self.port}")
-        for name in ("max_body_bytes", "max_header_bytes", "snapshot_max_bytes", "snapshot_budget_bytes"):
+        for name in ("max_body_bytes", "max_header_bytes", "snapshot_max_bytes", "snapshot_budget_bytes",
+                     "max_silent_bytes"):
             if getattr(self, name) < 1024:
                 raise SettingsError(f"{named(name)} must be at least 1024, not {getattr(self, name)}")
         if self.suspect_window_s > self.verdict_retention_s:
