@@ -10,8 +10,9 @@ bodies kept a real deadlock ``healthy`` for 25 s. Now a report is refused (409, 
     ``SEQ_AHEAD_PER_S`` a second): one body numbered 10^15 used to lock the real agent out;
   - it has no number while the node's agent numbers its reports (a captured body with ``seq``
     taken out used to pass as one from an agent too old to number);
-  - it comes from a run the node has since replaced (a run never comes back), or from a run older
-    than the current one while the current one still reports.
+  - it comes from a run the node has since replaced (a run never comes back), from a run older
+    than the current one while the current one still reports, or from one that says it starts in
+    the future (by the node's clock as its reports showed it) while the current one still reports.
 An agent answered 409 starts a new run by itself (agent/sender.py), numbered from 1, and is
 taken; so is a run never seen with an older start (a node whose clock went back over a reboot)
 once the current run has been silent ``CURRENT_RUN_SILENT_S``. Agents from before numbering
@@ -34,6 +35,10 @@ CURRENT_RUN_SILENT_S = 30.0
 # since, but never to 10^15.
 MAX_SEQ_AHEAD = 1000
 SEQ_AHEAD_PER_S = 20.0
+# A new run that says it started later than this past now, by the node's clock as the monitor
+# knows it, is not taken while the current run reports: a forged run dated ahead would otherwise
+# make the real agent's every new run older than it, and refused.
+FUTURE_START_S = 5.0
 # Runs of the agent a node replaced, remembered so that none is taken again.
 PAST_RUNS_KEPT = 16
 
@@ -49,6 +54,7 @@ class LastTaken:
     seq: int | None
     received_at: float = 0.0
     past_runs: tuple[Run, ...] = ()  # oldest first
+    offset: float = 0.0  # the node's clock offset then (monitor time - the node's)
 
 
 def stale_reason(report: Any, last: LastTaken | None, now: float) -> str | None:
@@ -76,8 +82,12 @@ def stale_reason(report: Any, last: LastTaken | None, now: float) -> str | None:
         return None
     if run in last.past_runs:
         return "report from a run of the agent this node has since replaced (a replayed report)"
+    current_reports = now - last.received_at < CURRENT_RUN_SILENT_S
+    if agent.started_at is not None and agent.started_at + last.offset > now + FUTURE_START_S and current_reports:
+        return (f"report from a run of the agent that starts {agent.started_at + last.offset - now:.0f}s from now by "
+                "this node's clock: a forged run")
     if (agent.started_at is not None and last.started_at is not None and agent.started_at < last.started_at
-            and now - last.received_at < CURRENT_RUN_SILENT_S):
+            and current_reports):
         return (f"report from a run of the agent started at {agent.started_at:.0f}, before the node's current "
                 f"one ({last.started_at:.0f}): a replayed report")
     return None

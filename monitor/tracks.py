@@ -224,7 +224,8 @@ class NodeTrack:
     past_runs: tuple[Run, ...] = ()
 
     def last_taken(self) -> LastTaken:
-        return LastTaken(self.agent.started_at, self.agent.pid, self.seq, self.last_report_at, self.past_runs)
+        return LastTaken(self.agent.started_at, self.agent.pid, self.seq, self.last_report_at, self.past_runs,
+                         self.offset)
     # (host report, its HostFacts) for monitor/views.host_facts: the facts change only with the host.
     facts_cache: tuple[HostReport, HostFacts] | None = None
 

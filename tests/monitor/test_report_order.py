@@ -25,6 +25,8 @@ def sent(seq: int | None, run: tuple[float | None, int | None] = RUN) -> SimpleN
 
 LAST = LastTaken(RUN[0], RUN[1], 10, NOW - 1)
 UNNUMBERED = LastTaken(RUN[0], RUN[1], None, NOW)
+BEHIND = LastTaken(RUN[0] - 3600, RUN[1], 10, NOW - 1, offset=3600.0)
+AHEAD = LastTaken(RUN[0] + 3600, RUN[1], 10, NOW - 1, offset=-3600.0)
 REPLACED = LastTaken(RUN[0], RUN[1], 10, NOW - 1, past_runs=((NOW - 6000, 41),))
 
 
@@ -48,6 +50,12 @@ REPLACED = LastTaken(RUN[0], RUN[1], 10, NOW - 1, past_runs=((NOW - 6000, 41),))
     ("a long outage's worth of numbers", sent(10 + 3600 * 5), LAST, NOW + 3600, False),
     ("a run the node replaced, even once the current one is silent", sent(900, (NOW - 6000, 41)), REPLACED,
      NOW + CURRENT_RUN_SILENT_S + 1, True),
+    ("a new run dated ahead of now (a forged one, to make the agent's own runs older)",
+     sent(1, (NOW + 3600, 43)), LAST, NOW, True),
+    ("... by the node's clock: a node an hour behind starts a run", sent(1, (NOW - 3600, 43)), BEHIND, NOW, False),
+    ("... a node an hour ahead starts one", sent(1, (NOW + 3600, 43)), AHEAD, NOW, False),
+    ("... taken once the current run has been silent (the node's clock jumped)", sent(1, (NOW + 3600, 43)), LAST,
+     NOW + CURRENT_RUN_SILENT_S + 1, False),
 ])
 def test_which_reports_are_stale(what: str, report_, last, now: float, stale: bool) -> None:
     assert (stale_reason(report_, last, now) is not None) == stale, what
