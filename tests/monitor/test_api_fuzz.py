@@ -55,6 +55,7 @@ def seen(base: str) -> Seen:
     )
 
 
+@pytest.mark.live  # a real monitor for a minute: handed out with the live tiers, not last with the quick ones
 def test_fuzzed_requests_get_no_server_error_and_refused_reports_change_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

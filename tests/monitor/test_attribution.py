@@ -84,7 +84,7 @@ RULE = ActionRule("act", frozenset({"deadlock"}), 0.0, "command",
 FILLED = ("slurm_job", "k8s_namespace", "k8s_pods", "job_id", "culprit_nodes", "culprit_ranks", "rule")
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(envs=st.lists(st.fixed_dictionaries({"SLURM_JOB_ID": SLURM, "POD_NAMESPACE": NAME, "POD_NAME": NAME},
                                            optional=dict.fromkeys(ENV_KEYS, ANY)), min_size=1, max_size=3),
        job_id=st.one_of(NAME, ANY), node=st.one_of(NAME, ANY))

@@ -10,9 +10,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from monitor_reports import rank, report
 from real_monitor import running_monitor
 
+pytestmark = pytest.mark.live  # real monitors
 URL = "/api/v1/reports"
 
 
