@@ -18,6 +18,24 @@ FORGOTTEN_KEPT_S = 24 * 3600.0
 SILENT_NODE_KEPT_S = 24 * 3600.0
 
 
+def forget_job(jobs: dict[str, JobTrack], aliases: dict[str, str], job_id: str) -> JobTrack:
+    """Drop ``job_id``, and the other ids it goes by; the job dropped."""
+    job = jobs.pop(job_id)
+    for name in (job_id, *job.aliases):
+        aliases.pop(name, None)
+    return job
+
+
+def remember_forgotten(job_id: str, job: JobTrack, forgotten: dict[str, float],
+                       forgotten_pids: dict[str, frozenset[tuple[str, int]]], now: float) -> None:
+    """Keep a forgotten job's ids, with its processes' (node, pid), so that agents still listing its
+    dead ranks do not bring it back and a new run under the id skips them."""
+    pids = frozenset((t.node, t.pid) for t in (*job.ranks.values(), *job.launchers.values()))
+    for name in (job_id, *job.aliases):
+        forgotten[name] = now
+        forgotten_pids[name] = pids
+
+
 def prune(
     *,
     jobs: dict[str, JobTrack],
@@ -28,22 +46,14 @@ def prune(
     now: float,
     retention_s: float,
 ) -> list[str]:
-    """Forget jobs that ended, or that no agent mentioned, more than ``retention_s`` ago.
-
-    A forgotten job's ids (its own and its aliases) go to ``forgotten`` with its processes'
-    (node, pid) in ``forgotten_pids``, so that agents still listing its dead ranks do not bring
-    it back and a new run under the id skips them. Returns the ids of the jobs forgotten."""
+    """Forget jobs that ended, or that no agent mentioned, more than ``retention_s`` ago (each
+    remembered as forgotten). Returns the ids of the jobs forgotten."""
     dropped = []
     for job_id, job in list(jobs.items()):
         ended_at = job.ended_at
         if now - job.last_report_at > retention_s or (ended_at is not None and now - ended_at > retention_s):
-            del jobs[job_id]
+            remember_forgotten(job_id, forget_job(jobs, aliases, job_id), forgotten, forgotten_pids, now)
             dropped.append(job_id)
-            pids = frozenset((t.node, t.pid) for t in (*job.ranks.values(), *job.launchers.values()))
-            for name in (job_id, *job.aliases):
-                aliases.pop(name, None)
-                forgotten[name] = now
-                forgotten_pids[name] = pids
     for name, node in list(nodes.items()):
         if now - node.last_report_at > max(retention_s, SILENT_NODE_KEPT_S):
             del nodes[name]
@@ -93,8 +103,7 @@ def make_room_for_ranks(
     if over > 0:
         return []  # not room enough even so: the report is refused, and nobody is forgotten for it
     for job_id in chosen:
-        for name in (job_id, *jobs.pop(job_id).aliases):
-            aliases.pop(name, None)
+        forget_job(jobs, aliases, job_id)
     return chosen
 
 
@@ -121,15 +130,10 @@ def make_room_in_node(
             candidates.append((1, job.last_report_at, job_id))
     dropped = []
     for ended, _, job_id in heapq.nsmallest(needed, candidates):
-        job = jobs.pop(job_id)
+        job = forget_job(jobs, aliases, job_id)
         held.discard(job_id)
         if ended == 0:
-            pids = frozenset((t.node, t.pid) for t in (*job.ranks.values(), *job.launchers.values()))
-            for name in (job_id, *job.aliases):
-                forgotten[name] = now
-                forgotten_pids[name] = pids
-        for name in (job_id, *job.aliases):
-            aliases.pop(name, None)
+            remember_forgotten(job_id, job, forgotten, forgotten_pids, now)
         dropped.append(job_id)
     return dropped
 
@@ -148,6 +152,5 @@ def make_room_for_jobs(
         return []  # not room enough even so: the report is refused, and nobody is forgotten for it
     dropped = [job_id for _, job_id in heapq.nsmallest(over, silent)]
     for job_id in dropped:
-        for name in (job_id, *jobs.pop(job_id).aliases):
-            aliases.pop(name, None)
+        forget_job(jobs, aliases, job_id)
     return dropped

@@ -27,6 +27,7 @@ import msgspec
 import pydantic
 
 from monitor.job_track import JobTrack
+from monitor.retention import forget_job
 from monitor.state import MonitorState
 from monitor.tracks import NodeTrack
 
@@ -106,8 +107,7 @@ class SilentBudget:
                 if total <= self.max_bytes:
                     break
                 if entry.kind == "job":
-                    for name in (entry.key, *jobs.pop(entry.key).aliases):
-                        state.aliases.pop(name, None)
+                    forget_job(jobs, state.aliases, entry.key)
                     forgotten.append(entry.key)
                 elif _holds_kept_job(nodes[entry.key], jobs):
                     held.append(entry)  # its jobs' views read its last report: it goes after them

@@ -8,6 +8,9 @@
   waiting on one worker while the others sit idle.
 - Tiers: tests that start real processes are marked ``live`` (``e2e`` ones, which start torch
   jobs, are live too); ``scripts/test.sh --fast`` runs the rest.
+- Network namespaces a killed run left (its workers' fabrics never reached their clean-up) are
+  swept by the controller at the start and the end of the session: only it, outside every
+  worker's PID namespace, can tell that their makers are gone (hangwatch/demo/netns.py).
 - Tests marked ``cpu_bound`` judge ranks by the CPU they get (a busy rank must look busy): beside
   other workers' jobs on 2 cores it gets a fifth of a core. ``--cpu-bound=without`` leaves them out
   and ``--cpu-bound=only`` runs just them; scripts/test.sh runs the parallel part without them, then
@@ -40,6 +43,25 @@ def pytest_configure(config: pytest.Config) -> None:
     if tx and "PYTEST_XDIST_WORKER" not in os.environ:
         config.option.tx = [f"popen//python={sys.executable} {NODE_WORKER}" if spec == "popen" else spec
                             for spec in tx]
+
+
+def _sweep_namespaces(config: pytest.Config) -> None:
+    """Remove the namespaces of fabrics whose makers are gone, from the controller (or a run
+    without workers) as root where ``ip`` exists: a worker never judges another's."""
+    if hasattr(config, "workerinput") or os.geteuid() != 0:
+        return
+    from hangwatch.demo.netns import missing_tools, sweep_stale
+
+    if not missing_tools():
+        sweep_stale()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _sweep_namespaces(session.config)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _sweep_namespaces(session.config)
 
 
 def _shared_fixture_group(item: pytest.Item) -> str | None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from monitor.actions.placeholders import FORMATS
+from monitor.actions.placeholders import FORMATS, PLACEHOLDER
 from monitor.incidents import INCIDENT_VERDICTS
 
 KINDS = ("command", "webhook", "signal")
@@ -47,7 +47,6 @@ SIGNALS = ("SIGTERM", "SIGABRT", "SIGINT", "SIGUSR1", "SIGUSR2")
 # What a command's arguments may name: the job's identity, each in its format (monitor/actions/placeholders.py).
 PLACEHOLDERS = tuple(FORMATS)
 _NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,63}$")
-_PLACEHOLDER = re.compile(r"{([^{}]*)}")
 DEFAULT_TIMEOUT_S = 30.0
 
 
@@ -162,7 +161,7 @@ def _rule(raw: Any, index: int) -> ActionRule:
             raise ActionConfigError(f"{where}: command must be a list of arguments (no shell), e.g. "
                                     '["scancel", "--", "{slurm_job}"]')
         for arg in command:
-            unknown = [p for p in _PLACEHOLDER.findall(arg) if p not in PLACEHOLDERS]
+            unknown = [p for p in PLACEHOLDER.findall(arg) if p not in PLACEHOLDERS]
             if unknown:
                 raise ActionConfigError(f"{where}: unknown placeholder {{{unknown[0]}}}; known: {list(PLACEHOLDERS)}")
         return replace(rule, command=tuple(command))

@@ -8,8 +8,8 @@ process its own discovery places there. An order not taken or not answered withi
 failed: its node stopped reporting (or its agent is too old).
 
 A node that reports one live pid as two ranks (of one job or two) is lying about one of them: no
-signal is ordered on its word about that pid (``ReportedPids``; the engine records the action as
-unattributed).
+signal is ordered on its word about that pid (``ReportedPids``; the policy records the action as
+unattributed, monitor/actions/policy.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-_PLACEHOLDER = re.compile(r"{([^{}]*)}")
+# A placeholder in a command argument: {name}.
+PLACEHOLDER = re.compile(r"{([^{}]*)}")
 _DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 # How each placeholder's value may look, one item of a list at a time.
 FORMATS: dict[str, re.Pattern[str]] = {
@@ -62,7 +63,7 @@ assert set(_KIND) == set(FORMATS)
 
 def used_in(args: Sequence[str]) -> list[str]:
     """The placeholders ``args`` name, in the order of FORMATS."""
-    named = {name for arg in args for name in _PLACEHOLDER.findall(arg)}
+    named = {name for arg in args for name in PLACEHOLDER.findall(arg)}
     return [name for name in FORMATS if name in named]
 
 
