@@ -22,7 +22,7 @@ import platform
 from dataclasses import dataclass
 
 PATH_MAX = 4096
-# What the report carries of a path (monitor.wire.BlockedIoReport).
+# What the report carries of a path (monitor.ingest.wire.BlockedIoReport).
 PATH_REPORTED = 1024
 
 # (name, index of the fd argument or None, index of the path argument or None), by machine.

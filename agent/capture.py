@@ -1,5 +1,5 @@
 """An evidence capture of this node's ranks of one job, when the monitor asks for one
-(monitor/capture_requests.py): the moment a verdict held, before a watchdog ends the job.
+(monitor/engine/capture_requests.py): the moment a verdict held, before a watchdog ends the job.
 
 Per rank, in parallel (a small pool: py-spy pauses each rank for its dump): a native py-spy dump
 (or, where py-spy cannot attach, the rank's torch worker server's traceback), its Flight Recorder

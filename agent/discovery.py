@@ -82,7 +82,7 @@ ENV_ALLOWLIST = (
     "TORCH_FR_DUMP_DYNAMIC_FILE_NAME",
     # torch's worker server socket: stacks without ptrace, live Flight Recorder (agent/torch_worker_server.py).
     "TORCH_WORKER_SERVER_SOCKET",
-    # What people call the job (monitor/job_names.py): Slurm's ids, and a pod's downward-API
+    # What people call the job (monitor/engine/job_names.py): Slurm's ids, and a pod's downward-API
     # variables (POD_UID is also read from the cgroup path: agent/workload_names.py). HOSTNAME
     # is a pod's name in Kubernetes; the monitor uses it only for a rank in a pod.
     "SLURM_JOB_ID",

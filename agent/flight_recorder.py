@@ -89,7 +89,7 @@ class _RankDump:
 
 
 class FlightRecorderReader:
-    """The latest dump of each rank, as the report's ``flight_recorder`` (monitor/wire.py
+    """The latest dump of each rank, as the report's ``flight_recorder`` (monitor/ingest/wire.py
     ``FlightRecorderReport``): kept once read, also after the file is gone or the rank ended."""
 
     def __init__(

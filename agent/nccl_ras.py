@@ -217,7 +217,7 @@ def read_ras(
 class NcclRasPoller:
     """One poll at a time on a short-lived thread; the loop reads the latest result.
 
-    The result is the report's ``nccl_ras`` (monitor/wire.py ``NcclRasReport``): when it was
+    The result is the report's ``nccl_ras`` (monitor/ingest/wire.py ``NcclRasReport``): when it was
     read, since when NCCL's answer has stayed the same (a hang freezes the counts), the
     status, and this node's communicators.
     """

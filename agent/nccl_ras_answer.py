@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 
-# What the agent sends, per node: bounded like every list of monitor/wire.py.
+# What the agent sends, per node: bounded like every list of monitor/ingest/wire.py.
 MAX_COMMUNICATORS = 64
 MAX_LOCAL_RANKS = 256
 MAX_MISSING_RANKS = 64

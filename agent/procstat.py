@@ -153,7 +153,7 @@ def summarize_threads(
         "total": len(threads),
         "by_state": by_state,
         # The main thread (its tid is the pid): where training code runs. 0 while it
-        # sits in a collective or a blocked call, however busy the side threads (monitor.rank_ingest).
+        # sits in a collective or a blocked call, however busy the side threads (monitor.ingest.rank_ingest).
         "main_cpu_percent": rates.get(main_tid) if main_tid is not None else None,
         "busiest": [
             {"tid": t.pid, "name": t.comm[:256], "state": t.state, "cpu_percent": rates.get(t.pid)}

@@ -1,4 +1,4 @@
-"""Build the report dict the monitor validates (monitor/wire.py, schema version 1).
+"""Build the report dict the monitor validates (monitor/ingest/wire.py, schema version 1).
 
 Plain dicts on purpose: the agent stays standalone; a contract test checks the
 output against the monitor's pydantic models.

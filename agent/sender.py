@@ -111,7 +111,7 @@ class Sender:
         self.sent = 0
         self.failed = 0
         self.replayed = 0
-        # Each body sent is numbered (monitor/report_order.py: a replayed body is refused).
+        # Each body sent is numbered (monitor/ingest/report_order.py: a replayed body is refused).
         self._seq = 0
         # Set once the monitor refused a number as stale: this agent's reports are then a new run
         # that started at this time (the body's agent.started_at), numbered from 1 again.

@@ -1,5 +1,5 @@
 """Signals the monitor asks this agent to send to a job's culprit ranks (an opt-in action,
-monitor/actions/): the only thing the monitor can make an agent do.
+monitor/engine/actions/): the only thing the monitor can make an agent do.
 
 Refused unless the agent was started with ``--allow-signals``: a monitor, or whoever holds its
 address, must not be able to end training processes on a node whose operator did not agree.

@@ -1,4 +1,4 @@
-"""What an evidence capture of one big job costs the monitor (monitor/capture_store.py, issue 19).
+"""What an evidence capture of one big job costs the monitor (monitor/storage/capture_store.py, issue 19).
 
     python benchmarks/capture_bundle.py [--ranks 1000] [--ranks-per-node 8] [--uploaders 16] [--repeat 3]
 

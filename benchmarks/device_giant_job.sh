@@ -19,7 +19,7 @@ mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . || exit 1
 export PYTHONUNBUFFERED=1
-python3 -c "import monitor.app, monitor.cli" || exit 1  # a missing wheel shows here, not as "did not come up"
+python3 -c "import monitor.web.app, monitor.web.cli" || exit 1  # a missing wheel shows here, not as "did not come up"
 echo "cores: $(nproc); $(python3 --version)"
 common=(--nodes 1250 --monitor-cpus 0,1 --load-cpus 2-15 --load-procs 4 --warmup 15)
 for case in "$@"; do

@@ -33,7 +33,7 @@ from api_fuzz import INGEST, fuzz  # noqa: E402
 from monitor_reports import rank, report  # noqa: E402
 from real_monitor import running_monitor  # noqa: E402
 
-from monitor.settings import Settings  # noqa: E402
+from monitor.web.settings import Settings  # noqa: E402
 
 LIMIT = Settings.max_body_bytes
 # Sizes tried around the limit: just under, at, just over.

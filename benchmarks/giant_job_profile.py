@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from simulated_nodes import cluster  # noqa: E402
 
 from agent.delta import DeltaState  # noqa: E402
-from monitor.present import job_dict  # noqa: E402
-from monitor.fastwire import decode_report  # noqa: E402
-from monitor.service import Monitor  # noqa: E402
-from monitor.store import Store  # noqa: E402
+from monitor.present.job_answer import job_dict  # noqa: E402
+from monitor.ingest.fastwire import decode_report  # noqa: E402
+from monitor.engine.service import Monitor  # noqa: E402
+from monitor.storage.store import Store  # noqa: E402
 
 
 def main() -> None:
@@ -81,7 +81,7 @@ def main() -> None:
             t0 = time.process_time()
             monitor.tick(now + 1)
             pass_ms.append((time.process_time() - t0) * 1000)
-            gc.freeze()  # as the monitor's tick does after each pass (monitor/gc_tuning.py)
+            gc.freeze()  # as the monitor's tick does after each pass (monitor/web/gc_tuning.py)
             t0 = time.process_time()
             result = monitor.results(job_id=nodes[0].job_id)[0]
             job_dict(result, monitor.state.jobs.get(result.view.job_id))

@@ -18,8 +18,8 @@ import tracemalloc
 import orjson
 
 from monitor.diagnosis import Frame, RankView, Stack
-from monitor.rank_timeline import RankTimeline
-from monitor.stack_tree import stack_tree
+from monitor.engine.rank_timeline import RankTimeline
+from monitor.present.stack_tree import stack_tree
 
 STATES = ("running", "writing", "in_collective")
 

@@ -8,7 +8,7 @@ plain py-spy stacks now and then, sockets, the node's host facts. Two protocols:
   stack of every rank, the 32 most recent progress points, sockets, env and host facts.
 - ``delta``: what the current agent sends: a full report first (and whenever the monitor
   asks), then stacks only when new, only new progress points, host/env/sockets only when
-  changed (see monitor/wire.py).
+  changed (see monitor/ingest/wire.py).
 
 A node can be told to deadlock: its ranks stop stepping, go idle and their stacks show the
 collective wait, except the culprit rank, which sits in user code. A job can be told to
@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from monitor.wire import Report
+from monitor.ingest.wire import Report
 
 TORCH = "/opt/venv/lib/python3.11/site-packages/torch"
 ALL_REDUCE = [

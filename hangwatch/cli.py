@@ -539,7 +539,7 @@ def _exit_code(jobs: list[dict], answers: Answers, job: str | None) -> int:
 
 def _report_text(answer: dict) -> str:
     """What the monitor's own text /diagnose says, written here from its JSON answer."""
-    from monitor.render_text import render_job, render_monitor_status, render_text
+    from monitor.present.render_text import render_job, render_monitor_status, render_text
 
     jobs = answer.get("jobs", [])
     body = "\n".join(render_job(j, j.get("now") or time.time()) for j in jobs) if jobs else render_text([], 0.0)
@@ -600,7 +600,7 @@ def cmd_diagnose(args, ask: Ask) -> int:
 
 
 def cmd_status(args, ask: Ask) -> int:
-    from monitor.render_text import render_monitor_status
+    from monitor.present.render_text import render_monitor_status
 
     answers = _answers(ask)
     _set_aside_unreadable(answers, lambda answer: (

@@ -7,7 +7,7 @@ in an environment file leaves the monitor open to any client. The monitor and th
 The list is the union over the monitor, the agent, the relay, the ``hangwatch`` CLI, the deployment files
 and the demo, so that one environment shared by all of them warns of nothing real: the monitor's
 ``HANGWATCH_MAX_JOBS`` is no typo to the agent. tests/monitor/test_env_names.py holds it to the
-code: the monitor's names are its settings' (monitor/settings.py), every ``HANGWATCH_*`` name the
+code: the monitor's names are its settings' (monitor/web/settings.py), every ``HANGWATCH_*`` name the
 sources spell is here, and every name here is read somewhere.
 """
 
@@ -21,7 +21,7 @@ PREFIX = "HANGWATCH_"
 # takes a setting from them, and new ones need no entry here.
 TEST_PREFIX = PREFIX + "TEST_"
 
-# The monitor: HANGWATCH_<SETTING> for each field of monitor.settings.Settings, and the state
+# The monitor: HANGWATCH_<SETTING> for each field of monitor.web.settings.Settings, and the state
 # directory its default database lives in.
 MONITOR = frozenset({
     "HANGWATCH_HOST", "HANGWATCH_PORT", "HANGWATCH_DB", "HANGWATCH_STATE_DIR", "HANGWATCH_LOG_LEVEL",
@@ -54,7 +54,7 @@ RELAY = frozenset({"HANGWATCH_MONITOR", "HANGWATCH_HOST", "HANGWATCH_PORT", "HAN
                    "HANGWATCH_SSL_CERTFILE", "HANGWATCH_SSL_KEYFILE", "HANGWATCH_MAX_BODY_BYTES",
                    "HANGWATCH_LOG_LEVEL"})
 
-# Set by the monitor for an action's command (monitor/actions/execute.py), read by that command.
+# Set by the monitor for an action's command (monitor/engine/actions/execute.py), read by that command.
 ACTION_COMMAND = frozenset({"HANGWATCH_JOB_ID", "HANGWATCH_VERDICT", "HANGWATCH_CULPRIT_RANKS",
                             "HANGWATCH_CULPRIT_NODES"})
 

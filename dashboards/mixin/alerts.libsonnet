@@ -70,7 +70,7 @@ local lib = import 'lib.libsonnet';
         ],
       },
       {
-        // Across jobs: the machines that keep breaking them (monitor/incidents.py).
+        // Across jobs: the machines that keep breaking them (monitor/engine/incidents.py).
         name: 'hangwatch-nodes',
         rules: [
           {

@@ -28,7 +28,7 @@ Verdict = Literal[
 VERDICTS: tuple[str, ...] = Verdict.__args__  # type: ignore[attr-defined]
 
 
-# The default window of a rank's CPU level (monitor.tracks, diagnosis.slow_rank): the monitor's
+# The default window of a rank's CPU level (monitor.ingest.tracks, diagnosis.slow_rank): the monitor's
 # straggler_window_s setting.
 CPU_LEVEL_WINDOW_S = 30.0
 
@@ -187,7 +187,7 @@ class RankView:
     proc_state: str | None = None
     state_since: float | None = None
     cpu_percent: float | None = None
-    # The median of its CPU percent over the last half-minute of reports (monitor.tracks): the work
+    # The median of its CPU percent over the last half-minute of reports (monitor.ingest.tracks): the work
     # it does per second, steady enough to compare ranks by. None until the window is full enough.
     cpu_level_percent: float | None = None
     # Since when CPU has stayed below the idle threshold without a break (None: it is not).
@@ -367,7 +367,7 @@ class JobView:
     longest_pause_s: float = 0.0
     # The job's wait profile: (place, the longest pause a rank came back from there), where the place
     # is the wait site ("all_reduce@train.py:50") or the top frame of the rank's stack while it
-    # paused, and "" for pauses no stack saw (monitor.rank_ingest).
+    # paused, and "" for pauses no stack saw (monitor.ingest.rank_ingest).
     pauses_by_site: tuple[tuple[str, float], ...] = ()
     # Seconds per step from the job-level log's numbered steps (the recent median), when known.
     job_step_time_s: float | None = None

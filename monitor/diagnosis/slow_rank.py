@@ -28,7 +28,7 @@ from statistics import median, median_low
 from monitor.diagnosis.context import Context, ranks_text
 from monitor.diagnosis.model import Diagnosis
 
-# A rank's level (monitor.tracks keeps it): the median of its per-report CPU over a window
+# A rank's level (monitor.ingest.tracks keeps it): the median of its per-report CPU over a window
 # (model.CPU_LEVEL_WINDOW_S by default, the monitor's straggler_window_s setting), worked out again
 # every CPU_LEVEL_EVERY of the window once CPU_LEVEL_MIN_SAMPLES per second of window span at
 # least CPU_LEVEL_MIN_SPAN of it. (A median of 30 values per report and rank would cost a

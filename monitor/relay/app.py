@@ -19,14 +19,14 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from hangwatch_common.sdnotify import Notifier
-from monitor.auth import BOUND_NODE_KEY, CAPTURE_UPLOAD_PREFIX, INGEST_PATH
-from monitor.capture_store import MAX_PART_BYTES
-from monitor.fastwire import decode_for_forwarding
+from monitor.web.auth import BOUND_NODE_KEY, CAPTURE_UPLOAD_PREFIX, INGEST_PATH
+from monitor.storage.capture_store import MAX_PART_BYTES
+from monitor.ingest.fastwire import decode_for_forwarding
 from monitor.relay.forwarder import Forwarder, Outcome, monitor_down
-from monitor.routes.ingest import Answer, Disconnected, Message, Receive, Scope, Send, receive_body, \
+from monitor.web.routes.ingest import Answer, Disconnected, Message, Receive, Scope, Send, receive_body, \
     refuse_invalid, wrong_node
 
-# The one shape of an agent's capture upload (monitor/capture_requests.py): anything else is not passed on.
+# The one shape of an agent's capture upload (monitor/engine/capture_requests.py): anything else is not passed on.
 UPLOAD_PATH = re.compile(re.escape(CAPTURE_UPLOAD_PREFIX) + r"[A-Za-z0-9_.:\-]{1,200}/[A-Za-z0-9_.:\-]{1,128}")
 # Seconds from a report's arrival to its answer: the batch's wait (FLUSH_S) plus the monitor's work.
 UPLOAD_TIMEOUT_S = 60.0

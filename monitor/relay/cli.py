@@ -25,9 +25,9 @@ import uvicorn
 from hangwatch_common.cli_common import add_version_option
 from hangwatch_common.token_file import TokenSource
 from hangwatch_common.watched_file import SecretFileError
-from monitor.auth import INGEST, METRICS, AuthLayer, TokenFile
-from monitor.http_guard import ConnectionLimits, HttpStats, connection_cap, guarded_protocol, raise_open_file_limit
-from monitor.log_limit import limit_repeated_logs
+from monitor.web.auth import INGEST, METRICS, AuthLayer, TokenFile
+from monitor.web.http_guard import ConnectionLimits, HttpStats, connection_cap, guarded_protocol, raise_open_file_limit
+from monitor.web.log_limit import limit_repeated_logs
 from monitor.relay.app import RelayApp
 from monitor.relay.forwarder import FLUSH_S, Forwarder
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import httpx
 import orjson
 
-from monitor.auth import BATCH_PATH
+from monitor.web.auth import BATCH_PATH
 
 log = logging.getLogger("hangwatch.relay")
 

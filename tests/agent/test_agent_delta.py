@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from agent.delta import DeltaState
-from monitor.wire import Report
+from monitor.ingest.wire import Report
 from tests.monitor.monitor_reports import progress, rank, report, socket, stack
 
 DELTA = {"delta": True}

@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from agent.sockets import SocketReader
-from monitor.wire import Report
+from monitor.ingest.wire import Report
 from tests.agent.conftest import run_agent_once
 from hangwatch.demo.harness import free_port
 

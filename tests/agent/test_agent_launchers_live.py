@@ -21,7 +21,7 @@ import pytest
 from agent.derived_ranks import Candidate, DerivedRanks
 from agent.identity import LightningChild
 from agent.procstat import Stat
-from monitor.wire import Report
+from monitor.ingest.wire import Report
 from tests.agent.conftest import _kill, run_agent_once
 
 pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)

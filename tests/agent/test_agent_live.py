@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from monitor.wire import Report
+from monitor.ingest.wire import Report
 from tests.agent.conftest import agent_argv, run_agent_once
 from tests.notify_socket import NotifySocket
 

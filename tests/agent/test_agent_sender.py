@@ -47,7 +47,7 @@ def test_background_thread_sends_newest_only():
             sender.offer({"n": i})
         receiver.wait_for(lambda r: r["n"] == 49, timeout=5)
         assert len(receiver.reports) < 50  # superseded reports were dropped, not queued
-        # Each body sent is numbered, in order (monitor/report_order.py refuses a replayed one).
+        # Each body sent is numbered, in order (monitor/ingest/report_order.py refuses a replayed one).
         numbers = [r["seq"] for r in receiver.reports]
         assert numbers == list(range(1, len(numbers) + 1)), numbers
     finally:

@@ -12,7 +12,7 @@ import pytest
 
 from agent.sender import Sender, ShardedSender
 from agent.shards import owner, split
-from monitor.wire import Report
+from monitor.ingest.wire import Report
 from tests.agent.conftest import Receiver
 from tests.monitor.monitor_reports import launcher, orphan, rank, report, stack
 

@@ -16,7 +16,7 @@ import pytest
 from agent.delta import DeltaState
 from agent.flight_recorder import FlightRecorderReader, dump_paths, recording
 from agent.flight_recorder_dump import RECENT_PER_GROUP, load, parse_dump, summarize
-from monitor.wire import FlightRecorderReport, Report
+from monitor.ingest.wire import FlightRecorderReport, Report
 from tests.agent.conftest import run_agent_once
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"

@@ -13,7 +13,7 @@ import pytest
 
 from agent.nccl_ras import NcclRasPoller, NoListener, RasError, choose_address, fetch_status, parse_address, read_ras
 from agent.nccl_ras_answer import local_view, parse_status, pid_map
-from monitor.wire import NcclRasReport, Report
+from monitor.ingest.wire import NcclRasReport, Report
 from tests.agent.conftest import run_agent_once
 from tests.agent.fake_ras import FakeRas
 

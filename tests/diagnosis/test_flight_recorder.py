@@ -16,8 +16,8 @@ from agent.flight_recorder_dump import parse_dump
 from monitor.diagnosis import JobView, diagnose
 from monitor.diagnosis.flight_recorder import compare
 from monitor.diagnosis.model import FlightRecord, FrEntry, FrGroup
-from monitor.flight_recorder_views import flight_record
-from monitor.wire import FlightRecorderReport
+from monitor.ingest.flight_recorder_views import flight_record
+from monitor.ingest.wire import FlightRecorderReport
 from tests.diagnosis.builders import NOW, collective, job, rank, sleeping, steps
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"

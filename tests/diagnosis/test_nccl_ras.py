@@ -17,10 +17,10 @@ from agent.stacks import parse_dump
 from monitor.diagnosis import JobView, diagnose
 from monitor.diagnosis.model import NcclComm, NcclMissingRank, NcclRank
 from monitor.diagnosis.nccl import ISSUED_ALONE, MAJORITY, STOPPED_FIRST, culprits_of, mismatches, missing
-from monitor.nccl_views import join_comms
-from monitor.rank_ingest import to_stack
-from monitor.tracks import NcclRasTrack
-from monitor.wire import NcclRasReport, StackReport
+from monitor.engine.nccl_views import join_comms
+from monitor.ingest.rank_ingest import to_stack
+from monitor.ingest.tracks import NcclRasTrack
+from monitor.ingest.wire import NcclRasReport, StackReport
 from tests.diagnosis.builders import NOW, job, rank, sleeping, steps
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"

@@ -15,8 +15,8 @@ import pytest
 from agent.stacks import parse_dump
 from monitor.diagnosis import diagnose
 from monitor.diagnosis.stacks import wait_point
-from monitor.rank_ingest import to_stack
-from monitor.wire import StackReport
+from monitor.ingest.rank_ingest import to_stack
+from monitor.ingest.wire import StackReport
 from tests.diagnosis.builders import NOW, job, rank, steps
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"

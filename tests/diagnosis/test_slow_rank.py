@@ -9,7 +9,7 @@ import pytest
 
 from monitor.diagnosis import JobView, diagnose
 from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
-from monitor.tracks import RankTrack
+from monitor.ingest.tracks import RankTrack
 from tests.diagnosis.builders import NOW, computing, job, rank, steps
 
 STEPPING = steps(NOW - 0.5, 1.0, count=60)  # a step a second for the last minute, still going
@@ -92,7 +92,7 @@ def test_wait_shares_back_the_levels_up_when_stacks_were_sampled() -> None:
 
 
 def _track() -> RankTrack:
-    from monitor.wire import RankReport
+    from monitor.ingest.wire import RankReport
 
     report = RankReport.model_validate({"job_id": "j", "rank": 0, "world_size": 2, "pid": 1, "alive": True})
     return RankTrack(job_id="j", rank=0, node="n", pid=1, first_seen_at=0.0, observed_at=0.0, latest=report)

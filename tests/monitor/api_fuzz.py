@@ -1,7 +1,7 @@
 """The monitor's HTTP API fuzzed from its OpenAPI schema with schemathesis, against a real server.
 
 The schema the app serves (``/openapi.json``) has the ingest path, its body from the wire model
-itself (monitor/openapi.py), so the fuzz follows the format as it changes. It lacks the page
+itself (monitor/web/openapi.py), so the fuzz follows the format as it changes. It lacks the page
 (left out of the schema on purpose): ``api_schema`` adds it.
 
 Used by tests/monitor/test_api_fuzz.py (bounded, in CI) and benchmarks/fuzz_api.py (longer).
@@ -40,7 +40,7 @@ MAX_SHOWN = 4000
 
 
 def api_schema(served: dict[str, Any]) -> dict[str, Any]:
-    """``served`` (the app's /openapi.json, ingest path included: monitor/openapi.py) with the page added."""
+    """``served`` (the app's /openapi.json, ingest path included: monitor/web/openapi.py) with the page added."""
     schema = copy.deepcopy(served)
     paths = schema["paths"]
     assert INGEST in paths and "Report" in schema["components"]["schemas"], "the served schema lacks ingest"

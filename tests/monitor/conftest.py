@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from monitor_testkit import FakeClock, TestClient
 
-from monitor.app import create_app
-from monitor.settings import Settings
-from monitor.store import Store, open_store
+from monitor.web.app import create_app
+from monitor.web.settings import Settings
+from monitor.storage.store import Store, open_store
 
 
 @pytest.fixture

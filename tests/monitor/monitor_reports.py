@@ -1,4 +1,4 @@
-"""Agent reports as plain dicts, the way the agent sends them (see monitor/wire.py)."""
+"""Agent reports as plain dicts, the way the agent sends them (see monitor/ingest/wire.py)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ import msgspec
 import pydantic
 import pytest
 
-from monitor.fastwire import _decoder, decode_report
-from monitor.service import Monitor
+from monitor.ingest.fastwire import _decoder, decode_report
+from monitor.engine.service import Monitor
 
 with warnings.catch_warnings():
     # Starlette 1.x asks for httpx2 under its TestClient; until the project's test extras

@@ -1,4 +1,4 @@
-// Runs the status page's scripts (monitor/static/dom.js, app.js) under a tiny fake DOM with
+// Runs the status page's scripts (monitor/web/static/dom.js, app.js) under a tiny fake DOM with
 // canned answers and prints what the page would show. Used by test_page.py (no browser needed).
 //   node page_smoke.js STATIC_DIR diagnose.json [routes.json [polls]]
 // routes.json maps URLs the page fetches (a job's history or timeline, a /diagnose view) to their

@@ -1,4 +1,4 @@
-"""The actions file (monitor/actions/config.py): what it accepts, and one clear line for what it does not."""
+"""The actions file (monitor/engine/actions/config.py): what it accepts, and one clear line for what it does not."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from monitor.actions.config import ActionConfigError, load_actions, parse_actions
-from monitor.settings import Settings, SettingsError
+from monitor.engine.actions.config import ActionConfigError, load_actions, parse_actions
+from monitor.web.settings import Settings, SettingsError
 
 GOOD = """
 dry_run = false

@@ -1,4 +1,4 @@
-"""Carrying out an action (monitor/actions/execute.py): real commands, a real HTTP server for webhooks."""
+"""Carrying out an action (monitor/engine/actions/execute.py): real commands, a real HTTP server for webhooks."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from monitor.actions.config import ActionRule
-from monitor.actions.execute import NotRun, command_line, payload, post_webhook, run_command
-from monitor.actions.policy import ACT, Culprit, Decision, JobFacts
+from monitor.engine.actions.config import ActionRule
+from monitor.engine.actions.execute import NotRun, command_line, payload, post_webhook, run_command
+from monitor.engine.actions.policy import ACT, Culprit, Decision, JobFacts
 
 RULE = ActionRule("cancel", frozenset({"deadlock"}), 1.0, "command", command=("scancel", "{slurm_job}", "--signal={rule}"))
 

@@ -1,11 +1,11 @@
-"""When a published verdict becomes an action (monitor/actions/policy.py): table tests, no I/O."""
+"""When a published verdict becomes an action (monitor/engine/actions/policy.py): table tests, no I/O."""
 
 from __future__ import annotations
 
 import pytest
 
-from monitor.actions.config import ActionConfig, ActionRule
-from monitor.actions.policy import ACT, DRY_RUN, RATE_LIMITED, UNATTRIBUTED, ActionPolicy, Culprit, JobFacts
+from monitor.engine.actions.config import ActionConfig, ActionRule
+from monitor.engine.actions.policy import ACT, DRY_RUN, RATE_LIMITED, UNATTRIBUTED, ActionPolicy, Culprit, JobFacts
 
 CANCEL = ActionRule("cancel", frozenset({"deadlock", "stalled"}), 10.0, "command", command=("scancel", "{slurm_job}"))
 SIGNAL = ActionRule("restart", frozenset({"deadlock"}), 5.0, "signal", signal="SIGTERM")

@@ -11,9 +11,9 @@ from monitor_reports import rank, report
 from monitor_testkit import FakeClock, TestClient
 from test_api_diagnose import StubDiagnosis
 
-from monitor.app import create_app
-from monitor.settings import Settings
-from monitor.store import open_store
+from monitor.web.app import create_app
+from monitor.web.settings import Settings
+from monitor.storage.store import open_store
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from monitor_testkit import FakeClock, TestClient, monitor_of
 from monitor_reports import rank, report
 
-from monitor.store import Store
+from monitor.storage.store import Store
 
 URL = "/api/v1/reports"
 

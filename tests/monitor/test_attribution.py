@@ -1,6 +1,6 @@
-"""Whether a job's verdict may be acted on (monitor/attribution.py), table-style over MonitorState
+"""Whether a job's verdict may be acted on (monitor/engine/attribution.py), table-style over MonitorState
 fed reports from two nodes with node-bound tokens; a fuzz over ranks' environments shows no
-command argument outside its placeholder's format (monitor/actions/placeholders.py)."""
+command argument outside its placeholder's format (monitor/engine/actions/placeholders.py)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from monitor_reports import rank, report
 
-from monitor.actions.config import ActionRule
-from monitor.actions.execute import NotRun, command_line, payload
-from monitor.actions.placeholders import FORMATS
-from monitor.actions.policy import ACT, Culprit, Decision, JobFacts
-from monitor.attribution import LATE_JOIN_S, why_unattributed
-from monitor.job_names import job_names
-from monitor.state import MonitorState
-from monitor.wire import Report
+from monitor.engine.actions.config import ActionRule
+from monitor.engine.actions.execute import NotRun, command_line, payload
+from monitor.engine.actions.placeholders import FORMATS
+from monitor.engine.actions.policy import ACT, Culprit, Decision, JobFacts
+from monitor.engine.attribution import LATE_JOIN_S, why_unattributed
+from monitor.engine.job_names import job_names
+from monitor.ingest.state import MonitorState
+from monitor.ingest.wire import Report
 
 T0 = 1_700_000_000.0
 ENDED = {"alive": False, "exit": {"at": T0, "code": 1, "source": "proc"}}

@@ -16,7 +16,7 @@ from monitor_reports import rank, report
 from prometheus_client.parser import text_string_to_metric_families
 from real_monitor import EXE, running_monitor
 
-from monitor.auth import TokenFile, TokenFileError, parse_tokens, presented_token, request_kind
+from monitor.web.auth import TokenFile, TokenFileError, parse_tokens, presented_token, request_kind
 from tests.tls_certs import make_tls_files
 
 SHARED = "shared-token-0123456789abcdef"

@@ -1,4 +1,4 @@
-"""Capture bundles on disk (monitor/capture_store.py): streamed parts, bounds, the tar, a restart."""
+"""Capture bundles on disk (monitor/storage/capture_store.py): streamed parts, bounds, the tar, a restart."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.capture_store import CaptureRefused, CaptureStore
+from monitor.storage.capture_store import CaptureRefused, CaptureStore
 
 
 class Clock:
@@ -106,7 +106,7 @@ def test_a_restarted_monitor_keeps_its_bundles(tmp_path: Path) -> None:
 
 
 def test_capture_orders_a_node_never_takes_expire() -> None:
-    from monitor.actions.orders import UNTAKEN_KEPT_S, AgentOrders
+    from monitor.engine.actions.orders import UNTAKEN_KEPT_S, AgentOrders
 
     orders = AgentOrders()
     orders.give("gone-node", {"id": "capture-a", "capture": {}}, 1000.0)

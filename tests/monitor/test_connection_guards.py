@@ -14,7 +14,7 @@ from monitor_reports import rank, report
 from prometheus_client.parser import text_string_to_metric_families
 from real_monitor import running_monitor
 
-from monitor.log_limit import RepeatLimitFilter
+from monitor.web.log_limit import RepeatLimitFilter
 
 OPEN_FILE_LIMIT = 256
 IDLE_CONNECTIONS = 400  # more than the monitor may open at all

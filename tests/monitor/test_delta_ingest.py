@@ -12,9 +12,9 @@ import pytest
 from monitor_reports import progress, rank, report, socket, stack
 from monitor_testkit import FakeClock, TestClient, monitor_of
 
-from monitor.app import create_app
-from monitor.settings import Settings
-from monitor.store import Store, open_store
+from monitor.web.app import create_app
+from monitor.web.settings import Settings
+from monitor.storage.store import Store, open_store
 
 URL = "/api/v1/reports"
 

@@ -20,7 +20,7 @@ from hangwatch_common.env_names import (
     unknown_variables,
     unknown_variables_warning,
 )
-from monitor.settings import ENV_PREFIX, Settings
+from monitor.web.settings import ENV_PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where hangwatch's variables are read or set: the programs, the deployment, the scripts, the

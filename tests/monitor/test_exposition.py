@@ -10,7 +10,7 @@ from monitor_testkit import TestClient
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.exposition import Family, from_client, labels, number, render
+from monitor.web.exposition import Family, from_client, labels, number, render
 
 
 @pytest.mark.parametrize("value", ['plain', 'quo"te', "back\\slash", "new\nline", "ünïcode", "a,b={c}"])

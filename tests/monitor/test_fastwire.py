@@ -10,8 +10,8 @@ import pydantic
 import pytest
 from monitor_reports import launcher, orphan, progress, rank, report, socket, stack
 
-from monitor import wire
-from monitor.fastwire import Report, _decoder, decode_report, struct_for
+from monitor.ingest import wire
+from monitor.ingest.fastwire import Report, _decoder, decode_report, struct_for
 
 
 def rich_report() -> dict[str, Any]:

@@ -17,8 +17,8 @@ from monitor_reports import ALL_REDUCE_FRAMES, progress, rank, report, stack
 from monitor_testkit import FakeClock, TestClient, assert_refused, job_answer, monitor_of, post_report
 
 from agent.flight_recorder_dump import parse_dump
-from monitor import wire
-from monitor.fastwire import _decoder
+from monitor.ingest import wire
+from monitor.ingest.fastwire import _decoder
 
 URL = "/api/v1/reports"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"

@@ -1,4 +1,4 @@
-"""The monitor keeps CPython's cyclic GC off its large, acyclic state (monitor/gc_tuning.py)."""
+"""The monitor keeps CPython's cyclic GC off its large, acyclic state (monitor/web/gc_tuning.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 
 from monitor_testkit import TestClient
 
-from monitor.app import create_app
-from monitor.gc_tuning import FEW_FOUND, FULL_FIRST_S, FULL_MAX_S, GcTamer
-from monitor.settings import Settings
-from monitor.store import open_store
+from monitor.web.app import create_app
+from monitor.web.gc_tuning import FEW_FOUND, FULL_FIRST_S, FULL_MAX_S, GcTamer
+from monitor.web.settings import Settings
+from monitor.storage.store import open_store
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from monitor_reports import frame, progress, rank, report, stack
 from monitor_testkit import FakeClock, TestClient, monitor_of, post_report
 
-from monitor.present import RANKS_LISTED_BY_DEFAULT
+from monitor.present.job_answer import RANKS_LISTED_BY_DEFAULT
 
 JOB = "10.0.0.1:29500"
 NODES = 75
@@ -140,7 +140,7 @@ def test_metrics_count_a_giant_jobs_ranks_by_state_and_keep_per_rank_series_for_
 
     full = giant.get("/metrics").text
     assert len(series(full, "hangwatch_rank_alive")) == RANKS  # under the cap: every rank
-    monkeypatch.setattr("monitor.metrics.RANK_SERIES_MAX_RANKS", RANKS - 1)
+    monkeypatch.setattr("monitor.web.metrics.RANK_SERIES_MAX_RANKS", RANKS - 1)
     capped = giant.get("/metrics").text
     assert series(capped, "hangwatch_rank_alive") == [
         f'hangwatch_rank_alive{{job_id="{JOB}",rank="{CULPRIT}",node="node-{CULPRIT // 8:03d}"}} 1.0']
@@ -153,7 +153,7 @@ def test_metrics_count_a_giant_jobs_ranks_by_state_and_keep_per_rank_series_for_
 
 def test_the_background_pass_diagnoses_a_giant_job_off_the_lock_and_keeps_the_result(
         giant: TestClient, clock: FakeClock) -> None:
-    from monitor.service import Offload
+    from monitor.engine.service import Offload
 
     monitor = monitor_of(giant)
     steps = list(monitor.tick_steps(clock.now))
@@ -169,7 +169,7 @@ def test_the_background_pass_diagnoses_a_giant_job_off_the_lock_and_keeps_the_re
 
 def test_a_watched_giant_job_is_rendered_ahead_of_its_reads(giant: TestClient, clock: FakeClock,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    import monitor.answers as answers
+    import monitor.present.answers as answers
 
     monitor = monitor_of(giant)
     monitor.tick_interval_s = 1.0  # reads answer from the passes, as under the background tick
@@ -196,7 +196,7 @@ def _published_not_rendered(giant: TestClient, clock: FakeClock) -> tuple[float,
     """A watched giant job's next pass, stopped between its rules (run: the diagnosis is published)
     and its render-ahead (returned, not run): the answer's ``last_report_at`` before, the pass's
     remaining steps, and the render-ahead step."""
-    from monitor.service import Offload
+    from monitor.engine.service import Offload
 
     monitor = monitor_of(giant)
     monitor.tick_interval_s = 1.0  # reads answer from the passes, as under the background tick
@@ -214,7 +214,7 @@ def test_reads_get_the_previous_answer_while_the_new_one_is_rendered_ahead(
         giant: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not a second rendering of every rank beside the render-ahead (two renders on a busy monitor
     slowed each other to 100-450 ms a read), and never an answer older than the pass before."""
-    import monitor.answers as answers
+    import monitor.present.answers as answers
 
     renders: list[float] = []
     render = answers.job_dict
@@ -230,7 +230,7 @@ def test_reads_get_the_previous_answer_while_the_new_one_is_rendered_ahead(
 
 def test_a_failed_render_ahead_leaves_reads_to_render(giant: TestClient, clock: FakeClock,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    import monitor.answers as answers
+    import monitor.present.answers as answers
 
     _, steps, rendering = _published_not_rendered(giant, clock)
     render = answers.job_dict

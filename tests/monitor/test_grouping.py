@@ -1,8 +1,8 @@
-"""monitor.grouping: ranks grouped by equal keys, by the keys' identity first."""
+"""monitor.present.grouping: ranks grouped by equal keys, by the keys' identity first."""
 
 from __future__ import annotations
 
-from monitor.grouping import group_ranks
+from monitor.present.grouping import group_ranks
 
 
 def test_ranks_sharing_one_key_object_form_one_group_in_the_order_given() -> None:

@@ -1,11 +1,11 @@
-"""What hangs cost (monitor/hang_cost.py): table-style accounting, then the monitor's /diagnose
+"""What hangs cost (monitor/engine/hang_cost.py): table-style accounting, then the monitor's /diagnose
 and /metrics for a deadlock that lasts (a stub diagnosis, the real app and SQLite)."""
 
 from __future__ import annotations
 
 import pytest
 
-from monitor.hang_cost import MAX_INTERVAL_S, UNATTRIBUTED, JobCost, account, lost_text
+from monitor.engine.hang_cost import MAX_INTERVAL_S, UNATTRIBUTED, JobCost, account, lost_text
 
 # (time, published verdict, live ranks, GPU ranks, culprit nodes) in order -> rank-seconds and
 # GPU-seconds by verdict, GPU-seconds by (node, verdict).
@@ -47,9 +47,9 @@ def test_a_lasting_deadlock_costs_its_ranks_time_in_the_answer_and_the_metrics(t
     from prometheus_client.parser import text_string_to_metric_families
     from test_api_diagnose import StubDiagnosis
 
-    from monitor.app import create_app
-    from monitor.settings import Settings
-    from monitor.store import open_store
+    from monitor.web.app import create_app
+    from monitor.web.settings import Settings
+    from monitor.storage.store import open_store
 
     stub = StubDiagnosis()  # deadlock, culprit rank 1
     monkeypatch.setattr("monitor.diagnosis.diagnose", stub)

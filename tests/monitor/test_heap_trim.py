@@ -1,10 +1,10 @@
-"""monitor/heap_trim.py: freed heap goes back to the system once, and a steady heap is left alone."""
+"""monitor/web/heap_trim.py: freed heap goes back to the system once, and a steady heap is left alone."""
 
 from __future__ import annotations
 
 import pytest
 
-from monitor.heap_trim import HeapTrimmer
+from monitor.web.heap_trim import HeapTrimmer
 
 
 def test_it_is_due_at_most_every_interval() -> None:

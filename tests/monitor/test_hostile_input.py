@@ -15,11 +15,11 @@ from monitor_reports import progress, rank, report
 from monitor_testkit import FakeClock, TestClient, assert_refused, monitor_of
 from real_monitor import running_monitor
 
-from monitor.app import create_app
-from monitor.fastwire import decode_report
-from monitor.limits import Limits, check_report
-from monitor.settings import Settings
-from monitor.store import Store, open_store
+from monitor.web.app import create_app
+from monitor.ingest.fastwire import decode_report
+from monitor.ingest.limits import Limits, check_report
+from monitor.web.settings import Settings
+from monitor.storage.store import Store, open_store
 
 URL = "/api/v1/reports"
 

@@ -1,12 +1,12 @@
-"""Incidents and suspect nodes (monitor/incidents.py), table-style: published verdict changes in,
+"""Incidents and suspect nodes (monitor/engine/incidents.py), table-style: published verdict changes in,
 incidents and node rankings out; then the monitor keeping them across a restart (real SQLite)."""
 
 from __future__ import annotations
 
 import pytest
 
-from monitor.incidents import Incident, incidents, suspect_nodes
-from monitor.store import VerdictChange
+from monitor.engine.incidents import Incident, incidents, suspect_nodes
+from monitor.storage.store import VerdictChange
 
 
 def c(job: str, at: float, verdict: str, ranks: tuple[int, ...] = (), nodes: tuple[str, ...] = ()) -> VerdictChange:
@@ -69,9 +69,9 @@ def test_nodes_are_ranked_by_distinct_jobs_then_incidents() -> None:
 # --- the monitor: changes stored with their nodes, suspects read back, across a restart ---
 
 def _monitor(tmp_path, clock):
-    from monitor.app import create_app
-    from monitor.settings import Settings
-    from monitor.store import open_store
+    from monitor.web.app import create_app
+    from monitor.web.settings import Settings
+    from monitor.storage.store import open_store
 
     settings = Settings.from_raw({"db": tmp_path / "m.db", "tick_interval_s": 0})
     store = open_store(settings, clock)

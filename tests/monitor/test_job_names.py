@@ -1,10 +1,10 @@
-"""monitor/job_names.py: the names people know a job by, table-style."""
+"""monitor/engine/job_names.py: the names people know a job by, table-style."""
 
 from __future__ import annotations
 
 import pytest
 
-from monitor.job_names import PODS_LISTED, job_names, rank_names
+from monitor.engine.job_names import PODS_LISTED, job_names, rank_names
 
 POD = {"POD_UID": "0b5c1f6e-1a2b-4c3d-8e9f-001122334455", "HOSTNAME": "trainer-worker-0"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.load import LoadGuard, peek_node
+from monitor.web.load import LoadGuard, peek_node
 
 
 @pytest.mark.parametrize(
@@ -64,8 +64,8 @@ def test_peek_node(body: bytes, node: str | None) -> None:
 def test_every_probe_lands_in_the_lag_histogram_that_metrics_exports() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from monitor.exposition import render
-    from monitor.metrics import lag_histogram
+    from monitor.web.exposition import render
+    from monitor.web.metrics import lag_histogram
 
     guard = LoadGuard()
     for at, lag in enumerate((0.0, 0.003, 0.04, 0.04, 0.3, 7.0)):

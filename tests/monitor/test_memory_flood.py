@@ -31,7 +31,7 @@ SILENT_BUDGET = 4 * MIB
 JUNK_REPORTS = 250
 JUNK_RANKS = 13
 # How far above its baseline the monitor may settle: the silent budget, the live node's job, and
-# what the allocator keeps below its trimming threshold (monitor/heap_trim.py, 16 MiB).
+# what the allocator keeps below its trimming threshold (monitor/web/heap_trim.py, 16 MiB).
 SETTLED_ABOVE_BASELINE = 40 * MIB
 SETTLE_WAIT_S = 12.0
 

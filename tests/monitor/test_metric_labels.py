@@ -14,7 +14,7 @@ from monitor_reports import frame, progress, rank, report, stack
 from monitor_testkit import FakeClock, TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.metrics import RANK_LABELS
+from monitor.web.metrics import RANK_LABELS
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 COMMON = ("job_id", "rank", "node")

@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hangwatch_common.version import version
 from monitor.diagnosis import VERDICTS, Diagnosis, JobView
-from monitor.metrics import JOB_INFO_LABELS
-from monitor.process_metrics import process_families
-from monitor.retention import SILENT_NODE_KEPT_S
+from monitor.web.metrics import JOB_INFO_LABELS
+from monitor.web.process_metrics import process_families
+from monitor.ingest.retention import SILENT_NODE_KEPT_S
 
 
 def scrape(client: TestClient) -> dict[str, list[tuple[dict[str, str], float]]]:

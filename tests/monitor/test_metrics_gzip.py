@@ -16,7 +16,7 @@ from monitor_reports import progress, rank, report, stack
 from prometheus_client.parser import text_string_to_metric_families
 from real_monitor import running_monitor
 
-from monitor.routes.metrics import accepts_gzip
+from monitor.web.routes.metrics import accepts_gzip
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 NODES, RANKS_PER_NODE = 32, 8

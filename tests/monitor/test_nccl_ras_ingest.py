@@ -18,8 +18,8 @@ from monitor_testkit import FakeClock, TestClient, assert_refused, job_answer, m
 
 from agent.nccl_ras_answer import local_view, parse_status
 from agent.stacks import parse_dump
-from monitor import wire
-from monitor.fastwire import _decoder
+from monitor.ingest import wire
+from monitor.ingest.fastwire import _decoder
 
 URL = "/api/v1/reports"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"

@@ -19,12 +19,12 @@ import pytest
 from monitor_reports import frame, launcher, orphan, rank, report, stack
 from monitor_testkit import FakeClock, TestClient
 
-from monitor.app import create_app
-from monitor.routes.page import STATIC_DIR
+from monitor.web.app import create_app
+from monitor.web.routes.page import STATIC_DIR
 from hangwatch_common.safe_text import one_line, text_block
-from monitor.security_headers import CONTENT_SECURITY_POLICY, SecurityHeaders
-from monitor.settings import Settings
-from monitor.store import Store
+from monitor.web.security_headers import CONTENT_SECURITY_POLICY, SecurityHeaders
+from monitor.web.settings import Settings
+from monitor.storage.store import Store
 
 HTML = '<script>alert(1)</script>"><img src=x onerror=alert(1)>'
 ANSI = "\x1b[2J\x1b]0;pwned\x07"

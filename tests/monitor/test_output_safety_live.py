@@ -44,7 +44,7 @@ def monitor_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = workdir / "monitor.log"
     url = f"http://{LOOPBACK}:{free_port()}"
     with Reaper() as reaper, open(log, "wb") as out:
-        proc = reaper.popen([sys.executable, "-m", "monitor.cli", "--host", LOOPBACK, "--port", url.rsplit(":", 1)[1],
+        proc = reaper.popen([sys.executable, "-m", "monitor.web.cli", "--host", LOOPBACK, "--port", url.rsplit(":", 1)[1],
                              "--db", str(workdir / "monitor.db"), "--log-level", "warning"],
                             stdout=out, stderr=subprocess.STDOUT)
         try:

@@ -17,12 +17,12 @@ import pytest
 from monitor_reports import ALL_REDUCE_FRAMES, frame, launcher, orphan, progress, rank, report, stack
 from monitor_testkit import FakeClock, TestClient, post_report
 
-from monitor.app import create_app
+from monitor.web.app import create_app
 from monitor.diagnosis import Diagnosis, RankDiagnosis
-from monitor.page_links import RUNBOOK_SECTIONS
-from monitor.routes.page import STATIC_DIR
-from monitor.settings import Settings, SettingsError
-from monitor.store import Store
+from monitor.web.page_links import RUNBOOK_SECTIONS
+from monitor.web.routes.page import STATIC_DIR
+from monitor.web.settings import Settings, SettingsError
+from monitor.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ("dom.js", "app.js")

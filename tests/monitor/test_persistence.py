@@ -10,12 +10,12 @@ import pytest
 from monitor_reports import launcher, progress, rank, report, socket, stack
 from monitor_testkit import FakeClock, TestClient, monitor_of
 
-from monitor.app import create_app
+from monitor.web.app import create_app
 from monitor.diagnosis import Diagnosis, JobView
-from monitor.service import Monitor
-from monitor.settings import Settings
-from monitor.store import Store, VerdictChange, open_store
-from monitor.fastwire import decode_report
+from monitor.engine.service import Monitor
+from monitor.web.settings import Settings
+from monitor.storage.store import Store, VerdictChange, open_store
+from monitor.ingest.fastwire import decode_report
 
 
 def test_a_restarted_monitor_sees_the_job(settings: Settings, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:

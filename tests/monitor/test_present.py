@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from monitor.diagnosis import Frame, RankView, Stack
-from monitor.present import ranks_text, stack_frames, stack_groups
+from monitor.present.job_answer import ranks_text, stack_frames, stack_groups
 
 T0 = 1_700_000_000.0
 C10D = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from monitor_reports import rank, report
 
-from monitor.rank_claims import CONFLICTS_KEPT
-from monitor.state import MonitorState
-from monitor.views import NODE_FRESH_S
-from monitor.wire import Report
+from monitor.ingest.rank_claims import CONFLICTS_KEPT
+from monitor.ingest.state import MonitorState
+from monitor.ingest.tracks import NODE_FRESH_S
+from monitor.ingest.wire import Report
 
 T0 = 1_700_000_000.0
 

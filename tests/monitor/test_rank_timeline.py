@@ -1,8 +1,8 @@
-"""Per-rank state runs (monitor/rank_timeline.py): what the page's timeline is drawn from."""
+"""Per-rank state runs (monitor/engine/rank_timeline.py): what the page's timeline is drawn from."""
 
 from __future__ import annotations
 
-from monitor.rank_timeline import RankTimeline, StateSpan
+from monitor.engine.rank_timeline import RankTimeline, StateSpan
 
 T0 = 1_700_000_000.0
 

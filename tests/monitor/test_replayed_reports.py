@@ -7,9 +7,9 @@ import dataclasses
 from monitor_reports import progress, rank, report
 from monitor_testkit import FakeClock, TestClient, monitor_of
 
-from monitor.app import create_app
-from monitor.settings import Settings
-from monitor.store import Store
+from monitor.web.app import create_app
+from monitor.web.settings import Settings
+from monitor.storage.store import Store
 
 URL = "/api/v1/reports"
 

@@ -11,12 +11,12 @@ import pytest
 from monitor_testkit import FakeClock, TestClient, monitor_of
 from monitor_reports import rank, report
 
-from monitor.app import create_app
-from monitor.fastwire import decode_report, encode_report
+from monitor.web.app import create_app
+from monitor.ingest.fastwire import decode_report, encode_report
 from monitor.relay.forwarder import batch_body
-from monitor.routes.ingest import batch_body_limit
-from monitor.settings import Settings
-from monitor.store import Store
+from monitor.web.routes.ingest import batch_body_limit
+from monitor.web.settings import Settings
+from monitor.storage.store import Store
 
 BATCHES = "/api/v1/report-batches"
 AGENTS = "agents-token-0123456789abcdef"

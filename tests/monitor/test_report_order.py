@@ -1,4 +1,4 @@
-"""A node's reports in the order its agent sent them (monitor/report_order.py): a report body
+"""A node's reports in the order its agent sent them (monitor/ingest/report_order.py): a report body
 captured and posted again, with the node's own token, is refused; a restarted agent is heard."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from monitor_reports import rank, report
 from real_monitor import running_monitor
 
 from agent.sender import Sender
-from monitor.report_order import CURRENT_RUN_SILENT_S, MAX_SEQ_AHEAD, LastTaken, runs_replaced, stale_reason
+from monitor.ingest.report_order import CURRENT_RUN_SILENT_S, MAX_SEQ_AHEAD, LastTaken, runs_replaced, stale_reason
 
 NOW = 1_800_000_000.0
 RUN = (NOW - 600, 42)  # the agent's started_at and pid

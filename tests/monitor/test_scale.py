@@ -9,10 +9,10 @@ from pathlib import Path
 from monitor_reports import progress, rank, report, stack
 from monitor_testkit import FakeClock, TestClient, monitor_of
 
-from monitor.app import create_app
+from monitor.web.app import create_app
 from monitor.diagnosis import VERDICTS
-from monitor.settings import Settings
-from monitor.store import Store
+from monitor.web.settings import Settings
+from monitor.storage.store import Store
 
 
 def test_sixty_four_ranks(client: TestClient, clock: FakeClock) -> None:

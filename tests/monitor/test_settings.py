@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.settings import Settings, SettingsError, default_db_path
+from monitor.web.settings import Settings, SettingsError, default_db_path
 
 
 def test_defaults_and_state_dir(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ NAMED_BAD_VALUES = [
 def test_errors_name_the_variable_or_option_that_set_the_value(
     tmp_path: Path, setting: str, value: str, option: str | None, problem: str | None
 ) -> None:
-    from monitor.cli import build_parser, option_names
+    from monitor.web.cli import build_parser, option_names
 
     variable = "HANGWATCH_" + setting.upper()
     env = {"HANGWATCH_STATE_DIR": str(tmp_path), variable: value}

@@ -1,4 +1,4 @@
-"""What a signal order names, and when none is ordered (monitor/actions/orders.py, engine.py): an
+"""What a signal order names, and when none is ordered (monitor/engine/actions/orders.py, engine.py): an
 order carries the job as the culprit's node spelled it, and a node that reports one pid as two
 ranks gets no order on its word about that pid. No I/O beyond a store; the live loop with the real
 agent is tests/monitor/test_forged_signal_order_live.py."""
@@ -12,13 +12,13 @@ import httpx
 import pytest
 from monitor_reports import rank, report
 
-from monitor.actions.config import ActionConfig, ActionRule
-from monitor.actions.engine import ActionEngine
-from monitor.actions.orders import AgentOrders, ReportedPids
-from monitor.actions.policy import Culprit, JobFacts
-from monitor.state import MonitorState
-from monitor.store import Store
-from monitor.wire import Report
+from monitor.engine.actions.config import ActionConfig, ActionRule
+from monitor.engine.actions.engine import ActionEngine
+from monitor.engine.actions.orders import AgentOrders, ReportedPids
+from monitor.engine.actions.policy import Culprit, JobFacts
+from monitor.ingest.state import MonitorState
+from monitor.storage.store import Store
+from monitor.ingest.wire import Report
 
 T0 = 1_700_000_000.0
 SIGNAL = ActionRule("stop-culprits", frozenset({"rank_stopped"}), 0.0, "signal", signal="SIGUSR1")

@@ -1,4 +1,4 @@
-"""monitor/silent_budget.py: what silent jobs and nodes keep, bounded; the densest forgotten first,
+"""monitor/ingest/silent_budget.py: what silent jobs and nodes keep, bounded; the densest forgotten first,
 what reports never, and nothing while no agent at all reports."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Any
 
 from monitor_reports import rank, report
 
-from monitor.silent_budget import SilentBudget, job_bytes
-from monitor.state import MonitorState
-from monitor.wire import Report
+from monitor.ingest.silent_budget import SilentBudget, job_bytes
+from monitor.ingest.state import MonitorState
+from monitor.ingest.wire import Report
 
 T0 = 1_700_000_000.0
 SILENT_S = 60.0

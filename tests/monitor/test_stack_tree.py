@@ -1,11 +1,11 @@
-"""The merged stack tree (monitor/stack_tree.py): who is at each frame, and who is missing."""
+"""The merged stack tree (monitor/present/stack_tree.py): who is at each frame, and who is missing."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from monitor.diagnosis import Frame, RankView, Stack
-from monitor.stack_tree import MAX_DISTINCT_STACKS, stack_tree
+from monitor.present.stack_tree import MAX_DISTINCT_STACKS, stack_tree
 
 T0 = 1_700_000_000.0
 C10D = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"

@@ -8,13 +8,13 @@ import pytest
 from monitor_reports import ALL_REDUCE_FRAMES, frame, launcher, progress, rank, report, stack
 
 from monitor.diagnosis import ExitView, Frame, Stack
-from monitor.retention import SILENT_NODE_KEPT_S
-from monitor.state import MonitorState
-from monitor.tracks import PROGRESS_POINTS_KEPT
-from monitor.views import job_view
-from monitor.wire import Report
-from monitor.job_track import JobTrack
-from monitor.retention import make_room_for_jobs, make_room_for_ranks
+from monitor.ingest.retention import SILENT_NODE_KEPT_S
+from monitor.ingest.state import MonitorState
+from monitor.ingest.tracks import PROGRESS_POINTS_KEPT
+from monitor.engine.views import job_view
+from monitor.ingest.wire import Report
+from monitor.ingest.job_track import JobTrack
+from monitor.ingest.retention import make_room_for_jobs, make_room_for_ranks
 
 T0 = 1_700_000_000.0
 
@@ -393,8 +393,8 @@ def test_fast_steps_keep_a_long_history_of_sightings() -> None:
     (a pause seen half a minute ago still sets the stall threshold)."""
     from collections import deque
 
-    from monitor.progress_ingest import _add_times
-    from monitor.tracks import PROGRESS_HISTORY
+    from monitor.ingest.progress_ingest import _add_times
+    from monitor.ingest.tracks import PROGRESS_HISTORY
 
     times: deque[float] = deque(maxlen=PROGRESS_HISTORY)
     for sighting in range(40):

@@ -8,9 +8,9 @@ import pytest
 from monitor_reports import frame, launcher, orphan, rank, report, socket, stack
 
 from monitor.diagnosis import Interface, Socket
-from monitor.state import MonitorState
-from monitor.views import job_view
-from monitor.wire import Report
+from monitor.ingest.state import MonitorState
+from monitor.engine.views import job_view
+from monitor.ingest.wire import Report
 
 T0 = 1_700_000_000.0
 

@@ -16,8 +16,8 @@ from monitor_reports import rank, report
 from prometheus_client.parser import text_string_to_metric_families
 from real_monitor import running_monitor
 
-from monitor.store import failure_reason
-from monitor.store_schema import SCHEMA_VERSION
+from monitor.storage.store import failure_reason
+from monitor.storage.store_schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
 

@@ -1,4 +1,4 @@
-"""The views a pass reuses (monitor/views.py, diagnosis/stacks.memo) are never stale: each kind of
+"""The views a pass reuses (monitor/engine/views.py, diagnosis/stacks.memo) are never stale: each kind of
 change a report can bring shows in the next view, and stacks that share frames share answers only
 where the answer depends on nothing else."""
 
@@ -11,10 +11,10 @@ from monitor_reports import frame, progress, rank, report, socket, stack
 
 from monitor.diagnosis import Frame, Stack
 from monitor.diagnosis.stacks import wait_point
-from monitor.rank_ingest import mark_vanished
-from monitor.state import MonitorState
-from monitor.views import job_view
-from monitor.wire import Report
+from monitor.ingest.rank_ingest import mark_vanished
+from monitor.ingest.state import MonitorState
+from monitor.engine.views import job_view
+from monitor.ingest.wire import Report
 
 T0 = 1_700_000_000.0
 

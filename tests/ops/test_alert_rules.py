@@ -13,10 +13,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.app import create_app
+from monitor.web.app import create_app
 from monitor.diagnosis import VERDICTS
-from monitor.settings import Settings
-from monitor.store import VerdictChange, open_store
+from monitor.web.settings import Settings
+from monitor.storage.store import VerdictChange, open_store
 from hangwatch.demo.harness import LOOPBACK, Reaper, free_port, wait_until_ready
 from tests.monitor.monitor_reports import progress, rank, report, stack
 from tests.monitor.monitor_testkit import TestClient

@@ -13,7 +13,7 @@ import pytest
 from agent.cli import parse_config
 from hangwatch.demo.harness import tool
 from monitor.relay.cli import build_parser as relay_parser
-from monitor.settings import Settings
+from monitor.web.settings import Settings
 
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 SYSTEMD_ANALYZE = "/usr/bin/systemd-analyze"

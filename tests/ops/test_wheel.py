@@ -21,9 +21,9 @@ from email.parser import Parser
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = {"hangwatch-agent": "agent.cli:main", "hangwatch-monitor": "monitor.cli:main",
+SCRIPTS = {"hangwatch-agent": "agent.cli:main", "hangwatch-monitor": "monitor.web.cli:main",
            "hangwatch-relay": "monitor.relay.cli:main", "hangwatch": "hangwatch.cli:main"}
-STATIC = ("monitor/static/index.html", "monitor/static/app.js", "monitor/static/style.css")
+STATIC = ("monitor/web/static/index.html", "monitor/web/static/app.js", "monitor/web/static/style.css")
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
@@ -58,7 +58,7 @@ def test_wheel_installs_and_runs_from_a_fresh_venv(tmp_path: Path) -> None:
         names = set(whl.namelist())
         for path in STATIC:
             assert path in names, f"{path} is not in the wheel: the page would 404"
-        assert {"agent/cli.py", "monitor/cli.py", "hangwatch/cli.py"} <= names
+        assert {"agent/cli.py", "monitor/web/cli.py", "hangwatch/cli.py"} <= names
         assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
         info = f"hangwatch-{version}.dist-info"
         entry_points = whl.read(f"{info}/entry_points.txt").decode()

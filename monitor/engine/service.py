@@ -1,0 +1,659 @@
+"""The monitor's core: accepted reports in, diagnosed jobs out, verdict changes recorded.
+
+Routes, the metrics collector and the background tick all go through ``Monitor``;
+it owns the in-memory state and writes through to the ``Store``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import pydantic
+
+import monitor.diagnosis as diagnosis
+from monitor.diagnosis import Diagnosis, JobView, RankView
+from monitor.diagnosis.held import HELD_MIN_S
+from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
+from monitor.diagnosis.stability import ALARMS, Settled, settle
+from monitor.ingest.fastwire import decode_report
+from monitor.engine.job_names import job_names
+from monitor.ingest.job_track import JobTrack
+from monitor.ingest.limits import Limits, Refusal, check_report
+from monitor.engine.rank_timeline import RankTimeline
+from monitor.ingest.state import MonitorState
+from monitor.engine.hang_cost import JobCost, account
+from monitor.engine.incidents import ENDS_INCIDENT, INCIDENT_VERDICTS, SuspectNode, incidents, suspect_nodes
+from monitor.engine.actions.orders import AgentOrders, ReportedPids
+from monitor.engine.actions.policy import Culprit, JobFacts
+from monitor.engine.attribution import why_unattributed
+from monitor.ingest.report_order import stale_reason
+from monitor.ingest.silent_budget import MAX_SILENT_BYTES, SilentBudget
+from monitor.storage.store import Store, VerdictChange
+
+if TYPE_CHECKING:
+    from monitor.engine.actions.engine import ActionEngine
+    from monitor.engine.capture_requests import CaptureRequests
+from monitor.engine.views import held_since, job_view, rank_view
+
+log = logging.getLogger("hangwatch.monitor")
+
+# A healthy job that progressed within ADVANCING_S cannot be stalled yet (no stall rule fires
+# before MIN_STALL_S, 3.5 s, of silence), so until something in its lifecycle changes, its
+# diagnosis is refreshed only every REFRESH_S: at 10,000 ranks that is most of the work saved.
+ADVANCING_S = 2.0
+# A held rank's job is diagnosed at every pass from this long before the least allowance ends.
+HELD_LEAD_S = 1.0
+REFRESH_S = 5.0
+
+# Jobs of more ranks than this are diagnosed off the event loop (``Monitor._giant_job_steps``)
+# and their answers rendered on a worker thread (monitor/web/routes/diagnose.py).
+GIANT_JOB_RANKS = 500
+# Ranks whose views a pass takes between two chances for requests to run.
+VIEW_CHUNK = 500
+
+# A report kept through an outage longer ago than this is not applied (its verdicts are history
+# nobody will page on, and the state it would set up is long gone).
+MAX_REPLAY_AGE_S = 3600.0
+# Suspect nodes (monitor/engine/incidents.py) are counted over this window by default (the
+# suspect_window_s setting), and /metrics reads them again at most this often.
+SUSPECT_WINDOW_S = 7 * 86400.0
+SUSPECTS_REFRESH_S = 60.0
+REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema", "disconnected", "unauthorized",
+                  "wrong_node", "world_size", "too_many_nodes", "too_many_jobs", "too_many_ranks", "node_jobs", "stale")
+
+
+# The setting each make-room reason is named by in the log.
+_LIMIT_NAMES = {"node_jobs": "max_jobs_per_node", "too_many_jobs": "max_jobs", "too_many_ranks": "max_ranks"}
+
+
+@dataclass(frozen=True)
+class JobResult:
+    view: JobView
+    diagnosis: Diagnosis
+    last_report_at: float
+    last_progress_at: float | None
+    cpu_seconds: dict[int, float | None]
+    # What hangs cost the job so far, by verdict (monitor/engine/hang_cost.py): rank-seconds, GPU-seconds.
+    lost_rank_seconds: dict[str, float] = field(default_factory=dict)
+    lost_gpu_seconds: dict[str, float] = field(default_factory=dict)
+
+    @cached_property
+    def names(self) -> dict[str, Any]:
+        """What people call the job (monitor/engine/job_names.py): made once per diagnosis, for every
+        answer and scrape that shows it (it reads every rank's environment)."""
+        return job_names(self.view.job_id, (r.env for r in self.view.ranks))
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    node: str
+    last_report_at: float
+    collectors: tuple[tuple[str, bool], ...]
+    collector_errors: tuple[tuple[str, int], ...] = ()
+    stack_failures: int = 0
+    # The agent's own use (agent.selfwatch), when it reports it.
+    agent_cpu_percent: float | None = None
+    agent_rss_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Work a diagnosis pass hands back to its caller to run where it likes (the app: a worker
+    thread); it touches no shared state and takes no lock."""
+
+    run: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class IngestAnswer:
+    # Ask the agent for a full report next time: it sent a delta this monitor cannot build
+    # on (a restart, a forgotten node) or the node's snapshot is due.
+    send_full: bool
+
+
+class Monitor:
+    """State, diagnosis and persistence behind every route.
+
+    Diagnosis runs in passes: the background tick diagnoses every job that may have changed
+    (verdicts change with time alone; a healthy, advancing job only every REFRESH_S unless
+    its lifecycle changed), and a read re-diagnoses only the jobs reports changed since,
+    while they are few (``fresh_read_ranks``); past that, reads answer from the last pass,
+    at most about a tick old. Reads thus cost the same whether 10 or 10,000 ranks report.
+    With the tick off (``tick_interval_s`` 0, the tests) every read diagnoses anew.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        job_retention_s: float = 600.0,
+        clock: Callable[[], float] = time.time,
+        diagnose: Callable[[JobView], Diagnosis] | None = None,
+        snapshot_interval_s: float = 60.0,
+        fresh_read_ranks: int = 512,
+        tick_interval_s: float = 0.0,
+        confirm_alarms: bool = True,
+        limits: Limits | None = None,
+        straggler_window_s: float = CPU_LEVEL_WINDOW_S,
+        suspect_window_s: float = SUSPECT_WINDOW_S,
+        max_silent_bytes: int = MAX_SILENT_BYTES,
+    ) -> None:
+        self.store = store
+        self.limits = limits or Limits()
+        # What silent jobs and nodes keep, bounded (monitor/ingest/silent_budget.py).
+        self.silent_budget = SilentBudget(max_silent_bytes)
+        self.clock = clock
+        # Reports received before this were replayed from the store (see JobView.monitor_started_at).
+        self.started_at = clock()
+        self.job_retention_s = job_retention_s
+        self._diagnose = diagnose
+        self.snapshot_interval_s = snapshot_interval_s
+        self.fresh_read_ranks = fresh_read_ranks
+        self.tick_interval_s = tick_interval_s
+        # Alarms are published once their raw verdicts last (monitor.diagnosis.stability);
+        # off, every raw verdict is published as it comes (unit tests of single readings).
+        self.confirm_alarms = confirm_alarms
+        self._settled: dict[str, Settled] = {}
+        self.state = MonitorState(cpu_level_window_s=straggler_window_s)
+        # Each rank's diagnosed state over the recent past, for the page's timeline.
+        self.timeline = RankTimeline()
+        # Routes run on the event loop, but the lock keeps the state whole should any
+        # caller (a threadpool route, a test) come from another thread.
+        self._lock = threading.RLock()
+        self.reports_total = 0
+        # Reports agents kept through an outage: applied late at their own times, or too old to use.
+        self.replayed_total = 0
+        self.replayed_dropped = 0
+        self.full_reports_total = 0
+        # Jobs forgotten at max_jobs to let new ones in (monitor/ingest/retention.make_room_for_jobs).
+        self.jobs_displaced = 0
+        self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
+        # The last verdict recorded in each job's history, per timeline: the present (live judgements)
+        # and the past rebuilt from reports replayed after an outage, which arrive while the present is
+        # judged too. Each dedupes against its own: an interleaved live "unknown" must not make the
+        # replays record their verdicts twice, nor a live reading made from them stop the replays from
+        # recording them at their own times.
+        self._last_verdicts: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._last_replayed_verdicts: dict[str, tuple[str, tuple[int, ...]]] = {}
+        # The latest diagnosis of each job, and the jobs reports changed since theirs.
+        self._results: dict[str, JobResult] = {}
+        self._dirty: set[str] = set()
+        # The job's lifecycle_revision at its latest diagnosis.
+        self._revisions: dict[str, int] = {}
+        self.last_pass_at: float | None = None
+        self.last_pass_s = 0.0
+        # When each node's next snapshot is due; the nodes that sent a full report to this process.
+        self._snapshot_due: dict[str, float] = {}
+        self._full_seen: set[str] = set()
+        # Asked as a giant job's new diagnosis is stored: the work to run next on a worker thread,
+        # if any (the app renders a watched job's answer there, monitor/present/answers.py); pure work on
+        # the immutable result.
+        self.after_giant_diagnosis: Callable[[JobResult, JobTrack], Callable[[], None] | None] | None = None
+        # Suspect nodes over this window for /metrics, and when they were last read (cached_suspect_nodes).
+        self.suspect_window_s = suspect_window_s
+        self._suspects: tuple[float, list[SuspectNode]] | None = None
+        # Incidents that named each node, by (node, verdict), since this process started; the nodes
+        # each job's open incident named so far.
+        self.node_incidents: dict[tuple[str, str], int] = {}
+        # What hangs cost (monitor/engine/hang_cost.py): per job, and GPU-seconds by (culprit node, verdict).
+        self.costs: dict[str, JobCost] = {}
+        self.node_lost_gpu_seconds: dict[tuple[str, str], float] = {}
+        self._incident_nodes: dict[str, set[str]] = {}
+        # Orders for agents, in the answers to their reports (monitor/engine/actions/orders.py).
+        self.orders = AgentOrders()
+        # Opt-in actions (monitor/engine/actions/): set by the app when an actions file is given.
+        self.actions: ActionEngine | None = None
+        # Evidence captured per incident (monitor/engine/capture_requests.py): set by the app unless off.
+        self.captures: CaptureRequests | None = None
+
+    # --- ingest ---
+
+    def ingest(self, report: Any, received_at: float | None = None, attributed: bool = False) -> IngestAnswer:
+        """Apply one decoded report (``monitor.ingest.fastwire``); it is kept as a snapshot when due.
+
+        The snapshot is the validated report encoded again, never the body as received: fields
+        validation drops (unknown keys, padding) are not stored, so the database holds only what
+        the schema bounds (an 8 MiB padded report once grew it by gigabytes).
+        ``attributed``: it came with a token bound to its node (monitor/web/auth.py), so no other node
+        could have sent it; opt-in actions act only on jobs whose nodes all report so.
+        """
+        received_at = self.clock() if received_at is None else received_at
+        if report.replayed:
+            return self._ingest_replayed(report, received_at, attributed)
+        node = report.node
+        with self._lock:
+            touched = self.state.apply(report, received_at)
+            self.state.nodes[node].attributed = attributed
+            if report.delta and node not in self._full_seen:
+                # A delta on a picture this process did not get from the agent (after a restart: an
+                # old snapshot and the outage's replays; fields that changed before the outage and
+                # not since are stale): not the node's present until its full report, a second away.
+                self.state.nodes[node].partial = True
+            self._dirty |= touched
+            self.reports_total += 1
+            due = self._snapshot_due.get(node)
+            snapshot_due = due is None or received_at >= due
+            if not report.delta:
+                self._full_seen.add(node)
+                self.full_reports_total += 1
+                if snapshot_due:
+                    self.store.add_snapshot(node, received_at, msgspec.json.encode(report))
+                    self._snapshot_due[node] = received_at + self.snapshot_interval_s * _spread(node)
+            # A delta builds on a picture this process may not have (it restarted, or forgot
+            # the node): it asks until a full report arrives, so a lost answer costs nothing.
+            missing_full = node not in self._full_seen
+        return IngestAnswer(send_full=bool(report.delta) and (missing_full or snapshot_due))
+
+    def _ingest_replayed(self, report: Any, received_at: float, attributed: bool = False) -> IngestAnswer:
+        """Apply a report the agent kept through an outage at the time it was taken, and record
+        the verdicts it leads to at that time: the job's history gets what happened meanwhile."""
+        with self._lock:
+            known = self.state.nodes.get(report.node)
+            # The node's clock offset as its live reports showed it (none known: trust its clock).
+            at = report.sent_at + (known.offset if known is not None else 0.0)
+            at = min(at, received_at)
+            if known is not None:
+                at = max(at, known.last_report_at)  # never behind what is already applied
+            if received_at - at > MAX_REPLAY_AGE_S:
+                self.replayed_dropped += 1
+                return IngestAnswer(send_full=False)
+            touched = self.state.apply(report, at)
+            self.state.nodes[report.node].attributed = attributed
+            self.reports_total += 1
+            self.replayed_total += 1
+            jobs = sorted(j for j in touched if j in self.state.jobs)
+            self._diagnose_jobs(jobs, at, live=False)
+            # Those diagnoses are of the past: the next read judges these jobs again, at its own time.
+            for job_id in jobs:
+                self._results.pop(job_id, None)
+        return IngestAnswer(send_full=False)
+
+    def refusal(self, report: Any) -> Refusal | None:
+        """Why the monitor must not take ``report`` in (monitor/ingest/limits.py); None when it may."""
+        with self._lock:
+            state = self.state
+            known = state.nodes.get(report.node)
+            stale = stale_reason(report, known.last_taken() if known is not None else None, self.clock())
+            if stale is not None:
+                return Refusal(409, "stale", stale)
+            now = self.clock()
+            state.make_room_for_node(report.node, self.limits.max_nodes, now, self.job_retention_s)
+            limits = self.limits
+
+            def check() -> Refusal | None:
+                return check_report(report, limits, state.jobs.keys(), state.nodes.keys(), state.resolve,
+                                    state.known_ranks, state.ranks_total, state.jobs_of_node)
+
+            refusal = check()
+            # Silence means nothing until the monitor has listened that long: after a restart every
+            # job's last report is its snapshot's, and live jobs would make room for junk.
+            if now - self.started_at <= limits.job_room_silent_s:
+                return refusal
+            silent_s = limits.job_room_silent_s
+            for _ in range(3):  # room made for one limit may leave the report short of another's
+                made: list[str] = []
+                if refusal is not None and refusal.reason == "node_jobs":
+                    made = state.make_room_in_node(report.node, len(refusal.excess_jobs), now, silent_s)
+                elif refusal is not None and refusal.reason == "too_many_jobs":
+                    made = state.make_room_for_jobs(refusal.new_jobs, limits.max_jobs, now, silent_s)
+                elif refusal is not None and refusal.reason == "too_many_ranks":
+                    made = state.make_room_for_ranks(refusal.new_ranks, limits.max_ranks, now, silent_s)
+                if not made:
+                    break
+                self.jobs_displaced += len(made)
+                log.info("at %s: forgot %d jobs ended or silent for over %.0fs (%s) to take new ones",
+                         _LIMIT_NAMES[refusal.reason], len(made), silent_s,
+                         ", ".join(made[:5]) + (" ..." if len(made) > 5 else ""))
+                refusal = check()
+            return refusal
+
+    def without_jobs(self, report: Any, job_ids: frozenset[str]) -> Any:
+        """``report`` without its entries of ``job_ids`` (the monitor's ids): a refused excess."""
+        with self._lock:
+            resolve = self.state.resolve
+            return msgspec.structs.replace(
+                report, ranks=[r for r in report.ranks if resolve(r.job_id) not in job_ids],
+                launchers=[launcher for launcher in report.launchers
+                           if not launcher.job_id or resolve(launcher.job_id) not in job_ids])
+
+    def reject(self, reason: str) -> None:
+        with self._lock:
+            self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    def replay(self) -> int:
+        """Rebuild state from the stored snapshots, oldest first; return how many were replayed."""
+        since = self.clock() - self.store.snapshot_retention_s
+        count = 0
+        with self._lock:
+            for stored in self.store.recent_snapshots(since):
+                try:
+                    report = decode_report(stored.body)
+                except pydantic.ValidationError:
+                    log.warning("skipping a stored report from %s that no longer validates", stored.node)
+                    continue
+                self.state.apply(report, stored.received_at)
+                self._snapshot_due[stored.node] = stored.received_at + self.snapshot_interval_s * _spread(stored.node)
+                count += 1
+            for job_id, change in self.store.latest_verdicts().items():
+                self._last_verdicts[job_id] = self._last_replayed_verdicts[job_id] = (change.verdict, change.culprit_ranks)
+                if change.verdict in ALARMS:
+                    # A raised alarm stays raised across a restart: without this the first
+                    # reading would publish "healthy" while it re-confirms, and alerts would
+                    # resolve and fire again on every restart.
+                    held = Diagnosis(change.verdict, change.culprit_ranks, change.at, change.summary)
+                    self._settled[job_id] = Settled(held, held, alarm_since=change.at)
+        return count
+
+    # --- diagnosis ---
+
+    def results(self, now: float | None = None, job_id: str | None = None) -> list[JobResult]:
+        """The diagnosis of every known job (or one); most recently active job first."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            if self.tick_interval_s <= 0:
+                self.state.prune(now, self.job_retention_s)
+            if job_id is not None:
+                job_id = self.state.resolve(job_id)  # another node's spelling of the id
+            ids = [j for j in self.state.jobs if job_id is None or j == job_id]
+            self._diagnose_jobs(self._due_for_read(ids, now), now)
+            results = [self._results[j] for j in ids]
+        results.sort(key=lambda r: (-r.last_report_at, r.view.job_id))
+        return results
+
+    def _due_for_read(self, ids: list[str], now: float) -> list[str]:
+        if self.tick_interval_s <= 0:
+            return ids
+        missing = [j for j in ids if j not in self._results]
+        changed = [j for j in ids if j in self._dirty and j in self._results and self._needs_diagnosis(j, now)]
+        if sum(len(self.state.jobs[j].ranks) for j in changed) <= self.fresh_read_ranks:
+            return missing + changed
+        return missing
+
+    def _needs_diagnosis(self, job_id: str, now: float) -> bool:
+        """False for a healthy job that is visibly advancing and whose lifecycle did not change."""
+        result = self._results.get(job_id)
+        if result is None or result.diagnosis.verdict != "healthy" or now - result.view.now >= REFRESH_S:
+            return True
+        job = self.state.jobs[job_id]
+        if self._revisions.get(job_id) != job.lifecycle_revision or self._held_clock_due(job, now):
+            return True
+        settled = self._settled.get(job_id)
+        if settled is not None and settled.pending is not None:
+            return True  # an alarm under confirmation needs its next reading now, not in REFRESH_S
+        progressed = job.last_progress_at
+        return progressed is None or now - progressed > ADVANCING_S
+
+    @staticmethod
+    def _held_clock_due(job: JobTrack, now: float) -> bool:
+        """A rank of the job has been held long enough that the ranks' own clock may call a stall now
+        (diagnosis.held), however the log advances: the job is diagnosed at this pass, not REFRESH_S on.
+        Walks the held ranks only (none in a job that trains)."""
+        for r in job.held_ranks:
+            track = job.ranks.get(r)
+            since = held_since(track) if track is not None else None
+            if since is not None and now - since >= HELD_MIN_S - HELD_LEAD_S:
+                return True
+        return False
+
+    def tick(self, now: float | None = None) -> None:
+        """One diagnosis pass over every job, so verdict changes are recorded even while nobody asks."""
+        for step in self.tick_steps(now):
+            if step is not None:
+                step.run()
+
+    def tick_steps(self, now: float | None = None, step_s: float = 0.002) -> Iterator[Offload | None]:
+        """``tick`` in steps of about ``step_s`` of work (at least one job each): the event
+        loop serves requests between them, each of which waits for at most one step per await.
+        A step may be an ``Offload``: pure work the caller runs (on a worker thread) before going on."""
+        now = self.clock() if now is None else now
+        started = time.perf_counter()
+        with self._lock:
+            self.state.prune(now, self.job_retention_s)
+            # Silence means nothing until the monitor has listened that long (see ``refusal``).
+            if now - self.started_at > self.limits.job_room_silent_s:
+                self.silent_budget.enforce(self.state, now, self.limits.job_room_silent_s)
+            known = set(self.state.jobs)
+            # What the monitor keeps per job goes with the job.
+            for per_job in (self._results, self._revisions, self._settled, self.costs, self._incident_nodes):
+                for gone in set(per_job) - known:
+                    del per_job[gone]
+            if self.actions is not None:
+                self.actions.keep_only(known)
+            if self.captures is not None:
+                self.captures.keep_only(known)
+            self.orders.expire(now)
+            self.timeline.forget(self.state.jobs)
+            self._dirty &= known
+            # A node silent past the job retention (its jobs forgotten) starts over with a full report.
+            self._full_seen &= {n for n, t in self.state.nodes.items() if now - t.last_report_at <= self.job_retention_s}
+            for gone in self._snapshot_due.keys() - self.state.nodes.keys():
+                del self._snapshot_due[gone]  # else every node name ever heard stays here
+            ids = list(self.state.jobs)
+        step_started = time.perf_counter()
+        for job_id in ids:
+            with self._lock:
+                job = self.state.jobs.get(job_id)
+                if job is None or not self._needs_diagnosis(job_id, now):
+                    continue
+                giant = len(job.ranks) > GIANT_JOB_RANKS
+                if not giant:
+                    self._diagnose_jobs([job_id], now)
+            if giant:
+                yield from self._giant_job_steps(job, now, step_s)
+                step_started = time.perf_counter()
+            elif time.perf_counter() - step_started >= step_s:
+                yield None
+                step_started = time.perf_counter()
+        self.last_pass_at = now
+        self.last_pass_s = time.perf_counter() - started
+
+    def _giant_job_steps(self, job: JobTrack, now: float, step_s: float) -> Iterator[Offload | None]:
+        """A giant job's diagnosis in steps. Its rank views are taken a chunk at a time, requests
+        served in between, and read as they were taken (a pass is a picture of about a second:
+        taking them all again at the end would redo most, as every rank reports each second). Its
+        rules then run as an ``Offload`` (on a worker thread, outside the lock) over the immutable
+        view, instead of holding the event loop ~0.1 s for 10,000 ranks; the result is stored under
+        the lock as it comes back."""
+        job_id = job.job_id
+        with self._lock:
+            rank_ids = sorted(job.ranks)
+            # Taken before the views: a change that lands while they are taken moves it, so the
+            # next pass looks again.
+            revision = job.lifecycle_revision
+        views: list[RankView] = []
+        step_started = time.perf_counter()
+        for start in range(0, len(rank_ids), VIEW_CHUNK):
+            with self._lock:
+                if self.state.jobs.get(job_id) is not job:
+                    return  # forgotten, or a new run under the id: its own pass comes
+                tracks = job.ranks
+                views.extend(rank_view(tracks[r]) for r in rank_ids[start:start + VIEW_CHUNK] if r in tracks)
+            if time.perf_counter() - step_started >= step_s:
+                yield None
+                step_started = time.perf_counter()
+        with self._lock:
+            if self.state.jobs.get(job_id) is not job:
+                return
+            if len(job.ranks) != len(views):  # a rank joined meanwhile: take them all now
+                views = [rank_view(job.ranks[r]) for r in sorted(job.ranks)]
+            view = job_view(job, self.state.nodes, now, self.started_at, tuple(views), self.state.cpu_level_window_s)
+            # Reports from here on are news to the next pass, not covered by this one.
+            self._dirty.discard(job_id)
+        found: list[Diagnosis] = []
+        yield Offload(lambda: found.append(self._run_diagnosis(view)))
+        with self._lock:
+            if not found or self.state.jobs.get(job_id) is not job:
+                return
+            self._store(job, view, found[0], revision, now, clear_dirty=False)
+            result = self._results[job_id]
+        follow_up = self.after_giant_diagnosis
+        # Asked here, as the result is published (a read may come before a worker thread starts).
+        work = follow_up(result, job) if follow_up is not None else None
+        if work is not None:
+            yield Offload(work)
+
+    def _diagnose_jobs(self, ids: Iterable[str], now: float, live: bool = True) -> None:
+        for job_id in ids:
+            job = self.state.jobs[job_id]
+            view = job_view(job, self.state.nodes, now, self.started_at,
+                            cpu_level_window_s=self.state.cpu_level_window_s)
+            self._store(job, view, self._run_diagnosis(view), job.lifecycle_revision, now, live=live)
+
+    def _store(self, job: JobTrack, view: JobView, found: Diagnosis, revision: int, now: float,
+               clear_dirty: bool = True, live: bool = True) -> None:
+        """Keep a job's new diagnosis: its timeline, the published (settled) verdict, its history.
+        ``clear_dirty``: no report came since ``view`` was taken (else the job stays due for reads).
+        ``live``: judged at the present (not a report replayed after an outage): actions may follow."""
+        job_id = job.job_id
+        # Each rank's state as observed, whatever verdict is published while an alarm confirms.
+        self.timeline.record(job_id, now, ((r.rank, r.state) for r in found.ranks),
+                             healthy=found.verdict == "healthy")
+        if self.confirm_alarms:
+            settled = self._settled[job_id] = settle(self._settled.get(job_id), found, now, job.last_progress_at,
+                                                     live=live)
+            found = settled.shown
+        culprit_nodes = _culprit_nodes(view, found.culprit_ranks)
+        self._account_cost(job_id, view, found, culprit_nodes, now)
+        result = JobResult(
+            view=view,
+            diagnosis=found,
+            last_report_at=job.last_report_at,
+            last_progress_at=job.last_progress_at,
+            cpu_seconds={r: t.latest.cpu_seconds for r, t in job.ranks.items()},
+            lost_rank_seconds=dict(self.costs[job_id].rank_seconds),
+            lost_gpu_seconds=dict(self.costs[job_id].gpu_seconds),
+        )
+        self._results[job_id] = result
+        self._revisions[job_id] = revision
+        if clear_dirty:
+            self._dirty.discard(job_id)
+        self._record_change(result, now, culprit_nodes, live)
+        if not live:
+            return
+        actions = self.actions
+        if actions is not None and found.verdict in actions.verdicts:
+            actions.observe(self._facts(job, found, now), now)
+        elif actions is not None and found.verdict in ENDS_INCIDENT:
+            # It only ends an incident: no culprits or nodes to gather (O(ranks) for a giant job).
+            actions.observe(JobFacts(job.job_id, found.verdict, found.summary), now)
+        if self.captures is not None:
+            self.captures.observe(job, found.verdict, found.culprit_ranks, now)
+
+    def _facts(self, job: JobTrack, found: Diagnosis, now: float) -> JobFacts:
+        """What an action needs of a published verdict (monitor/engine/actions/policy.py)."""
+        culprits = []
+        reported_pids = ReportedPids(self.state.nodes, self.state.jobs)
+        for rank in found.culprit_ranks:
+            track = job.ranks.get(rank)
+            if track is not None:
+                pid = track.pid if track.alive else None
+                culprits.append(Culprit(rank, track.node, pid, track.latest.started_at, track.latest.job_id,
+                                        reported_pids.conflict(track.node, job.job_id, rank, pid)))
+        unattributed = why_unattributed(job, found.culprit_ranks, self.state.nodes, now)
+        return JobFacts(job.job_id, found.verdict, found.summary, tuple(culprits), self._results[job.job_id].names,
+                        unattributed)
+
+    def _account_cost(self, job_id: str, view: JobView, published: Diagnosis, culprit_nodes: tuple[str, ...],
+                      now: float) -> None:
+        """The time since the job's last diagnosis, at the verdict then in force (monitor/engine/hang_cost.py)."""
+        cost = self.costs.setdefault(job_id, JobCost())
+        ranks = gpus = 0
+        if published.verdict in INCIDENT_VERDICTS:  # counted only while it costs: a giant job has 10,000 ranks
+            for r in view.ranks:
+                if r.alive:
+                    ranks += 1
+                    gpus += r.gpu_utilization_percent is not None
+        account(cost, now, published.verdict, ranks, gpus, culprit_nodes, self.node_lost_gpu_seconds)
+
+    def _run_diagnosis(self, view: JobView) -> Diagnosis:
+        diagnose = self._diagnose or diagnosis.diagnose
+        try:
+            return diagnose(view)
+        except Exception:
+            # One job tripping a rule must not blank the page or the scrape for every job.
+            log.exception("diagnosis failed for job %r", view.job_id)
+            return Diagnosis("stalled", (), None, "diagnosis failed inside the monitor (see its log)")
+
+    def _record_change(self, result: JobResult, now: float, culprit_nodes: tuple[str, ...], live: bool) -> None:
+        d = result.diagnosis
+        key = (d.verdict, tuple(d.culprit_ranks))
+        job_id = result.view.job_id
+        timeline = self._last_verdicts if live else self._last_replayed_verdicts
+        if timeline.get(job_id) != key:
+            timeline[job_id] = key
+            if live and d.verdict != "unknown":
+                # What the job is now is where the next outage's replays start from (the monitor
+                # not knowing says nothing of what happened).
+                self._last_replayed_verdicts[job_id] = key
+            self.store.add_verdict(VerdictChange(job_id, now, d.verdict, key[1], d.summary, culprit_nodes))
+            self._count_incident(job_id, d.verdict, culprit_nodes)
+
+    def _count_incident(self, job_id: str, verdict: str, nodes: tuple[str, ...]) -> None:
+        """hangwatch_node_incidents_total: once per node an incident of the job names."""
+        if verdict in ENDS_INCIDENT:
+            self._incident_nodes.pop(job_id, None)
+        elif verdict in INCIDENT_VERDICTS:
+            named = self._incident_nodes.setdefault(job_id, set())
+            for node in nodes:
+                if node not in named:
+                    named.add(node)
+                    self.node_incidents[node, verdict] = self.node_incidents.get((node, verdict), 0) + 1
+
+    def history(self, job_id: str) -> list[VerdictChange]:
+        with self._lock:
+            job_id = self.state.resolve(job_id)
+        return self.store.verdict_history(job_id)
+
+    def suspect_nodes(self, window_s: float) -> list[SuspectNode]:
+        """Nodes named as culprits in incidents within the last ``window_s``, most distinct jobs
+        first (monitor/engine/incidents.py). A database read: call it off the event loop."""
+        since = self.clock() - window_s
+        return suspect_nodes(incidents(self.store.changes_since(since)), since)
+
+    def cached_suspect_nodes(self) -> list[SuspectNode]:
+        """``suspect_nodes`` over ``suspect_window_s``, read again at most every SUSPECTS_REFRESH_S
+        (for /metrics: a scrape every 15 s need not read a month of history each time)."""
+        now = self.clock()
+        cached = self._suspects
+        if cached is None or now - cached[0] >= SUSPECTS_REFRESH_S:
+            cached = self._suspects = (now, self.suspect_nodes(self.suspect_window_s))
+        return cached[1]
+
+    def knows_job(self, job_id: str) -> bool:
+        with self._lock:
+            return self.state.resolve(job_id) in self.state.jobs
+
+    def nodes(self) -> list[NodeSummary]:
+        with self._lock:
+            return [
+                NodeSummary(
+                    n.node,
+                    n.last_report_at,
+                    tuple((c.name, c.ok) for c in n.collectors),
+                    tuple(sorted(n.collector_errors.items())),
+                    n.stack_failures,
+                    n.agent.cpu_percent if n.agent else None,
+                    n.agent.rss_bytes if n.agent else None,
+                )
+                for n in sorted(self.state.nodes.values(), key=lambda n: n.node)
+            ]
+
+
+def _culprit_nodes(view: JobView, culprit_ranks: Iterable[int]) -> tuple[str, ...]:
+    """The nodes the culprit ranks run on, sorted; none without culprits (no walk over the ranks)."""
+    culprits = set(culprit_ranks)
+    if not culprits:
+        return ()
+    return tuple(sorted({r.node for r in view.ranks if r.rank in culprits}))
+
+
+def _spread(node: str) -> float:
+    """A factor in [0.8, 1.2) fixed per node, so snapshots of 1,000 nodes do not all fall due together."""
+    return 0.8 + 0.4 * (zlib.crc32(node.encode()) % 1000) / 1000

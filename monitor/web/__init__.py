@@ -1,0 +1,1 @@
+"""The HTTP face: the app, its routes, auth, guards, /metrics exposition, settings and the CLI."""

@@ -1,0 +1,277 @@
+"""Prometheus metrics from the monitor's latest diagnoses, rendered at scrape time.
+
+Nothing is kept in sync: each scrape renders the jobs of the latest diagnosis pass (see
+``Monitor.results``), so a job that is forgotten simply stops appearing. No pid, stack text
+or error text becomes a label. The job's label is ``job_id``: Prometheus reserves ``job``
+for the scrape job. The families are written by ``monitor.web.exposition`` (10,000 ranks are
+~150,000 series); the monitor's own health is under ``hangwatch_monitor_*``. Times are Unix
+timestamps (``*_timestamp_seconds``), never ages: PromQL takes ``time() - x``, and a late scrape
+cannot show a wrong age. A silent node keeps its series (its last report time frozen) for as long
+as the monitor remembers it, so the alert on it holds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from monitor.diagnosis import VERDICTS
+from monitor.diagnosis.activity import ACTIVITIES
+from monitor.web.exposition import Family, labels, number, render
+from monitor.web.http_guard import HttpStats
+from monitor.web.load import LAG_BUCKETS, LoadGuard
+from monitor.web.process_metrics import build_info, process_families
+from monitor.engine.service import Monitor
+
+# hangwatch_job_info's labels, from monitor/engine/job_names.py (pods are left out: a job has many).
+JOB_INFO_LABELS = ("job_id", "slurm_job", "slurm_job_name", "k8s_namespace", "torchelastic_run_id", "display")
+# Every word a rank's state can take: the activities plus "running" for a healthy job.
+RANK_STATES = ("running", *ACTIVITIES)
+# The labels every per-rank family (hangwatch_rank_*) carries, in this order: the node is on each,
+# so any per-rank series can be joined or grouped by where the rank runs (and an alert name it).
+RANK_LABELS = ("job_id", "rank", "node")
+# Jobs of more ranks than this export per-rank series (hangwatch_rank_*) for their culprits only;
+# hangwatch_job_ranks counts every job's ranks by state. 10,000 ranks x 18 series was 17 MB a scrape.
+RANK_SERIES_MAX_RANKS = 1024
+
+
+def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes:
+    now = monitor.clock()
+    results = monitor.results(now)
+
+    verdict = Family("hangwatch_job_verdict", "1 for the job's current verdict, 0 for the others")
+    last_progress = Family("hangwatch_job_last_progress_timestamp_seconds",
+                           "Unix time the job last made progress (when first seen if it never did)")
+    info = Family("hangwatch_job_info", "1 per job, with the names people know it by: Slurm job, Kubernetes "
+                  "namespace, torchelastic run, and display (what the page and alerts show)")
+    culprits = Family("hangwatch_job_culprit_ranks", "Number of culprit ranks")
+    world = Family("hangwatch_job_world_size", "World size the ranks report")
+    cpu_total = Family("hangwatch_rank_cpu_seconds", "CPU time the rank process used", "counter")
+    cpu_ratio = Family("hangwatch_rank_cpu_ratio", "Rank CPU use over the last interval, 1 = one core")
+    step = Family("hangwatch_rank_step", "Last training step the rank's log showed")
+    up = Family("hangwatch_rank_alive", "1 while the rank process is alive")
+    rank_progress = Family("hangwatch_rank_last_progress_timestamp_seconds",
+                           "Unix time the rank (or, without its own, its job) last progressed")
+    wait_ratio = Family("hangwatch_rank_collective_wait_ratio",
+                        "Share of the rank's recent stack samples waiting in a collective (0-1)")
+    rank_state = Family("hangwatch_rank_state", "1 for the rank's current state, 0 for the others")
+    ranks_by_state = Family("hangwatch_job_ranks", "Ranks of the job in each state (the rank states of hangwatch_rank_state)")
+    lost_rank = Family("hangwatch_job_lost_rank_seconds",
+                       "Seconds the job spent under each alarm verdict, times its live ranks (rank-seconds lost)",
+                       "counter")
+    lost_gpu = Family("hangwatch_job_lost_gpu_seconds",
+                      "GPU-seconds the job lost under each alarm verdict (its live ranks with GPUs known)", "counter")
+    culprit = Family("hangwatch_rank_culprit", "1 if the diagnosis names this rank as a culprit; node: where it runs")
+    for result in results:
+        view, d = result.view, result.diagnosis
+        job = view.job_id
+        job_l = labels(("job_id",), (job,))
+        for word in VERDICTS:
+            verdict.add(labels(("job_id", "verdict"), (job, word)), 1.0 if d.verdict == word else 0.0)
+        last = result.last_progress_at if result.last_progress_at is not None else view.first_seen_at
+        last_progress.add(job_l, last)
+        # One series per job: the names cost no cardinality beyond the job id's own.
+        names = result.names
+        info.add(labels(JOB_INFO_LABELS, (job, *(str(names.get(k, "")) for k in JOB_INFO_LABELS[1:]))), 1.0)
+        culprits.add(job_l, float(len(d.culprit_ranks)))
+        for word, seconds in sorted(result.lost_rank_seconds.items()):
+            lost_rank.add(labels(("job_id", "verdict"), (job, word)), seconds)
+        for word, seconds in sorted(result.lost_gpu_seconds.items()):
+            lost_gpu.add(labels(("job_id", "verdict"), (job, word)), seconds)
+        world.add(job_l, float(view.world_size))
+        job_last = view.job_progress_times[-1] if view.job_progress_times else None
+        states = {rd.rank: rd.state for rd in d.ranks}
+        by_state = Counter(states.values())
+        for word in RANK_STATES:
+            ranks_by_state.add(labels(("job_id", "state"), (job, word)), float(by_state.get(word, 0)))
+        culprit_set = set(d.culprit_ranks)
+        # A giant job's per-rank series would be most of the scrape (18 per rank): past
+        # RANK_SERIES_MAX_RANKS its ranks are counted by state above and only its culprits get them.
+        per_rank = view.ranks if len(view.ranks) <= RANK_SERIES_MAX_RANKS else [
+            r for r in view.ranks if r.rank in culprit_set]
+        for r in per_rank:
+            rank_l = labels(RANK_LABELS, (job, str(r.rank), r.node))
+            current = states.get(r.rank, "unknown")
+            prefix = rank_l[:-1]
+            for word in RANK_STATES:
+                rank_state.add(f'{prefix},state="{word}"}}', 1.0 if current == word else 0.0)
+            culprit.add(rank_l, 1.0 if r.rank in culprit_set else 0.0)
+            seconds = result.cpu_seconds.get(r.rank)
+            if seconds is not None:
+                cpu_total.add(rank_l, seconds)
+            if r.cpu_percent is not None:
+                cpu_ratio.add(rank_l, r.cpu_percent / 100.0)
+            if r.step is not None:
+                step.add(rank_l, float(r.step))
+            up.add(rank_l, 1.0 if r.alive else 0.0)
+            rank_last = r.progress_times[-1] if r.progress_times else job_last
+            if rank_last is not None:
+                rank_progress.add(rank_l, rank_last)
+            if r.collective_wait_share is not None:
+                wait_ratio.add(rank_l, r.collective_wait_share)
+
+    last_report = Family("hangwatch_agent_last_report_timestamp_seconds",
+                         "Unix time the monitor last took a report from the node's agent (kept for a day "
+                         "after it falls silent)")
+    collector_up = Family("hangwatch_agent_collector_up", "1 if the agent's collector worked in its last report")
+    collector_errors = Family("hangwatch_agent_collector_errors", "Agent reports in which a collector failed",
+                              "counter")
+    dump_failures = Family("hangwatch_agent_stack_dump_failures", "Rank entries reported with a failed py-spy dump",
+                           "counter")
+    agent_cpu = Family("hangwatch_agent_cpu_ratio", "The agent's own CPU use (py-spy included) over its last tick, "
+                                                     "1 = one core")
+    agent_memory = Family("hangwatch_agent_memory_bytes", "The agent's resident memory")
+    for node in monitor.nodes():
+        node_l = labels(("node",), (node.node,))
+        last_report.add(node_l, node.last_report_at)
+        if node.agent_cpu_percent is not None:
+            agent_cpu.add(node_l, node.agent_cpu_percent / 100.0)
+        if node.agent_rss_bytes is not None:
+            agent_memory.add(node_l, float(node.agent_rss_bytes))
+        errors = dict(node.collector_errors)
+        for name, ok in node.collectors:
+            node_collector = labels(("node", "collector"), (node.node, name))
+            collector_up.add(node_collector, 1.0 if ok else 0.0)
+            collector_errors.add(node_collector, float(errors.get(name, 0)))
+        dump_failures.add(node_l, float(node.stack_failures))
+
+    reports = Family("hangwatch_reports", "Agent reports accepted", "counter")
+    reports.add("", float(monitor.reports_total))
+    rejected = Family("hangwatch_reports_rejected", "Agent reports refused", "counter")
+    for reason, count in sorted(monitor.rejected.items()):
+        rejected.add(labels(("reason",), (reason,)), float(count))
+
+    families = [build_info(), verdict, info, last_progress, culprits, lost_rank, lost_gpu, world, ranks_by_state, cpu_total, cpu_ratio, step, up,
+                rank_progress, wait_ratio, rank_state, culprit, last_report, collector_up, collector_errors,
+                dump_failures, agent_cpu, agent_memory, reports, rejected]
+    return render([*families, *own_families(monitor, guard), *http_families(http), *process_families()])
+
+
+def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
+    """The monitor's own load: is it keeping up with its agents."""
+    full = Family("hangwatch_monitor_full_reports", "Accepted reports that were full (not deltas)", "counter")
+    full.add("", float(monitor.full_reports_total))
+    shed = Family("hangwatch_monitor_reports_shed",
+                  "Reports refused with 503 because the monitor was past capacity", "counter")
+    shed.add("", float(guard.shed_total))
+    lag = Family("hangwatch_monitor_event_loop_lag_seconds", "How late the event loop ran over the last second")
+    lag.add("", guard.lag_s)
+    lag_probes = lag_histogram(guard)
+    overloaded = Family("hangwatch_monitor_overloaded", "1 while the monitor sheds reports (loop lag past the limit)")
+    overloaded.add("", 1.0 if guard.overloaded else 0.0)
+    pass_s = Family("hangwatch_monitor_diagnosis_pass_seconds", "Wall time of the last diagnosis pass over all jobs")
+    pass_s.add("", monitor.last_pass_s)
+    pass_at = Family("hangwatch_monitor_last_diagnosis_timestamp_seconds", "Unix time the last diagnosis pass ended")
+    if monitor.last_pass_at is not None:
+        pass_at.add("", monitor.last_pass_at)
+    snapshots = Family("hangwatch_monitor_snapshots_written", "Node snapshots written to the database", "counter")
+    snapshots.add("", float(monitor.store.snapshots_written))
+    backlog = Family("hangwatch_monitor_store_backlog", "Database writes queued and not yet committed")
+    backlog.add("", float(monitor.store.backlog))
+    replayed = Family("hangwatch_monitor_reports_replayed",
+                      "Reports agents kept through an outage, applied late at their own times", "counter")
+    replayed.add("", float(monitor.replayed_total))
+    replay_dropped = Family("hangwatch_monitor_reports_replay_dropped",
+                            "Reports kept through an outage that came too late to apply", "counter")
+    replay_dropped.add("", float(monitor.replayed_dropped))
+    health = monitor.store.health
+    store_up = Family("hangwatch_monitor_store_up",
+                      "1 while the database takes the monitor's writes; 0: history is held in memory")
+    store_up.add("", 1.0 if health.ok else 0.0)
+    in_memory = Family("hangwatch_monitor_store_in_memory",
+                       "1 when the database could not be opened: nothing survives a restart")
+    in_memory.add("", 1.0 if health.in_memory else 0.0)
+    write_failures = Family("hangwatch_monitor_store_write_failures",
+                            "Database transactions that failed, by reason (disk_full, read_only, locked, ...)",
+                            "counter")
+    for reason, count in sorted(health.write_failures.items()):
+        write_failures.add(labels(("reason",), (reason,)), float(count))
+    unsaved = Family("hangwatch_monitor_store_unsaved_changes", "Verdict changes held in memory, not yet written")
+    unsaved.add("", float(monitor.store.unsaved))
+    dropped = Family("hangwatch_monitor_snapshots_dropped",
+                     "Node snapshots not written (the database failing or far behind)", "counter")
+    dropped.add("", float(health.snapshots_dropped))
+    refused = Family("hangwatch_monitor_snapshots_refused",
+                     "Node snapshots not kept, by reason: too_large (over snapshot_max_bytes compressed), "
+                     "over_budget (a new node's while snapshots fill snapshot_budget_bytes)", "counter")
+    refused.add(labels(("reason",), ("too_large",)), float(health.snapshots_too_large))
+    refused.add(labels(("reason",), ("over_budget",)), float(health.snapshots_over_budget))
+    snapshot_bytes = Family("hangwatch_monitor_snapshot_bytes", "Compressed bytes the stored node snapshots take")
+    if monitor.store.snapshot_bytes is not None:
+        snapshot_bytes.add("", float(monitor.store.snapshot_bytes))
+    displaced = Family("hangwatch_monitor_jobs_displaced",
+                       "Jobs forgotten at max_jobs, silent for a minute or more, to let new ones in", "counter")
+    displaced.add("", float(monitor.jobs_displaced))
+    claims = Family("hangwatch_monitor_rank_claims_refused",
+                    "Reported ranks ignored: another node that still reports runs them", "counter")
+    claims.add("", float(monitor.state.claims_refused))
+    incidents = Family("hangwatch_node_incidents",
+                       "Incidents (an alarm, or a rank that ended or stopped) that named a rank of the node as a "
+                       "culprit, by the verdict that named it, since the monitor started", "counter")
+    for (node, verdict), count in sorted(monitor.node_incidents.items()):
+        incidents.add(labels(("node", "verdict"), (node, verdict)), float(count))
+    node_lost = Family("hangwatch_node_lost_gpu_seconds",
+                       "GPU-seconds jobs lost to incidents whose culprits ran on the node (split among the "
+                       "culprits' nodes; node=\"unattributed\": no culprit named), since the monitor started",
+                       "counter")
+    for (node, verdict), seconds in sorted(dict(monitor.node_lost_gpu_seconds).items()):
+        node_lost.add(labels(("node", "verdict"), (node, verdict)), seconds)
+    culprit_jobs = Family("hangwatch_node_culprit_jobs",
+                          "Distinct jobs whose incidents named the node as a culprit within the suspect window "
+                          "(HANGWATCH_SUSPECT_WINDOW_S, 7 days by default): a drain candidate when several")
+    for suspect in monitor.cached_suspect_nodes():
+        culprit_jobs.add(labels(("node",), (suspect.node,)), float(len(suspect.jobs)))
+    ranks = Family("hangwatch_monitor_ranks", "Ranks the monitor tracks")
+    ranks.add("", float(sum(len(j.ranks) for j in monitor.state.jobs.values())))
+    actions = Family("hangwatch_actions",
+                     "Decisions of the opt-in actions' rules (--actions), by rule, kind and outcome (ok, failed, "
+                     "dry_run, rate_limited, unattributed, skipped, refused), since the monitor started", "counter")
+    if monitor.actions is not None:
+        for (rule, kind, outcome), count in sorted(dict(monitor.actions.counts).items()):
+            actions.add(labels(("rule", "kind", "outcome"), (rule, kind, outcome)), float(count))
+    captures = Family("hangwatch_capture_requests", "Evidence captures asked of a job's agents (one per incident "
+                      "held past --capture-after), since the monitor started", "counter")
+    parts = Family("hangwatch_capture_parts", "Agents' capture parts received or refused (too big, not asked, "
+                   "a second time), since the monitor started", "counter")
+    kept = Family("hangwatch_capture_bytes", "Bytes of capture bundles kept on disk")
+    if monitor.captures is not None:
+        store = monitor.captures.store
+        captures.add("", float(monitor.captures.requested))
+        parts.add(labels(("outcome",), ("received",)), float(store.parts_received))
+        parts.add(labels(("outcome",), ("refused",)), float(store.parts_refused))
+        kept.add("", float(store.total_bytes))
+    return [full, shed, lag, lag_probes, overloaded, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
+            in_memory, write_failures, unsaved, dropped, refused, snapshot_bytes, displaced, claims, incidents, node_lost, culprit_jobs, ranks, actions,
+            captures, parts, kept]
+
+
+def lag_histogram(guard: LoadGuard) -> Family:
+    """Every 50 ms probe's lateness: ``histogram_quantile(0.99, rate(..._bucket[5m]))`` is the loop's lag p99."""
+    family = Family("hangwatch_monitor_event_loop_probe_lag_seconds",
+                    "How late each 50 ms probe of the event loop fired", "histogram")
+    cumulative = 0
+    for bound, count in zip((*LAG_BUCKETS, math.inf), guard.lag_counts):
+        cumulative += count
+        family.lines.append(f'{family.name}_bucket{{le="{number(bound)}"}} {cumulative}')
+    family.lines.append(f"{family.name}_sum {number(guard.lag_sum_s)}")
+    family.lines.append(f"{family.name}_count {cumulative}")
+    return family
+
+
+def http_families(http: HttpStats) -> list[Family]:
+    """What the token checks and connection guards turned away."""
+    unauthorized = Family("hangwatch_monitor_requests_unauthorized",
+                          "Requests refused with 401 (no or a wrong token), by kind: ingest, read, metrics, relay", "counter")
+    for kind, count in sorted(http.unauthorized.items()):
+        unauthorized.add(labels(("kind",), (kind,)), float(count))
+    open_connections = Family("hangwatch_monitor_connections", "HTTP connections open now")
+    open_connections.add("", float(http.open_connections))
+    closed = Family("hangwatch_monitor_connections_closed",
+                    "Connections the monitor closed to protect itself: header_timeout, body_timeout "
+                    "(too slow), evicted_idle (room for a new one), refused_full (every slot busy)", "counter")
+    for reason, count in sorted(http.closed.items()):
+        closed.add(labels(("reason",), (reason,)), float(count))
+    return [unauthorized, open_connections, closed]
+
+
+__all__ = ["RANK_LABELS", "RANK_STATES", "render_metrics"]
