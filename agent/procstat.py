@@ -201,3 +201,20 @@ def uptime_ticks(proc_root: str = "/proc") -> int | None:
             return int(float(f.read().split()[0]) * CLOCK_TICKS)
     except (OSError, ValueError, IndexError):
         return None
+
+
+def boot_time(proc_root: str = "/proc") -> float | None:
+    """The Unix time the node booted (/proc/stat's btime); None where it cannot be read."""
+    try:
+        with open(f"{proc_root}/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def start_time(booted: float | None, starttime: int) -> float | None:
+    """A process's start as a Unix time, from its starttime (clock ticks after boot)."""
+    return booted + starttime / CLOCK_TICKS if booted is not None else None

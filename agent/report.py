@@ -8,6 +8,12 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.procstat import ProcessSample
 
 SCHEMA_VERSION = 1
 NODE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
@@ -18,27 +24,33 @@ def default_node_name() -> str:
     return name or "node"
 
 
-def rank_report(
-    proc,
-    *,
-    alive: bool,
-    exit: dict | None,
-    started_at: float | None,
-    sample=None,
-    wchar: int | None = None,
-    write_rate: float | None = None,
-    progress: dict | None = None,
-    log_phase: dict | None = None,
-    log_errors: list[str] = (),
-    stack: dict | None = None,
-    stack_error: str | None = None,
-    sockets: list[dict] = (),
-    error_file: dict | None = None,
-    dtype: tuple[str, str] | None = None,
-    gpus: list[dict] = (),
-    flight_recorder: dict | None = None,
-    blocked_io: dict | None = None,
-) -> dict:
+@dataclass(frozen=True)
+class RankSignals:
+    """What the agent read of one rank, for rank_report to put on the wire."""
+
+    alive: bool
+    exit: dict | None
+    started_at: float | None
+    sample: ProcessSample | None = None
+    wchar: int | None = None
+    write_rate: float | None = None
+    progress: dict | None = None
+    log_phase: dict | None = None
+    log_errors: Sequence[str] = ()
+    stack: dict | None = None
+    stack_error: str | None = None
+    sockets: Sequence[dict] = ()
+    error_file: dict | None = None
+    dtype: tuple[str, str] | None = None  # (dtype, the log line that says it)
+    gpus: Sequence[dict] = ()
+    # The rank's latest Flight Recorder dump (agent/flight_recorder.py); None: none read.
+    flight_recorder: dict | None = None
+    # The file-system call the main thread is blocked in, while the rank looks stuck (agent/blocked_io.py).
+    blocked_io: dict | None = None
+
+
+def rank_report(proc, signals: RankSignals) -> dict:
+    s = signals
     ident = proc.identity
     out = {
         "job_id": ident.job_id,
@@ -49,41 +61,39 @@ def rank_report(
         "cmdline": proc.cmdline,
         "launcher": ident.launcher,
         "identified_by": ident.identified_by,
-        "started_at": started_at,
-        "alive": alive,
-        "exit": dict(exit) if exit else None,
+        "started_at": s.started_at,
+        "alive": s.alive,
+        "exit": dict(s.exit) if s.exit else None,
         "state": None,
         "cpu_percent": None,
         "cpu_seconds": None,
         "rss_bytes": None,
         "threads": None,
-        "wchar": wchar,
-        "write_bytes_per_s": write_rate if alive else None,
-        "progress": progress,
-        "log_phase": log_phase,
-        "log_errors": list(log_errors)[-50:],
-        "stack": stack,
-        "stack_error": stack_error,
+        "wchar": s.wchar,
+        "write_bytes_per_s": s.write_rate if s.alive else None,
+        "progress": s.progress,
+        "log_phase": s.log_phase,
+        "log_errors": list(s.log_errors)[-50:],
+        "stack": s.stack,
+        "stack_error": s.stack_error,
         "env": dict(getattr(proc, "env", {}) or {}),
-        "sockets": list(sockets)[:256],
-        "error_file": error_file,
-        "compute_dtype": dtype[0] if dtype else None,
-        "compute_dtype_line": dtype[1] if dtype else None,
-        "gpus": list(gpus)[:16],
-        # The rank's latest Flight Recorder dump (agent/flight_recorder.py); null: none read.
-        "flight_recorder": flight_recorder,
-        # The file-system call the main thread is blocked in, while the rank looks stuck (agent/blocked_io.py).
-        "blocked_io": blocked_io,
+        "sockets": list(s.sockets)[:256],
+        "error_file": s.error_file,
+        "compute_dtype": s.dtype[0] if s.dtype else None,
+        "compute_dtype_line": s.dtype[1] if s.dtype else None,
+        "gpus": list(s.gpus)[:16],
+        "flight_recorder": s.flight_recorder,
+        "blocked_io": s.blocked_io,
     }
-    if sample is not None:
+    if s.sample is not None:
         out.update(
-            state=sample.state,
-            cpu_percent=sample.cpu_percent if alive else None,
-            cpu_seconds=sample.cpu_seconds,
-            rss_bytes=sample.rss_bytes,
-            threads=sample.threads,
+            state=s.sample.state,
+            cpu_percent=s.sample.cpu_percent if s.alive else None,
+            cpu_seconds=s.sample.cpu_seconds,
+            rss_bytes=s.sample.rss_bytes,
+            threads=s.sample.threads,
         )
-    if not alive:
+    if not s.alive:
         out["state"] = "X"
     return out
 

@@ -18,7 +18,7 @@ the flips: verdict changes away from ``healthy`` in the monitor's own history of
 To see what alarm confirmation buys, run with ``HANGWATCH_CONFIRM_ALARMS=false`` (the
 monitor then publishes every single reading).
 
-Multi-node cases (``mn-*``, root only: they create network namespaces, see hangwatch/demo/netns.py)
+Multi-node cases (``mn-*``, root only: they create network namespaces, see tests/netns.py)
 run on a fresh pair of simulated nodes each, with one agent per node and the monitor in the
 switch namespace; their failure begins at the launch.
 """
@@ -47,6 +47,9 @@ from hangwatch.demo.harness import (
     watch_case,
 )
 
+# The multi-node cases' simulated nodes are test machinery (tests/netns.py), not part of the package.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 DEFAULT_CASES = ("deadlock", "collective", "ddp", "async", "exit", "exit-plain", "killed", "stopped",
                  "straggler", "slow", "rendezvous", "finish",
                  "deadlock-heartbeat", "deadlock-sparse-log", "stuck-save",
@@ -60,7 +63,7 @@ def run_multinode(name: str, wd: Path, timeout: float, poll: float,
     """One multi-node case on a fresh fabric; returns (run, case)."""
     import time
 
-    from hangwatch.demo.netns import Fabric
+    from tests.netns import Fabric
 
     case = MULTINODE_CASES[name]
     with Fabric(wd) as fabric:

@@ -84,7 +84,7 @@ def main() -> None:
             gc.freeze()  # as the monitor's tick does after each pass (monitor/web/gc_tuning.py)
             t0 = time.process_time()
             result = monitor.results(job_id=nodes[0].job_id)[0]
-            job_dict(result, monitor.state.jobs.get(result.view.job_id))
+            job_dict(result)
             read_ms.append((time.process_time() - t0) * 1000)
             if profiler and args.profile_what == "passes":
                 profiler.disable()

@@ -1,4 +1,5 @@
-"""Colour for a person at a terminal, none for a pipe or a script (and never with NO_COLOR)."""
+"""Colour for a person at a terminal, none for a pipe or a script (and never with NO_COLOR): each verdict
+in its colour from the verdict catalogue (monitor/diagnosis/verdict_catalogue.py), as on the page and in Grafana."""
 
 from __future__ import annotations
 
@@ -6,13 +7,11 @@ import os
 import re
 from typing import TextIO
 
-GOOD = frozenset({"healthy", "finished"})
-WARN = frozenset({"straggler", "slow_compute", "stalled"})
-_CODES = {"good": "32", "warn": "33", "bad": "1;31"}
+from monitor.diagnosis.verdict_catalogue import BY_NAME, CATALOGUE, COLOURS
+
 _RESET = "\033[0m"
-_VERDICT_WORDS = re.compile(
-    r"\b(HEALTHY|FINISHED|DEADLOCK|STRAGGLER|SLOW_COMPUTE|RANK_EXITED|RANK_STOPPED|RENDEZVOUS_HANG|STALLED)\b"
-)
+# The monitor's text report writes verdicts in capitals.
+_VERDICT_WORDS = re.compile(r"\b(" + "|".join(v.name.upper() for v in CATALOGUE) + r")\b")
 
 
 def wants_colour(stream: TextIO, choice: str = "auto") -> bool:
@@ -23,13 +22,15 @@ def wants_colour(stream: TextIO, choice: str = "auto") -> bool:
     return stream.isatty()
 
 
-def _tone(verdict: str) -> str:
-    word = verdict.lower()
-    return "good" if word in GOOD else "warn" if word in WARN else "bad"
+def _code(verdict: str) -> str:
+    """The verdict's colour from the verdict catalogue; one the catalogue does not know (a newer
+    monitor's) as the worst."""
+    entry = BY_NAME.get(verdict.lower())
+    return entry.colour.terminal if entry is not None else COLOURS["critical"].terminal
 
 
 def paint_verdict(text: str, verdict: str, enabled: bool) -> str:
-    return f"\033[{_CODES[_tone(verdict)]}m{text}{_RESET}" if enabled else text
+    return f"\033[{_code(verdict)}m{text}{_RESET}" if enabled else text
 
 
 def paint_verdicts_in(text: str, enabled: bool) -> str:

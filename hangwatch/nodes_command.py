@@ -4,10 +4,9 @@ to look at, or drain, first."""
 
 from __future__ import annotations
 
-import sys
-import time
 from typing import Any
 
+from hangwatch.monitor_client import Ask, MonitorFailure, Unreadable, get_from_monitor
 from hangwatch_common.safe_text import one_line
 
 SUSPECTS_PATH = "/api/v1/nodes/suspects"
@@ -15,10 +14,8 @@ SUSPECTS_PATH = "/api/v1/nodes/suspects"
 ASKED_LIMIT = 10_000
 
 
-def fetch_suspects(monitor: str, ask: Any, window_s: float) -> list[dict[str, Any]]:
-    """One monitor's suspect nodes; raises the CLI's MonitorFailure kinds (hangwatch.cli)."""
-    from hangwatch.cli import MonitorFailure, Unreadable, get_from_monitor
-
+def fetch_suspects(monitor: str, ask: Ask, window_s: float) -> list[dict[str, Any]]:
+    """One monitor's suspect nodes; raises the MonitorFailure kinds (hangwatch/monitor_client.py)."""
     r = get_from_monitor(monitor, SUSPECTS_PATH, {"window_s": window_s, "limit": ASKED_LIMIT}, ask)
     if r.status_code == 404:
         raise MonitorFailure(monitor, f"answered HTTP 404 for {SUSPECTS_PATH}: not a hangwatch monitor's base URL, "
@@ -76,26 +73,3 @@ def _span(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f}{unit}"
     return f"{seconds:.0f}s"
-
-
-def cmd_nodes(args: Any, ask: Any) -> int:
-    """0: every monitor answered; 2 (as for diagnose): one or more did not (each named on stderr)."""
-    import json
-
-    from hangwatch.cli import EXIT_OK, EXIT_UNREACHABLE, MonitorFailure
-
-    answers, failed = [], []
-    for monitor in ask.monitors:
-        try:
-            answers.append(fetch_suspects(monitor, ask, args.window))
-        except MonitorFailure as e:
-            failed.append(e)
-    nodes = merge(answers)
-    if args.json:
-        print(json.dumps({"window_s": args.window, "nodes": nodes,
-                          "unanswered": [{"monitor": f.monitor, "error": str(f)} for f in failed]}, indent=2))
-    elif answers:
-        sys.stdout.write(render(nodes, args.window, time.time()))
-    for failure in failed:
-        print(f"hangwatch: {one_line(str(failure))}", file=sys.stderr)
-    return EXIT_UNREACHABLE if failed else EXIT_OK

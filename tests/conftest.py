@@ -10,7 +10,7 @@
   jobs, are live too); ``scripts/test.sh --fast`` runs the rest.
 - Network namespaces a killed run left (its workers' fabrics never reached their clean-up) are
   swept by the controller at the start and the end of the session: only it, outside every
-  worker's PID namespace, can tell that their makers are gone (hangwatch/demo/netns.py).
+  worker's PID namespace, can tell that their makers are gone (tests/netns.py).
 - Tests marked ``cpu_bound`` judge ranks by the CPU they get (a busy rank must look busy): beside
   other workers' jobs on 2 cores it gets a fifth of a core. ``--cpu-bound=without`` leaves them out
   and ``--cpu-bound=only`` runs just them; scripts/test.sh runs the parallel part without them, then
@@ -50,7 +50,7 @@ def _sweep_namespaces(config: pytest.Config) -> None:
     without workers) as root where ``ip`` exists: a worker never judges another's."""
     if hasattr(config, "workerinput") or os.geteuid() != 0:
         return
-    from hangwatch.demo.netns import missing_tools, sweep_stale
+    from tests.netns import missing_tools, sweep_stale
 
     if not missing_tools():
         sweep_stale()

@@ -22,7 +22,7 @@ import signal
 import sys
 import tempfile
 
-# Also read by hangwatch/demo/netns.py (NODE_NAMESPACE_MARK): a worker never sweeps another's fabrics.
+# Also imported by tests/netns.py (NODE_NAMESPACE_MARK): a worker never sweeps another's fabrics.
 INSIDE = "HANGWATCH_TEST_NODE_NAMESPACE"
 
 

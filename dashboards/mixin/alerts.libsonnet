@@ -6,17 +6,18 @@ local lib = import 'lib.libsonnet';
     local h = lib.new($._config),
     local cfg = $._config,
 
-    // One alert per verdict the monitor publishes as hangwatch_job_verdict{verdict=...} == 1.
-    local jobAlert(name, verdict, wait, severity, anchor, summary, description) = {
+    // One alert per verdict the monitor publishes as hangwatch_job_verdict{verdict=...} == 1, of the
+    // verdict's severity and linking to its runbook section (both from the verdict catalogue).
+    local jobAlert(name, verdict, wait, summary, description) = {
       alert: name,
       expr: 'max by (%s) (hangwatch_job_verdict%s) == 1' % [h.by(['job_id']), h.sel(['verdict="%s"' % verdict])],
       'for': wait,
-      labels: { severity: severity },
+      labels: { severity: h.verdict[verdict].severity },
       annotations: {
         summary: summary + h.inCluster,
         description: std.join('\n', description + ['Evidence and stacks: ' + h.diagnoseURL]),
         diagnose_url: h.diagnoseURL,
-        runbook_url: h.runbook(anchor),
+        runbook_url: h.runbook(h.verdict[verdict].runbook),
       },
     },
     local job = h.jobName,
@@ -25,44 +26,44 @@ local lib = import 'lib.libsonnet';
       {
         name: 'hangwatch-jobs',
         rules: [
-          jobAlert('HangwatchDeadlock', 'deadlock', '30s', 'critical', 'deadlock',
+          jobAlert('HangwatchDeadlock', 'deadlock', '30s',
                    'Training job %s is deadlocked' % job, [
                      'hangwatch sees job %s parked in a collective with no progress and nothing being sent%s.'
                      % [job, h.stalledFor(' for ')],
                      h.culprits('Culprits (live, not in the collective the others wait in):', 'No culprit named yet.'),
                    ]),
-          jobAlert('HangwatchRankExited', 'rank_exited', '15s', 'critical', 'rank-exited',
+          jobAlert('HangwatchRankExited', 'rank_exited', '15s',
                    'A rank of training job %s ended early' % job, [
                      h.culprits('Ended first:', 'A rank ended first.'),
                      'The peers wait or failed because of it (their "Connection closed by peer" errors are consequences).',
                    ]),
-          jobAlert('HangwatchRankStopped', 'rank_stopped', '1m', 'critical', 'rank-stopped',
+          jobAlert('HangwatchRankStopped', 'rank_stopped', '1m',
                    'A rank of training job %s is stopped' % job, [
                      h.culprits('Stopped (kernel state T: SIGSTOP, job control or a tracer):', 'Some rank is stopped (kernel state T: SIGSTOP, job control or a tracer).'),
                      'The whole job waits on it.',
                    ]),
-          jobAlert('HangwatchStraggler', 'straggler', '2m', 'warning', 'straggler',
+          jobAlert('HangwatchStraggler', 'straggler', '2m',
                    'Training job %s waits on a straggler' % job, [
                      'Some ranks of job %s wait in collectives for others: still busy (computing, writing a checkpoint, evaluating) longer than the usual step, or, while the job still steps, doing more work per step than the rest (the job runs at their pace).' % job,
                      h.culprits('Still busy:', 'No straggler named yet.'),
                    ]),
-          jobAlert('HangwatchRendezvousHang', 'rendezvous_hang', '2m', 'critical', 'rendezvous-hang',
+          jobAlert('HangwatchRendezvousHang', 'rendezvous_hang', '2m',
                    'Training job %s is stuck in rendezvous' % job, [
                      'The ranks of job %s are stuck initialising the process group%s: a rank or node never joined, a firewall or the wrong network interface blocks gloo, or the master port is taken.'
                      % [job, '{{ with %s | query }} of {{ . | first | value }} ranks{{ end }}' % h.jobQuery('max(hangwatch_job_world_size{SEL})')],
                    ]),
-          jobAlert('HangwatchSlowCompute', 'slow_compute', '5m', 'warning', 'slow-compute',
+          jobAlert('HangwatchSlowCompute', 'slow_compute', '5m',
                    'Training job %s computes far slower than usual' % job, [
                      'Every rank of job %s is busy and none waits on another, but steps take far longer than the usual pace%s.'
                      % [job, h.stalledFor(' (no step for ', ')')],
                      'Often a dtype the CPU has no fast kernels for (bf16 without AMX/AVX512-BF16).',
                    ]),
-          jobAlert('HangwatchStalled', 'stalled', '5m', 'warning', 'stalled',
+          jobAlert('HangwatchStalled', 'stalled', '5m',
                    'Training job %s makes no progress' % job, [
                      'Job %s has made no progress%s and no more specific diagnosis fits (often: no stacks, because the agent cannot ptrace the ranks).'
                      % [job, h.stalledFor(' for ')],
                    ]),
-          jobAlert('HangwatchJobUnknown', 'unknown', '5m', 'warning', 'agent-silent',
+          jobAlert('HangwatchJobUnknown', 'unknown', '5m',
                    'hangwatch cannot see training job %s' % job, [
                      'The agent on a node running job %s has stopped reporting, so the monitor gives no verdict from its old data.' % job,
                      'The node may be down, or only its agent: see the HangwatchAgentSilent alert for the node.',

@@ -57,18 +57,11 @@
       '{{ with %s | query }}%s{{ . | first | value | humanizeDuration }}%s{{ end }}' % [q, prefix, suffix]
     ),
 
-    // The numbers the verdict panels show, worst last; `unknown` (the monitor cannot see the job) after them.
-    verdicts:: [
-      { verdict: 'healthy', text: 'HEALTHY', color: 'green' },
-      { verdict: 'finished', text: 'FINISHED', color: 'blue' },
-      { verdict: 'straggler', text: 'STRAGGLER', color: 'yellow' },
-      { verdict: 'slow_compute', text: 'SLOW COMPUTE', color: 'orange' },
-      { verdict: 'stalled', text: 'STALLED', color: 'purple' },
-      { verdict: 'rendezvous_hang', text: 'RENDEZVOUS HANG', color: 'red' },
-      { verdict: 'rank_stopped', text: 'RANK STOPPED', color: 'red' },
-      { verdict: 'rank_exited', text: 'RANK EXITED', color: 'dark-red' },
-      { verdict: 'deadlock', text: 'DEADLOCK', color: 'dark-red' },
-      { verdict: 'unknown', text: 'UNKNOWN', color: 'text' },
-    ],
+    // The verdicts (verdicts.libsonnet, from the monitor's verdict catalogue) by name: each one's
+    // alert severity (warning, critical; ok has no alert) and runbook section.
+    verdict:: { [v.name]: v for v in cfg.verdicts },
+    // The numbers the verdict panels show, in the catalogue's order (worst last; `unknown`, the
+    // monitor cannot see the job, after them), each in its severity's colour.
+    verdicts:: [{ verdict: v.name, text: std.asciiUpper(v.label), color: v.colour } for v in cfg.verdicts],
   },
 }

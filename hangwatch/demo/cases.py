@@ -145,7 +145,7 @@ def launch_case(case: DemoCase, reaper, workdir, *, name: str = "job"):
     return job
 
 
-# ---------------------------------------------------------------- simulated nodes (hangwatch/demo/netns.py)
+# ---------------------------------------------------------------- simulated nodes (tests/netns.py)
 
 
 @dataclass(frozen=True)

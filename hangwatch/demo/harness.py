@@ -448,7 +448,7 @@ class Observation:
 
 class MonitorClient:
     """``url`` as the monitor is addressed; ``uds``: reach it through this Unix socket instead
-    (a monitor in another network namespace, see hangwatch/demo/netns.py)."""
+    (a monitor in another network namespace, see tests/netns.py)."""
 
     def __init__(self, url: str, *, uds: str | None = None) -> None:
         self.url = url.rstrip("/")

@@ -10,22 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Literal, NamedTuple
 
-Verdict = Literal[
-    "healthy",
-    "deadlock",
-    "straggler",
-    "slow_compute",
-    "rank_exited",
-    "rank_stopped",
-    "rendezvous_hang",
-    "stalled",
-    "finished",
-    # The monitor cannot tell: the agent of a node running the job has gone silent (or the
-    # monitor has just restarted and waits for fresh reports).
-    "unknown",
-]
-
-VERDICTS: tuple[str, ...] = Verdict.__args__  # type: ignore[attr-defined]
+from monitor.diagnosis.verdict_catalogue import VERDICTS as VERDICTS  # every verdict: the catalogue's names
 
 
 # The default window of a rank's CPU level (monitor.ingest.tracks, diagnosis.slow_rank): the monitor's
@@ -231,6 +216,11 @@ class RankView:
     step_time_s: float | None = None
     # The file-system call its main thread is blocked in, while it looks stuck (None: none).
     blocked_io: BlockedIo | None = None
+    # Recent (time, step) points of its own log (monitor clock), oldest first: the page's chart.
+    progress_points: tuple[tuple[float, int], ...] = ()
+    # The launcher its agent saw, and how the agent knew the rank ("env:RANK", "mp.spawn:start-order").
+    launcher: str | None = None
+    identified_by: str | None = None
 
     def env_value(self, name: str) -> str | None:
         return dict(self.env).get(name)

@@ -28,18 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from monitor.diagnosis.model import Diagnosis
-
-# How long each alarm must persist in the raw verdicts before it is published: a second, so
-# two agent reports (1 s apart by default) agree. Every alarm already needs seconds of silence
-# before its first raw reading; this guards against the one odd reading, not the slow step.
-CONFIRM_S: dict[str, float] = {
-    "deadlock": 1.0,
-    "stalled": 1.0,
-    "rendezvous_hang": 1.0,
-    "straggler": 1.0,
-    "slow_compute": 1.0,
-}
-ALARMS = frozenset(CONFIRM_S)
+# How long each alarm must persist in the raw verdicts before it is published (the verdict
+# catalogue's confirm_s): a second, so two agent reports (1 s apart by default) agree. Every alarm
+# already needs seconds of silence before its first raw reading; this guards against the one odd
+# reading, not the slow step.
+from monitor.diagnosis.verdict_catalogue import ALARMS as ALARMS, BY_NAME, CONFIRM_S as CONFIRM_S
 # An alarm without new progress clears only after raw non-alarm verdicts for this long.
 CLEAR_S = 2.0
 
@@ -177,5 +170,5 @@ def _same_trouble(alarm: str, reading: str) -> bool:
     return alarm in ALARMS and (reading in (alarm, "stalled") or alarm == "stalled")
 
 
-def _words(verdict: str) -> str:
-    return verdict.replace("_", " ")
+def _words(alarm: str) -> str:
+    return BY_NAME[alarm].label

@@ -21,8 +21,8 @@ from monitor.diagnosis.model import Diagnosis, JobView
 from monitor.diagnosis.rendezvous import launch_failed, launcher_waiting, rendezvous
 from monitor.diagnosis.silence import agents_silent, replays_arriving
 from monitor.diagnosis.slow_rank import slow_ranks
-from monitor.diagnosis.stability import ALARMS
 from monitor.diagnosis.stall import comm_share_text, stall
+from monitor.diagnosis.verdict_catalogue import ALARMS
 
 # Without a known pace, ranks parked this long in a collective count as stalled (at 10 s a rank
 # spinning 1 s into a job that logs nothing was named after 11-12 s, past the 10 s people wait;

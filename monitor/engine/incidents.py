@@ -21,12 +21,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from monitor.diagnosis.stability import ALARMS
+from monitor.diagnosis.verdict_catalogue import INCIDENT_VERDICTS as INCIDENT_VERDICTS, QUIET
 
-# Published verdicts that open (or continue) an incident; healthy and finished end one, and
-# unknown (the monitor cannot see) neither opens nor ends one.
-INCIDENT_VERDICTS = ALARMS | {"rank_exited", "rank_stopped"}
-ENDS_INCIDENT = frozenset({"healthy", "finished"})
+# Published verdicts that open (or continue) an incident are the catalogue's incident verdicts (the
+# alarms, a rank that ended or stopped); the quiet ones (healthy, finished) end one, and unknown
+# (the monitor cannot see) neither opens nor ends one.
+ENDS_INCIDENT = QUIET
 
 
 class Change(Protocol):

@@ -11,8 +11,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -24,9 +23,10 @@ from monitor.diagnosis.held import HELD_MIN_S
 from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
 from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.ingest.fastwire import decode_report
-from monitor.engine.job_names import job_names
 from monitor.ingest.job_track import JobTrack
 from monitor.ingest.limits import Limits, Refusal, check_report
+from monitor.engine.published import (CaptureFigures, JobResult, MonitorFigures, NodeSummary, RankConflict,
+                                       StoreFigures, TimelineSpans)
 from monitor.engine.rank_timeline import RankTimeline
 from monitor.ingest.state import MonitorState
 from monitor.engine.hang_cost import JobCost, account
@@ -75,36 +75,6 @@ _LIMIT_NAMES = {"node_jobs": "max_jobs_per_node", "too_many_jobs": "max_jobs", "
 
 
 @dataclass(frozen=True)
-class JobResult:
-    view: JobView
-    diagnosis: Diagnosis
-    last_report_at: float
-    last_progress_at: float | None
-    cpu_seconds: dict[int, float | None]
-    # What hangs cost the job so far, by verdict (monitor/engine/hang_cost.py): rank-seconds, GPU-seconds.
-    lost_rank_seconds: dict[str, float] = field(default_factory=dict)
-    lost_gpu_seconds: dict[str, float] = field(default_factory=dict)
-
-    @cached_property
-    def names(self) -> dict[str, Any]:
-        """What people call the job (monitor/engine/job_names.py): made once per diagnosis, for every
-        answer and scrape that shows it (it reads every rank's environment)."""
-        return job_names(self.view.job_id, (r.env for r in self.view.ranks))
-
-
-@dataclass(frozen=True)
-class NodeSummary:
-    node: str
-    last_report_at: float
-    collectors: tuple[tuple[str, bool], ...]
-    collector_errors: tuple[tuple[str, int], ...] = ()
-    stack_failures: int = 0
-    # The agent's own use (agent.selfwatch), when it reports it.
-    agent_cpu_percent: float | None = None
-    agent_rss_bytes: int | None = None
-
-
-@dataclass(frozen=True)
 class Offload:
     """Work a diagnosis pass hands back to its caller to run where it likes (the app: a worker
     thread); it touches no shared state and takes no lock."""
@@ -144,11 +114,15 @@ class Monitor:
         straggler_window_s: float = CPU_LEVEL_WINDOW_S,
         suspect_window_s: float = SUSPECT_WINDOW_S,
         max_silent_bytes: int = MAX_SILENT_BYTES,
+        orders: AgentOrders | None = None,
+        actions: ActionEngine | None = None,
+        captures: CaptureRequests | None = None,
+        after_giant_diagnosis: Callable[[JobResult], Callable[[], None] | None] | None = None,
     ) -> None:
         self.store = store
         self.limits = limits or Limits()
         # What silent jobs and nodes keep, bounded (monitor/ingest/silent_budget.py).
-        self.silent_budget = SilentBudget(max_silent_bytes)
+        self._silent_budget = SilentBudget(max_silent_bytes)
         self.clock = clock
         # Reports received before this were replayed from the store (see JobView.monitor_started_at).
         self.started_at = clock()
@@ -161,9 +135,9 @@ class Monitor:
         # off, every raw verdict is published as it comes (unit tests of single readings).
         self.confirm_alarms = confirm_alarms
         self._settled: dict[str, Settled] = {}
-        self.state = MonitorState(cpu_level_window_s=straggler_window_s)
+        self._state = MonitorState(cpu_level_window_s=straggler_window_s)
         # Each rank's diagnosed state over the recent past, for the page's timeline.
-        self.timeline = RankTimeline()
+        self._timeline = RankTimeline()
         # Routes run on the event loop, but the lock keeps the state whole should any
         # caller (a threadpool route, a test) come from another thread.
         self._lock = threading.RLock()
@@ -174,7 +148,7 @@ class Monitor:
         self.full_reports_total = 0
         # Jobs forgotten at max_jobs to let new ones in (monitor/ingest/retention.make_room_for_jobs).
         self.jobs_displaced = 0
-        self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
+        self._rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
         # The last verdict recorded in each job's history, per timeline: the present (live judgements)
         # and the past rebuilt from reports replayed after an outage, which arrive while the present is
         # judged too. Each dedupes against its own: an interleaved live "unknown" must not make the
@@ -195,23 +169,23 @@ class Monitor:
         # Asked as a giant job's new diagnosis is stored: the work to run next on a worker thread,
         # if any (the app renders a watched job's answer there, monitor/present/answers.py); pure work on
         # the immutable result.
-        self.after_giant_diagnosis: Callable[[JobResult, JobTrack], Callable[[], None] | None] | None = None
+        self.after_giant_diagnosis = after_giant_diagnosis
         # Suspect nodes over this window for /metrics, and when they were last read (cached_suspect_nodes).
         self.suspect_window_s = suspect_window_s
         self._suspects: tuple[float, list[SuspectNode]] | None = None
         # Incidents that named each node, by (node, verdict), since this process started; the nodes
         # each job's open incident named so far.
-        self.node_incidents: dict[tuple[str, str], int] = {}
+        self._node_incidents: dict[tuple[str, str], int] = {}
         # What hangs cost (monitor/engine/hang_cost.py): per job, and GPU-seconds by (culprit node, verdict).
-        self.costs: dict[str, JobCost] = {}
-        self.node_lost_gpu_seconds: dict[tuple[str, str], float] = {}
+        self._costs: dict[str, JobCost] = {}
+        self._node_lost_gpu_seconds: dict[tuple[str, str], float] = {}
         self._incident_nodes: dict[str, set[str]] = {}
         # Orders for agents, in the answers to their reports (monitor/engine/actions/orders.py).
-        self.orders = AgentOrders()
-        # Opt-in actions (monitor/engine/actions/): set by the app when an actions file is given.
-        self.actions: ActionEngine | None = None
-        # Evidence captured per incident (monitor/engine/capture_requests.py): set by the app unless off.
-        self.captures: CaptureRequests | None = None
+        self.orders = orders if orders is not None else AgentOrders()
+        # Opt-in actions (monitor/engine/actions/): when an actions file is given; they queue orders.
+        self.actions = actions
+        # Evidence captured per incident (monitor/engine/capture_requests.py): unless off.
+        self.captures = captures
 
     # --- ingest ---
 
@@ -229,13 +203,13 @@ class Monitor:
             return self._ingest_replayed(report, received_at, attributed)
         node = report.node
         with self._lock:
-            touched = self.state.apply(report, received_at)
-            self.state.nodes[node].attributed = attributed
+            touched = self._state.apply(report, received_at)
+            self._state.nodes[node].attributed = attributed
             if report.delta and node not in self._full_seen:
                 # A delta on a picture this process did not get from the agent (after a restart: an
                 # old snapshot and the outage's replays; fields that changed before the outage and
                 # not since are stale): not the node's present until its full report, a second away.
-                self.state.nodes[node].partial = True
+                self._state.nodes[node].partial = True
             self._dirty |= touched
             self.reports_total += 1
             due = self._snapshot_due.get(node)
@@ -255,7 +229,7 @@ class Monitor:
         """Apply a report the agent kept through an outage at the time it was taken, and record
         the verdicts it leads to at that time: the job's history gets what happened meanwhile."""
         with self._lock:
-            known = self.state.nodes.get(report.node)
+            known = self._state.nodes.get(report.node)
             # The node's clock offset as its live reports showed it (none known: trust its clock).
             at = report.sent_at + (known.offset if known is not None else 0.0)
             at = min(at, received_at)
@@ -264,11 +238,11 @@ class Monitor:
             if received_at - at > MAX_REPLAY_AGE_S:
                 self.replayed_dropped += 1
                 return IngestAnswer(send_full=False)
-            touched = self.state.apply(report, at)
-            self.state.nodes[report.node].attributed = attributed
+            touched = self._state.apply(report, at)
+            self._state.nodes[report.node].attributed = attributed
             self.reports_total += 1
             self.replayed_total += 1
-            jobs = sorted(j for j in touched if j in self.state.jobs)
+            jobs = sorted(j for j in touched if j in self._state.jobs)
             self._diagnose_jobs(jobs, at, live=False)
             # Those diagnoses are of the past: the next read judges these jobs again, at its own time.
             for job_id in jobs:
@@ -276,34 +250,39 @@ class Monitor:
         return IngestAnswer(send_full=False)
 
     def refusal(self, report: Any) -> Refusal | None:
-        """Why the monitor must not take ``report`` in (monitor/ingest/limits.py); None when it may."""
+        """Why the monitor must not take ``report`` in as things stand (monitor/ingest/limits.py); None
+        when it may. A question only: ``make_room`` is the step that forgets to let it in."""
         with self._lock:
-            state = self.state
+            state = self._state
             known = state.nodes.get(report.node)
             stale = stale_reason(report, known.last_taken() if known is not None else None, self.clock())
             if stale is not None:
                 return Refusal(409, "stale", stale)
-            now = self.clock()
-            state.make_room_for_node(report.node, self.limits.max_nodes, now, self.job_retention_s)
-            limits = self.limits
+            return check_report(report, self.limits, state.jobs.keys(), state.nodes.keys(), state.resolve,
+                                state.known_ranks, state.ranks_total, state.jobs_of_node)
 
-            def check() -> Refusal | None:
-                return check_report(report, limits, state.jobs.keys(), state.nodes.keys(), state.resolve,
-                                    state.known_ranks, state.ranks_total, state.jobs_of_node)
-
-            refusal = check()
+    def make_room(self, report: Any, refusal: Refusal) -> Refusal | None:
+        """Forget what ended or fell silent to take ``report`` past ``refusal`` (a limit, not a stale
+        report): the nodes, jobs or ranks its limit counts. Returns what still refuses it, if anything."""
+        if refusal.reason == "stale":
+            return refusal
+        with self._lock:
+            state, limits, now = self._state, self.limits, self.clock()
+            if refusal.reason == "too_many_nodes":
+                state.make_room_for_node(report.node, limits.max_nodes, now, self.job_retention_s)
+                refusal = self.refusal(report)
             # Silence means nothing until the monitor has listened that long: after a restart every
             # job's last report is its snapshot's, and live jobs would make room for junk.
-            if now - self.started_at <= limits.job_room_silent_s:
+            if refusal is None or now - self.started_at <= limits.job_room_silent_s:
                 return refusal
             silent_s = limits.job_room_silent_s
             for _ in range(3):  # room made for one limit may leave the report short of another's
                 made: list[str] = []
-                if refusal is not None and refusal.reason == "node_jobs":
+                if refusal.reason == "node_jobs":
                     made = state.make_room_in_node(report.node, len(refusal.excess_jobs), now, silent_s)
-                elif refusal is not None and refusal.reason == "too_many_jobs":
+                elif refusal.reason == "too_many_jobs":
                     made = state.make_room_for_jobs(refusal.new_jobs, limits.max_jobs, now, silent_s)
-                elif refusal is not None and refusal.reason == "too_many_ranks":
+                elif refusal.reason == "too_many_ranks":
                     made = state.make_room_for_ranks(refusal.new_ranks, limits.max_ranks, now, silent_s)
                 if not made:
                     break
@@ -311,13 +290,15 @@ class Monitor:
                 log.info("at %s: forgot %d jobs ended or silent for over %.0fs (%s) to take new ones",
                          _LIMIT_NAMES[refusal.reason], len(made), silent_s,
                          ", ".join(made[:5]) + (" ..." if len(made) > 5 else ""))
-                refusal = check()
+                refusal = self.refusal(report)
+                if refusal is None:
+                    break
             return refusal
 
     def without_jobs(self, report: Any, job_ids: frozenset[str]) -> Any:
         """``report`` without its entries of ``job_ids`` (the monitor's ids): a refused excess."""
         with self._lock:
-            resolve = self.state.resolve
+            resolve = self._state.resolve
             return msgspec.structs.replace(
                 report, ranks=[r for r in report.ranks if resolve(r.job_id) not in job_ids],
                 launchers=[launcher for launcher in report.launchers
@@ -325,7 +306,7 @@ class Monitor:
 
     def reject(self, reason: str) -> None:
         with self._lock:
-            self.rejected[reason] = self.rejected.get(reason, 0) + 1
+            self._rejected[reason] = self._rejected.get(reason, 0) + 1
 
     def replay(self) -> int:
         """Rebuild state from the stored snapshots, oldest first; return how many were replayed."""
@@ -338,7 +319,7 @@ class Monitor:
                 except pydantic.ValidationError:
                     log.warning("skipping a stored report from %s that no longer validates", stored.node)
                     continue
-                self.state.apply(report, stored.received_at)
+                self._state.apply(report, stored.received_at)
                 self._snapshot_due[stored.node] = stored.received_at + self.snapshot_interval_s * _spread(stored.node)
                 count += 1
             for job_id, change in self.store.latest_verdicts().items():
@@ -358,10 +339,10 @@ class Monitor:
         now = self.clock() if now is None else now
         with self._lock:
             if self.tick_interval_s <= 0:
-                self.state.prune(now, self.job_retention_s)
+                self._state.prune(now, self.job_retention_s)
             if job_id is not None:
-                job_id = self.state.resolve(job_id)  # another node's spelling of the id
-            ids = [j for j in self.state.jobs if job_id is None or j == job_id]
+                job_id = self._state.resolve(job_id)  # another node's spelling of the id
+            ids = [j for j in self._state.jobs if job_id is None or j == job_id]
             self._diagnose_jobs(self._due_for_read(ids, now), now)
             results = [self._results[j] for j in ids]
         results.sort(key=lambda r: (-r.last_report_at, r.view.job_id))
@@ -372,7 +353,7 @@ class Monitor:
             return ids
         missing = [j for j in ids if j not in self._results]
         changed = [j for j in ids if j in self._dirty and j in self._results and self._needs_diagnosis(j, now)]
-        if sum(len(self.state.jobs[j].ranks) for j in changed) <= self.fresh_read_ranks:
+        if sum(len(self._state.jobs[j].ranks) for j in changed) <= self.fresh_read_ranks:
             return missing + changed
         return missing
 
@@ -381,7 +362,7 @@ class Monitor:
         result = self._results.get(job_id)
         if result is None or result.diagnosis.verdict != "healthy" or now - result.view.now >= REFRESH_S:
             return True
-        job = self.state.jobs[job_id]
+        job = self._state.jobs[job_id]
         if self._revisions.get(job_id) != job.lifecycle_revision or self._held_clock_due(job, now):
             return True
         settled = self._settled.get(job_id)
@@ -415,13 +396,13 @@ class Monitor:
         now = self.clock() if now is None else now
         started = time.perf_counter()
         with self._lock:
-            self.state.prune(now, self.job_retention_s)
+            self._state.prune(now, self.job_retention_s)
             # Silence means nothing until the monitor has listened that long (see ``refusal``).
             if now - self.started_at > self.limits.job_room_silent_s:
-                self.silent_budget.enforce(self.state, now, self.limits.job_room_silent_s)
-            known = set(self.state.jobs)
+                self._silent_budget.enforce(self._state, now, self.limits.job_room_silent_s)
+            known = set(self._state.jobs)
             # What the monitor keeps per job goes with the job.
-            for per_job in (self._results, self._revisions, self._settled, self.costs, self._incident_nodes):
+            for per_job in (self._results, self._revisions, self._settled, self._costs, self._incident_nodes):
                 for gone in set(per_job) - known:
                     del per_job[gone]
             if self.actions is not None:
@@ -429,17 +410,17 @@ class Monitor:
             if self.captures is not None:
                 self.captures.keep_only(known)
             self.orders.expire(now)
-            self.timeline.forget(self.state.jobs)
+            self._timeline.forget(self._state.jobs)
             self._dirty &= known
             # A node silent past the job retention (its jobs forgotten) starts over with a full report.
-            self._full_seen &= {n for n, t in self.state.nodes.items() if now - t.last_report_at <= self.job_retention_s}
-            for gone in self._snapshot_due.keys() - self.state.nodes.keys():
+            self._full_seen &= {n for n, t in self._state.nodes.items() if now - t.last_report_at <= self.job_retention_s}
+            for gone in self._snapshot_due.keys() - self._state.nodes.keys():
                 del self._snapshot_due[gone]  # else every node name ever heard stays here
-            ids = list(self.state.jobs)
+            ids = list(self._state.jobs)
         step_started = time.perf_counter()
         for job_id in ids:
             with self._lock:
-                job = self.state.jobs.get(job_id)
+                job = self._state.jobs.get(job_id)
                 if job is None or not self._needs_diagnosis(job_id, now):
                     continue
                 giant = len(job.ranks) > GIANT_JOB_RANKS
@@ -471,7 +452,7 @@ class Monitor:
         step_started = time.perf_counter()
         for start in range(0, len(rank_ids), VIEW_CHUNK):
             with self._lock:
-                if self.state.jobs.get(job_id) is not job:
+                if self._state.jobs.get(job_id) is not job:
                     return  # forgotten, or a new run under the id: its own pass comes
                 tracks = job.ranks
                 views.extend(rank_view(tracks[r]) for r in rank_ids[start:start + VIEW_CHUNK] if r in tracks)
@@ -479,31 +460,31 @@ class Monitor:
                 yield None
                 step_started = time.perf_counter()
         with self._lock:
-            if self.state.jobs.get(job_id) is not job:
+            if self._state.jobs.get(job_id) is not job:
                 return
             if len(job.ranks) != len(views):  # a rank joined meanwhile: take them all now
                 views = [rank_view(job.ranks[r]) for r in sorted(job.ranks)]
-            view = job_view(job, self.state.nodes, now, self.started_at, tuple(views), self.state.cpu_level_window_s)
+            view = job_view(job, self._state.nodes, now, self.started_at, tuple(views), self._state.cpu_level_window_s)
             # Reports from here on are news to the next pass, not covered by this one.
             self._dirty.discard(job_id)
         found: list[Diagnosis] = []
         yield Offload(lambda: found.append(self._run_diagnosis(view)))
         with self._lock:
-            if not found or self.state.jobs.get(job_id) is not job:
+            if not found or self._state.jobs.get(job_id) is not job:
                 return
             self._store(job, view, found[0], revision, now, clear_dirty=False)
             result = self._results[job_id]
         follow_up = self.after_giant_diagnosis
         # Asked here, as the result is published (a read may come before a worker thread starts).
-        work = follow_up(result, job) if follow_up is not None else None
+        work = follow_up(result) if follow_up is not None else None
         if work is not None:
             yield Offload(work)
 
     def _diagnose_jobs(self, ids: Iterable[str], now: float, live: bool = True) -> None:
         for job_id in ids:
-            job = self.state.jobs[job_id]
-            view = job_view(job, self.state.nodes, now, self.started_at,
-                            cpu_level_window_s=self.state.cpu_level_window_s)
+            job = self._state.jobs[job_id]
+            view = job_view(job, self._state.nodes, now, self.started_at,
+                            cpu_level_window_s=self._state.cpu_level_window_s)
             self._store(job, view, self._run_diagnosis(view), job.lifecycle_revision, now, live=live)
 
     def _store(self, job: JobTrack, view: JobView, found: Diagnosis, revision: int, now: float,
@@ -513,7 +494,7 @@ class Monitor:
         ``live``: judged at the present (not a report replayed after an outage): actions may follow."""
         job_id = job.job_id
         # Each rank's state as observed, whatever verdict is published while an alarm confirms.
-        self.timeline.record(job_id, now, ((r.rank, r.state) for r in found.ranks),
+        self._timeline.record(job_id, now, ((r.rank, r.state) for r in found.ranks),
                              healthy=found.verdict == "healthy")
         if self.confirm_alarms:
             settled = self._settled[job_id] = settle(self._settled.get(job_id), found, now, job.last_progress_at,
@@ -527,8 +508,12 @@ class Monitor:
             last_report_at=job.last_report_at,
             last_progress_at=job.last_progress_at,
             cpu_seconds={r: t.latest.cpu_seconds for r, t in job.ranks.items()},
-            lost_rank_seconds=dict(self.costs[job_id].rank_seconds),
-            lost_gpu_seconds=dict(self.costs[job_id].gpu_seconds),
+            lost_rank_seconds=dict(self._costs[job_id].rank_seconds),
+            lost_gpu_seconds=dict(self._costs[job_id].gpu_seconds),
+            aliases=tuple(sorted(job.aliases)),
+            job_progress_points=tuple(job.progress_points),
+            rank_conflicts=tuple(RankConflict(c.rank, c.claimed_by, c.held_by, c.first_at, c.last_at, c.refused, c.reason)
+                                 for c in sorted(job.claim_conflicts.values(), key=lambda c: c.rank)),
         )
         self._results[job_id] = result
         self._revisions[job_id] = revision
@@ -549,28 +534,28 @@ class Monitor:
     def _facts(self, job: JobTrack, found: Diagnosis, now: float) -> JobFacts:
         """What an action needs of a published verdict (monitor/engine/actions/policy.py)."""
         culprits = []
-        reported_pids = ReportedPids(self.state.nodes, self.state.jobs)
+        reported_pids = ReportedPids(self._state.nodes, self._state.jobs)
         for rank in found.culprit_ranks:
             track = job.ranks.get(rank)
             if track is not None:
                 pid = track.pid if track.alive else None
                 culprits.append(Culprit(rank, track.node, pid, track.latest.started_at, track.latest.job_id,
                                         reported_pids.conflict(track.node, job.job_id, rank, pid)))
-        unattributed = why_unattributed(job, found.culprit_ranks, self.state.nodes, now)
+        unattributed = why_unattributed(job, found.culprit_ranks, self._state.nodes, now)
         return JobFacts(job.job_id, found.verdict, found.summary, tuple(culprits), self._results[job.job_id].names,
                         unattributed)
 
     def _account_cost(self, job_id: str, view: JobView, published: Diagnosis, culprit_nodes: tuple[str, ...],
                       now: float) -> None:
         """The time since the job's last diagnosis, at the verdict then in force (monitor/engine/hang_cost.py)."""
-        cost = self.costs.setdefault(job_id, JobCost())
+        cost = self._costs.setdefault(job_id, JobCost())
         ranks = gpus = 0
         if published.verdict in INCIDENT_VERDICTS:  # counted only while it costs: a giant job has 10,000 ranks
             for r in view.ranks:
                 if r.alive:
                     ranks += 1
                     gpus += r.gpu_utilization_percent is not None
-        account(cost, now, published.verdict, ranks, gpus, culprit_nodes, self.node_lost_gpu_seconds)
+        account(cost, now, published.verdict, ranks, gpus, culprit_nodes, self._node_lost_gpu_seconds)
 
     def _run_diagnosis(self, view: JobView) -> Diagnosis:
         diagnose = self._diagnose or diagnosis.diagnose
@@ -604,11 +589,11 @@ class Monitor:
             for node in nodes:
                 if node not in named:
                     named.add(node)
-                    self.node_incidents[node, verdict] = self.node_incidents.get((node, verdict), 0) + 1
+                    self._node_incidents[node, verdict] = self._node_incidents.get((node, verdict), 0) + 1
 
     def history(self, job_id: str) -> list[VerdictChange]:
         with self._lock:
-            job_id = self.state.resolve(job_id)
+            job_id = self._state.resolve(job_id)
         return self.store.verdict_history(job_id)
 
     def suspect_nodes(self, window_s: float) -> list[SuspectNode]:
@@ -626,25 +611,94 @@ class Monitor:
             cached = self._suspects = (now, self.suspect_nodes(self.suspect_window_s))
         return cached[1]
 
+    def resolve(self, job_id: str) -> str:
+        """The monitor's id for ``job_id``, which may be another node's spelling of it."""
+        with self._lock:
+            return self._state.resolve(job_id)
+
+    def job_ids(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._state.jobs)
+
+    def node_ids(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._state.nodes)
+
+    def rank_timeline(self, job_id: str, now: float, first: Iterable[int] = (),
+                      limit: int | None = None) -> TimelineSpans:
+        """The states of at most ``limit`` of the job's ranks over the timeline's window: ``first``
+        (the culprits) and then the lowest ranks, as the page draws them."""
+        with self._lock:
+            kept = self._timeline.ranks(job_id)
+            chosen = kept
+            if limit is not None:
+                known = set(kept)
+                leading = [r for r in first if r in known]
+                lead = set(leading)
+                chosen = (leading + [r for r in kept if r not in lead])[:limit]
+            spans = self._timeline.spans(job_id, now, chosen)
+            return TimelineSpans(now, self._timeline.window_s, len(kept), tuple(
+                (rank, tuple((run.start, run.end, run.state) for run in runs)) for rank, runs in spans.items()))
+
+    def figures(self) -> MonitorFigures:
+        """The monitor's own counters, copied at one moment (/metrics renders them on a worker thread)."""
+        store = self.store
+        health = store.health
+        with self._lock:
+            state = self._state
+            actions, captures = self.actions, self.captures
+            return MonitorFigures(
+                at=self.clock(),
+                nodes=len(state.nodes),
+                jobs=len(state.jobs),
+                ranks=sum(len(j.ranks) for j in state.jobs.values()),
+                reports_total=self.reports_total,
+                full_reports_total=self.full_reports_total,
+                replayed_total=self.replayed_total,
+                replayed_dropped=self.replayed_dropped,
+                jobs_displaced=self.jobs_displaced,
+                claims_refused=state.claims_refused,
+                last_pass_at=self.last_pass_at,
+                last_pass_s=self.last_pass_s,
+                rejected=tuple(sorted(self._rejected.items())),
+                node_incidents=tuple(sorted(self._node_incidents.items())),
+                node_lost_gpu_seconds=tuple(sorted(self._node_lost_gpu_seconds.items())),
+                node_summaries=tuple(self._node_summaries()),
+                # The store's writer thread moves these: each is read once, a copy of its own.
+                store=StoreFigures(
+                    ok=health.ok, problem=health.problem, in_memory=health.in_memory,
+                    write_failures=tuple(sorted(dict(health.write_failures).items())),
+                    snapshots_written=store.snapshots_written, snapshots_dropped=health.snapshots_dropped,
+                    snapshots_too_large=health.snapshots_too_large,
+                    snapshots_over_budget=health.snapshots_over_budget, snapshot_bytes=store.snapshot_bytes,
+                    backlog=store.backlog, unsaved=store.unsaved),
+                action_counts=None if actions is None else tuple(sorted(dict(actions.counts).items())),
+                captures=None if captures is None else CaptureFigures(
+                    captures.requested, captures.store.parts_received, captures.store.parts_refused,
+                    captures.store.total_bytes),
+            )
+
     def knows_job(self, job_id: str) -> bool:
         with self._lock:
-            return self.state.resolve(job_id) in self.state.jobs
+            return self._state.resolve(job_id) in self._state.jobs
 
     def nodes(self) -> list[NodeSummary]:
         with self._lock:
-            return [
-                NodeSummary(
-                    n.node,
-                    n.last_report_at,
-                    tuple((c.name, c.ok) for c in n.collectors),
-                    tuple(sorted(n.collector_errors.items())),
-                    n.stack_failures,
-                    n.agent.cpu_percent if n.agent else None,
-                    n.agent.rss_bytes if n.agent else None,
-                )
-                for n in sorted(self.state.nodes.values(), key=lambda n: n.node)
-            ]
+            return self._node_summaries()
 
+    def _node_summaries(self) -> list[NodeSummary]:
+        return [
+            NodeSummary(
+                n.node,
+                n.last_report_at,
+                tuple((c.name, c.ok) for c in n.collectors),
+                tuple(sorted(n.collector_errors.items())),
+                n.stack_failures,
+                n.agent.cpu_percent if n.agent else None,
+                n.agent.rss_bytes if n.agent else None,
+            )
+            for n in sorted(self._state.nodes.values(), key=lambda n: n.node)
+        ]
 
 def _culprit_nodes(view: JobView, culprit_ranks: Iterable[int]) -> tuple[str, ...]:
     """The nodes the culprit ranks run on, sorted; none without culprits (no walk over the ranks)."""

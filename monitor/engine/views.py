@@ -79,6 +79,10 @@ def _build_rank_view(track: RankTrack) -> RankView:
         step_time_s=_part(track, "step_time", track.progress_revision,
                           lambda: seconds_per_step(track.progress_points)),
         blocked_io=_part(track, "blocked_io", rr.blocked_io, lambda: blocked_io_view(rr.blocked_io)),
+        progress_points=_part(track, "progress_points", track.progress_revision,
+                              lambda: tuple(track.progress_points)),
+        launcher=rr.launcher,
+        identified_by=rr.identified_by,
     )
 
 

@@ -15,27 +15,27 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from monitor.ingest.job_track import JobTrack
+from monitor.diagnosis.verdict_catalogue import QUIET
 from monitor.present.job_answer import job_dict, job_head
-from monitor.engine.service import JobResult
+from monitor.engine.published import JobResult
 
-QUIET_VERDICTS = frozenset({"healthy", "finished"})
+QUIET_VERDICTS = QUIET
 VIEWS = ("full", "summary")
 # A job whose full answer was asked for this recently is being watched (a person's `watch curl`,
 # the page, a script polling during a stall): its next diagnoses are rendered ahead of the reads.
 WATCHED_S = 15.0
 
 
-def summary_dict(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]:
+def summary_dict(result: JobResult) -> dict[str, Any]:
     view = result.view
     return {
-        **job_head(result, track),
+        **job_head(result),
         "world_size": view.world_size,
         "ranks_seen": len(view.ranks),
         "nodes": len(view.hosts),
@@ -70,7 +70,7 @@ class AnswerCache:
         # Per watched giant job, the diagnosis whose full answer is being rendered ahead.
         self._ahead: dict[str, JobResult] = {}
 
-    def job_bytes(self, result: JobResult, track: JobTrack | None, view: str) -> bytes:
+    def job_bytes(self, result: JobResult, view: str) -> bytes:
         if view == "full":
             job_id = result.view.job_id
             self._asked_at[job_id] = self._clock()
@@ -82,9 +82,9 @@ class AnswerCache:
                     # Measured on 2 cores: reads that rendered beside the render-ahead took
                     # 100-450 ms, both renders slowed by the other (benchmarks/README.md).
                     return previous.body
-        return self._job_bytes(result, track, view)
+        return self._job_bytes(result, view)
 
-    def render_ahead(self, result: JobResult, track: JobTrack | None) -> Callable[[], None] | None:
+    def render_ahead(self, result: JobResult) -> Callable[[], None] | None:
         """Called as a giant job's new diagnosis is published: if its job is watched, the work of
         rendering its full answer before anyone asks, to run on a worker thread (a read then only
         copies bytes, instead of waiting ~0.1-1 s for 10,000 ranks to render on a busy monitor);
@@ -97,24 +97,25 @@ class AnswerCache:
 
         def render() -> None:
             try:
-                self._job_bytes(result, track, "full")
+                self._job_bytes(result, "full")
             finally:
                 if self._ahead.get(job_id) is result:
                     del self._ahead[job_id]
 
         return render
 
-    def _job_bytes(self, result: JobResult, track: JobTrack | None, view: str) -> bytes:
+    def _job_bytes(self, result: JobResult, view: str) -> bytes:
         cache = self._rendered[view]
         hit = cache.get(result.view.job_id)
         if hit is not None and hit.result is result:
             return hit.body
-        data = job_dict(result, track) if view == "full" else summary_dict(result, track)
+        data = job_dict(result) if view == "full" else summary_dict(result)
         body = dumps(data)
         cache[result.view.job_id] = _Rendered(result, body)
         return body
 
-    def forget_missing(self, live: Mapping[str, JobTrack]) -> None:
+    def forget_missing(self, live: Collection[str]) -> None:
+        """Drop what was kept for jobs the monitor no longer holds (``live``: the ids it holds)."""
         for cache in self._rendered.values():
             for job_id in set(cache) - set(live):
                 del cache[job_id]

@@ -12,12 +12,11 @@ from typing import Any, TypeVar
 from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
 from monitor.diagnosis.model import FlightRecord
 from monitor.diagnosis.stacks import memo
+from monitor.diagnosis.verdict_catalogue import QUIET
 from monitor.present.grouping import group_ranks
 from monitor.engine.job_names import env_names
-from monitor.ingest.job_track import JobTrack
-from monitor.ingest.tracks import RankTrack
 from monitor.present.rank_ranges import ranks_text as ranks_text  # re-exported: render_text and tests import it from here
-from monitor.engine.service import JobResult
+from monitor.engine.published import JobResult
 from monitor.present.stack_tree import stack_tree
 
 T = TypeVar("T")
@@ -33,16 +32,16 @@ RANKS_LISTED_BY_DEFAULT = 256
 RANK_GROUPS_LISTED = 24
 # Jobs with these verdicts get no merged stack tree: nobody reads it for them, and at 10,000
 # ranks it is a noticeable share of each refresh of a healthy job's answer.
-NO_STACK_TREE = frozenset({"healthy", "finished"})
+NO_STACK_TREE = QUIET
 
 
-def job_head(result: JobResult, track: JobTrack | None = None) -> dict[str, Any]:
+def job_head(result: JobResult) -> dict[str, Any]:
     """What every view of a job starts with: who it is and its verdict."""
     d = result.diagnosis
     return {
         "job_id": result.view.job_id,
         # The same job as other nodes named it (a host name here, an address there).
-        "aliases": sorted(track.aliases) if track is not None else [],
+        "aliases": list(result.aliases),
         # What people call it: Slurm job, Kubernetes pods, torchelastic run (monitor/engine/job_names.py).
         "names": result.names,
         "verdict": d.verdict,
@@ -68,24 +67,20 @@ def listed_ranks(result: JobResult, offset: int = 0, limit: int | None = None) -
     return list(ranks[offset : offset + (limit if limit is not None else RANKS_LISTED_BY_DEFAULT)])
 
 
-def job_dict(result: JobResult, track: JobTrack | None = None, ranks_offset: int = 0,
-             ranks_limit: int | None = None) -> dict[str, Any]:
-    """The job as JSON data; with its ``track``, each rank also gets its ``progress`` points.
-    ``ranks`` holds the ranks ``listed_ranks`` picks; ``ranks_total`` says how many there are."""
+def job_dict(result: JobResult, ranks_offset: int = 0, ranks_limit: int | None = None) -> dict[str, Any]:
+    """The job as JSON data. ``ranks`` holds the ranks ``listed_ranks`` picks; ``ranks_total`` says
+    how many there are."""
     view, d = result.view, result.diagnosis
     listed = listed_ranks(result, ranks_offset, ranks_limit)
-    wanted = [r.rank for r in listed]
-    chosen = set(wanted)
+    chosen = {r.rank for r in listed}
     by_rank = {rd.rank: rd for rd in d.ranks if rd.rank in chosen}
     job_last = view.job_progress_times[-1] if view.job_progress_times else None
-    progress = progress_series(track, wanted) if track is not None else {}
-    found = found_by(track, wanted) if track is not None else {}
     return {
-        **job_head(result, track),
+        **job_head(result),
         "evidence": list(d.evidence),
         "hints": list(d.hints),
         "ranks": [
-            {**rank_dict(r, by_rank.get(r.rank), job_last, view.now, progress.get(r.rank)), **found.get(r.rank, {})}
+            rank_dict(r, by_rank.get(r.rank), job_last, view.now, r.progress_points or result.job_progress_points)
             for r in listed
         ],
         "ranks_total": len(view.ranks),
@@ -108,10 +103,10 @@ def job_dict(result: JobResult, track: JobTrack | None = None, ranks_offset: int
         # Time the job spent under each alarm, times its live ranks (and GPUs): monitor/engine/hang_cost.py.
         "lost": {"rank_seconds": result.lost_rank_seconds, "gpu_seconds": result.lost_gpu_seconds},
         # Ranks another node claimed while their own node runs them: ignored, shown (monitor.ingest.rank_claims).
-        "rank_conflicts": [] if track is None else [
+        "rank_conflicts": [
             {"rank": c.rank, "claimed_by": c.claimed_by, "held_by": c.held_by, "first_at": c.first_at,
              "last_at": c.last_at, "refused": c.refused, "reason": c.reason}
-            for c in sorted(track.claim_conflicts.values(), key=lambda c: c.rank)],
+            for c in result.rank_conflicts],
         "now": view.now,
     }
 
@@ -200,38 +195,12 @@ def _exit_dict(exit: Any) -> dict[str, Any] | None:
     return {"at": exit.at, "code": exit.code, "signal": exit.signal, "error": exit.error}
 
 
-def _tracks_of(track: JobTrack, ranks: Iterable[int] | None) -> dict[int, RankTrack]:
-    """The job's rank tracks, of ``ranks`` only when given."""
-    tracks = track.ranks
-    return tracks if ranks is None else {r: tracks[r] for r in ranks if r in tracks}
-
-
-def found_by(track: JobTrack, ranks: Iterable[int] | None = None) -> dict[int, dict[str, str]]:
-    """Per rank (of ``ranks``, else all), the launcher its agent saw and how it knew the rank
-    ("env:RANK", "lightning:LOCAL_RANK", "mp.spawn:start-order", ...)."""
-    return {rank: {"launcher": t.latest.launcher, "identified_by": t.latest.identified_by}
-            for rank, t in _tracks_of(track, ranks).items()}
-
-
-def progress_series(track: JobTrack, ranks: Iterable[int] | None = None) -> dict[int, list[list[float]]]:
-    """Per rank (of ``ranks``, else all), its recent ``[time, step]`` points; the job-scope log's
-    points for a rank without its own."""
-    job_points = _points(track.progress_points)
-    return {rank: _points(t.progress_points) if t.progress_points else job_points
-            for rank, t in _tracks_of(track, ranks).items()}
-
-
-def _points(points: Iterable[tuple[float, int]]) -> list[tuple[float, int]]:
-    # Tuples serialise as JSON arrays; no rounding: this runs for every rank of every answer.
-    return list(points)
-
-
 def rank_dict(
     r: RankView,
     rd: RankDiagnosis | None,
     job_last_progress: float | None,
     now: float,
-    progress: list[list[float]] | None = None,
+    progress: Sequence[tuple[float, int]] = (),
 ) -> dict[str, Any]:
     last = r.progress_times[-1] if r.progress_times else job_last_progress
     return {
@@ -256,10 +225,13 @@ def rank_dict(
         "compute_dtype": r.compute_dtype,
         "gpu_utilization_percent": r.gpu_utilization_percent,
         # Recent [time, step] points (monitor clock), oldest first, for the page's chart.
-        "progress": progress or [],
+        "progress": list(progress),
         "flight_recorder": flight_recorder_dict(r.flight_recorder),
         # The rank's own pod, when it runs in one (each rank of a job may have its own).
         "k8s_pod": env_names(r.env).get("k8s_pod"),
+        # The launcher its agent saw and how it knew the rank ("env:RANK", "mp.spawn:start-order", ...).
+        "launcher": r.launcher,
+        "identified_by": r.identified_by,
     }
 
 

@@ -85,7 +85,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         notifier = Notifier.from_env()
         if notifier.enabled:
             tasks.append(asyncio.create_task(_keep_watchdog_fed(notifier)))
-            notifier.ready(f"serving; {len(monitor.state.jobs)} jobs replayed")
+            notifier.ready(f"serving; {len(monitor.job_ids())} jobs replayed")
         try:
             yield
         finally:
@@ -168,7 +168,7 @@ async def _tick_forever(monitor: Monitor, guard: LoadGuard, interval_s: float) -
                     handed = time.monotonic()
                     await asyncio.to_thread(step.run)
                     offloaded += time.monotonic() - handed
-            guard.forget(set(monitor.state.nodes))
+            guard.forget(monitor.node_ids())
             if heap.due(time.monotonic()):  # what a flood or forgotten jobs freed goes back to the system
                 handed = time.monotonic()
                 await asyncio.to_thread(heap.trim)

@@ -16,6 +16,7 @@ import bisect
 import re
 import time
 from collections import deque
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 # The agent writes "node" among the first keys; the shed decision reads it without decoding.
@@ -74,7 +75,7 @@ class LoadGuard:
     def accepted(self, node: str, now: float) -> None:
         self._accepted_at[node] = now
 
-    def forget(self, nodes: set[str]) -> None:
+    def forget(self, nodes: AbstractSet[str]) -> None:
         for node in set(self._accepted_at) - nodes:
             del self._accepted_at[node]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 
 from monitor.diagnosis import VERDICTS
 from monitor.diagnosis.activity import ACTIVITIES
@@ -21,7 +22,8 @@ from monitor.web.exposition import Family, labels, number, render
 from monitor.web.http_guard import HttpStats
 from monitor.web.load import LAG_BUCKETS, LoadGuard
 from monitor.web.process_metrics import build_info, process_families
-from monitor.engine.service import Monitor
+from monitor.engine.incidents import SuspectNode
+from monitor.engine.published import JobResult, MonitorFigures
 
 # hangwatch_job_info's labels, from monitor/engine/job_names.py (pods are left out: a job has many).
 JOB_INFO_LABELS = ("job_id", "slurm_job", "slurm_job_name", "k8s_namespace", "torchelastic_run_id", "display")
@@ -35,9 +37,10 @@ RANK_LABELS = ("job_id", "rank", "node")
 RANK_SERIES_MAX_RANKS = 1024
 
 
-def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes:
-    now = monitor.clock()
-    results = monitor.results(now)
+def render_metrics(results: Sequence[JobResult], figures: MonitorFigures, suspects: Sequence[SuspectNode],
+                   guard: LoadGuard, http: HttpStats) -> bytes:
+    """The scrape, from what the engine published: ``results`` and ``figures`` are immutable, so
+    this runs on a worker thread while reports keep arriving."""
 
     verdict = Family("hangwatch_job_verdict", "1 for the job's current verdict, 0 for the others")
     last_progress = Family("hangwatch_job_last_progress_timestamp_seconds",
@@ -121,7 +124,7 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
     agent_cpu = Family("hangwatch_agent_cpu_ratio", "The agent's own CPU use (py-spy included) over its last tick, "
                                                      "1 = one core")
     agent_memory = Family("hangwatch_agent_memory_bytes", "The agent's resident memory")
-    for node in monitor.nodes():
+    for node in figures.node_summaries:
         node_l = labels(("node",), (node.node,))
         last_report.add(node_l, node.last_report_at)
         if node.agent_cpu_percent is not None:
@@ -136,21 +139,22 @@ def render_metrics(monitor: Monitor, guard: LoadGuard, http: HttpStats) -> bytes
         dump_failures.add(node_l, float(node.stack_failures))
 
     reports = Family("hangwatch_reports", "Agent reports accepted", "counter")
-    reports.add("", float(monitor.reports_total))
+    reports.add("", float(figures.reports_total))
     rejected = Family("hangwatch_reports_rejected", "Agent reports refused", "counter")
-    for reason, count in sorted(monitor.rejected.items()):
+    for reason, count in figures.rejected:
         rejected.add(labels(("reason",), (reason,)), float(count))
 
     families = [build_info(), verdict, info, last_progress, culprits, lost_rank, lost_gpu, world, ranks_by_state, cpu_total, cpu_ratio, step, up,
                 rank_progress, wait_ratio, rank_state, culprit, last_report, collector_up, collector_errors,
                 dump_failures, agent_cpu, agent_memory, reports, rejected]
-    return render([*families, *own_families(monitor, guard), *http_families(http), *process_families()])
+    return render([*families, *own_families(figures, suspects, guard), *http_families(http), *process_families()])
 
 
-def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
+def own_families(figures: MonitorFigures, suspects: Sequence[SuspectNode], guard: LoadGuard) -> list[Family]:
     """The monitor's own load: is it keeping up with its agents."""
+    store = figures.store
     full = Family("hangwatch_monitor_full_reports", "Accepted reports that were full (not deltas)", "counter")
-    full.add("", float(monitor.full_reports_total))
+    full.add("", float(figures.full_reports_total))
     shed = Family("hangwatch_monitor_reports_shed",
                   "Reports refused with 503 because the monitor was past capacity", "counter")
     shed.add("", float(guard.shed_total))
@@ -160,86 +164,84 @@ def own_families(monitor: Monitor, guard: LoadGuard) -> list[Family]:
     overloaded = Family("hangwatch_monitor_overloaded", "1 while the monitor sheds reports (loop lag past the limit)")
     overloaded.add("", 1.0 if guard.overloaded else 0.0)
     pass_s = Family("hangwatch_monitor_diagnosis_pass_seconds", "Wall time of the last diagnosis pass over all jobs")
-    pass_s.add("", monitor.last_pass_s)
+    pass_s.add("", figures.last_pass_s)
     pass_at = Family("hangwatch_monitor_last_diagnosis_timestamp_seconds", "Unix time the last diagnosis pass ended")
-    if monitor.last_pass_at is not None:
-        pass_at.add("", monitor.last_pass_at)
+    if figures.last_pass_at is not None:
+        pass_at.add("", figures.last_pass_at)
     snapshots = Family("hangwatch_monitor_snapshots_written", "Node snapshots written to the database", "counter")
-    snapshots.add("", float(monitor.store.snapshots_written))
+    snapshots.add("", float(store.snapshots_written))
     backlog = Family("hangwatch_monitor_store_backlog", "Database writes queued and not yet committed")
-    backlog.add("", float(monitor.store.backlog))
+    backlog.add("", float(store.backlog))
     replayed = Family("hangwatch_monitor_reports_replayed",
                       "Reports agents kept through an outage, applied late at their own times", "counter")
-    replayed.add("", float(monitor.replayed_total))
+    replayed.add("", float(figures.replayed_total))
     replay_dropped = Family("hangwatch_monitor_reports_replay_dropped",
                             "Reports kept through an outage that came too late to apply", "counter")
-    replay_dropped.add("", float(monitor.replayed_dropped))
-    health = monitor.store.health
+    replay_dropped.add("", float(figures.replayed_dropped))
     store_up = Family("hangwatch_monitor_store_up",
                       "1 while the database takes the monitor's writes; 0: history is held in memory")
-    store_up.add("", 1.0 if health.ok else 0.0)
+    store_up.add("", 1.0 if store.ok else 0.0)
     in_memory = Family("hangwatch_monitor_store_in_memory",
                        "1 when the database could not be opened: nothing survives a restart")
-    in_memory.add("", 1.0 if health.in_memory else 0.0)
+    in_memory.add("", 1.0 if store.in_memory else 0.0)
     write_failures = Family("hangwatch_monitor_store_write_failures",
                             "Database transactions that failed, by reason (disk_full, read_only, locked, ...)",
                             "counter")
-    for reason, count in sorted(health.write_failures.items()):
+    for reason, count in store.write_failures:
         write_failures.add(labels(("reason",), (reason,)), float(count))
     unsaved = Family("hangwatch_monitor_store_unsaved_changes", "Verdict changes held in memory, not yet written")
-    unsaved.add("", float(monitor.store.unsaved))
+    unsaved.add("", float(store.unsaved))
     dropped = Family("hangwatch_monitor_snapshots_dropped",
                      "Node snapshots not written (the database failing or far behind)", "counter")
-    dropped.add("", float(health.snapshots_dropped))
+    dropped.add("", float(store.snapshots_dropped))
     refused = Family("hangwatch_monitor_snapshots_refused",
                      "Node snapshots not kept, by reason: too_large (over snapshot_max_bytes compressed), "
                      "over_budget (a new node's while snapshots fill snapshot_budget_bytes)", "counter")
-    refused.add(labels(("reason",), ("too_large",)), float(health.snapshots_too_large))
-    refused.add(labels(("reason",), ("over_budget",)), float(health.snapshots_over_budget))
+    refused.add(labels(("reason",), ("too_large",)), float(store.snapshots_too_large))
+    refused.add(labels(("reason",), ("over_budget",)), float(store.snapshots_over_budget))
     snapshot_bytes = Family("hangwatch_monitor_snapshot_bytes", "Compressed bytes the stored node snapshots take")
-    if monitor.store.snapshot_bytes is not None:
-        snapshot_bytes.add("", float(monitor.store.snapshot_bytes))
+    if store.snapshot_bytes is not None:
+        snapshot_bytes.add("", float(store.snapshot_bytes))
     displaced = Family("hangwatch_monitor_jobs_displaced",
                        "Jobs forgotten at max_jobs, silent for a minute or more, to let new ones in", "counter")
-    displaced.add("", float(monitor.jobs_displaced))
+    displaced.add("", float(figures.jobs_displaced))
     claims = Family("hangwatch_monitor_rank_claims_refused",
                     "Reported ranks ignored: another node that still reports runs them", "counter")
-    claims.add("", float(monitor.state.claims_refused))
+    claims.add("", float(figures.claims_refused))
     incidents = Family("hangwatch_node_incidents",
                        "Incidents (an alarm, or a rank that ended or stopped) that named a rank of the node as a "
                        "culprit, by the verdict that named it, since the monitor started", "counter")
-    for (node, verdict), count in sorted(monitor.node_incidents.items()):
+    for (node, verdict), count in figures.node_incidents:
         incidents.add(labels(("node", "verdict"), (node, verdict)), float(count))
     node_lost = Family("hangwatch_node_lost_gpu_seconds",
                        "GPU-seconds jobs lost to incidents whose culprits ran on the node (split among the "
                        "culprits' nodes; node=\"unattributed\": no culprit named), since the monitor started",
                        "counter")
-    for (node, verdict), seconds in sorted(dict(monitor.node_lost_gpu_seconds).items()):
+    for (node, verdict), seconds in figures.node_lost_gpu_seconds:
         node_lost.add(labels(("node", "verdict"), (node, verdict)), seconds)
     culprit_jobs = Family("hangwatch_node_culprit_jobs",
                           "Distinct jobs whose incidents named the node as a culprit within the suspect window "
                           "(HANGWATCH_SUSPECT_WINDOW_S, 7 days by default): a drain candidate when several")
-    for suspect in monitor.cached_suspect_nodes():
+    for suspect in suspects:
         culprit_jobs.add(labels(("node",), (suspect.node,)), float(len(suspect.jobs)))
     ranks = Family("hangwatch_monitor_ranks", "Ranks the monitor tracks")
-    ranks.add("", float(sum(len(j.ranks) for j in monitor.state.jobs.values())))
+    ranks.add("", float(figures.ranks))
     actions = Family("hangwatch_actions",
                      "Decisions of the opt-in actions' rules (--actions), by rule, kind and outcome (ok, failed, "
                      "dry_run, rate_limited, unattributed, skipped, refused), since the monitor started", "counter")
-    if monitor.actions is not None:
-        for (rule, kind, outcome), count in sorted(dict(monitor.actions.counts).items()):
+    if figures.action_counts is not None:
+        for (rule, kind, outcome), count in figures.action_counts:
             actions.add(labels(("rule", "kind", "outcome"), (rule, kind, outcome)), float(count))
     captures = Family("hangwatch_capture_requests", "Evidence captures asked of a job's agents (one per incident "
                       "held past --capture-after), since the monitor started", "counter")
     parts = Family("hangwatch_capture_parts", "Agents' capture parts received or refused (too big, not asked, "
                    "a second time), since the monitor started", "counter")
     kept = Family("hangwatch_capture_bytes", "Bytes of capture bundles kept on disk")
-    if monitor.captures is not None:
-        store = monitor.captures.store
-        captures.add("", float(monitor.captures.requested))
-        parts.add(labels(("outcome",), ("received",)), float(store.parts_received))
-        parts.add(labels(("outcome",), ("refused",)), float(store.parts_refused))
-        kept.add("", float(store.total_bytes))
+    if figures.captures is not None:
+        captures.add("", float(figures.captures.requested))
+        parts.add(labels(("outcome",), ("received",)), float(figures.captures.parts_received))
+        parts.add(labels(("outcome",), ("refused",)), float(figures.captures.parts_refused))
+        kept.add("", float(figures.captures.total_bytes))
     return [full, shed, lag, lag_probes, overloaded, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
             in_memory, write_failures, unsaved, dropped, refused, snapshot_bytes, displaced, claims, incidents, node_lost, culprit_jobs, ranks, actions,
             captures, parts, kept]

@@ -1,4 +1,5 @@
-"""Where the status page links to: the job's Grafana dashboard and the runbook section for its verdict.
+"""Where the status page links to: the job's Grafana dashboard and the runbook section for its verdict;
+and how it draws each verdict (the verdict catalogue's colours and labels).
 
 The addresses come from the monitor's settings (``--grafana-url``, ``--runbook-url``) and reach the
 page in the ``monitor`` part of every ``/diagnose?format=json`` answer; the page fills in the job.
@@ -8,20 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+# RUNBOOK_SECTIONS: verdict -> its section of docs/runbook.md (the anchors alerts link to as well).
+# A job the monitor cannot see ("unknown") is the agent-silent case; healthy and finished have none.
+from monitor.diagnosis.verdict_catalogue import CATALOGUE, RUNBOOK_SECTIONS as RUNBOOK_SECTIONS
 from monitor.web.settings import Settings
 
-# Verdict -> its section of docs/runbook.md (the anchors alerts link to as well). A job the
-# monitor cannot see ("unknown") is the agent-silent case; healthy and finished have none.
-RUNBOOK_SECTIONS = {
-    "deadlock": "deadlock",
-    "rank_exited": "rank-exited",
-    "rank_stopped": "rank-stopped",
-    "straggler": "straggler",
-    "rendezvous_hang": "rendezvous-hang",
-    "slow_compute": "slow-compute",
-    "stalled": "stalled",
-    "unknown": "agent-silent",
-}
+# Verdict -> how the page draws it: its colour (a class of style.css) and its label.
+VERDICT_LOOKS = {v.name: {"tone": v.colour.page, "label": v.label} for v in CATALOGUE}
 
 
 def page_links(settings: Settings) -> dict[str, Any]:
@@ -29,4 +23,5 @@ def page_links(settings: Settings) -> dict[str, Any]:
         "grafana": settings.grafana_url,
         "runbook": settings.runbook_url,
         "runbook_sections": RUNBOOK_SECTIONS if settings.runbook_url else {},
+        "verdicts": VERDICT_LOOKS,
     }

@@ -107,6 +107,21 @@ def _kill(pid: int) -> None:
         pass  # not our child (a grandchild): init reaps it
 
 
+def children_of(parent: int) -> list[int]:
+    """The pids whose parent is ``parent``, read from /proc."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == parent:
+                    out.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 @pytest.fixture
 def ranks(tmp_path):
     r = Ranks(tmp_path)

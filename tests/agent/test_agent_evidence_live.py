@@ -18,7 +18,7 @@ import pytest
 
 from agent.sockets import SocketReader
 from monitor.ingest.wire import Report
-from tests.agent.conftest import run_agent_once
+from tests.agent.conftest import children_of, run_agent_once
 from hangwatch.demo.harness import free_port
 
 pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
@@ -76,20 +76,6 @@ def _kill_pid(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _children_of(parent: int) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == parent:
-                    out.append(int(name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
 
 
 def _rank(report: dict, pid: int) -> dict:
@@ -171,7 +157,7 @@ needs_torchrun = pytest.mark.skipif(not os.path.exists(TORCHRUN), reason="torchr
 
 def _kill_launcher(launcher: subprocess.Popen) -> None:
     # torchrun starts workers in their own sessions: kill its children by PID, then it.
-    for pid in _children_of(launcher.pid):
+    for pid in children_of(launcher.pid):
         _kill_pid(pid)
     _stop(launcher)
 

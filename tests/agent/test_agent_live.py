@@ -12,7 +12,7 @@ import time
 import pytest
 
 from monitor.ingest.wire import Report
-from tests.agent.conftest import agent_argv, run_agent_once
+from tests.agent.conftest import agent_argv, children_of, run_agent_once
 from tests.notify_socket import NotifySocket
 
 pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
@@ -238,22 +238,10 @@ def test_real_torchrun_ranks_found_launcher_excluded(ranks, tmp_path):
         assert {r["progress"]["scope"] for r in found.values()} == {"job"}
     finally:
         # torchrun starts workers in their own sessions: kill its children by PID, then it.
-        for pid in _children_of(launcher.pid):
+        for pid in children_of(launcher.pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         launcher.kill()
         launcher.wait(timeout=20)
-
-
-def _children_of(parent: int) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                if name.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == parent:
-                    out.append(int(name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out

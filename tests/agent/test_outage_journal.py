@@ -17,7 +17,7 @@ import pytest
 from agent.outage_journal import OutageJournal, signature
 from agent.sender import Sender
 from tests.agent.conftest import Receiver
-from tests.monitor.real_monitor import free_port, running_monitor, running_relay
+from tests.monitor.real_monitor import free_port, metric, running_monitor, running_relay
 
 pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
 
@@ -233,13 +233,6 @@ def _deliver_after_an_outage(tmp_path: Path, port: int, db: Path, sender: Sender
         sender.stop()
 
 
-def _metric(base: str, name: str) -> float:
-    for line in httpx.get(f"{base}/metrics", timeout=5).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
-
-
 def test_an_agent_restarted_during_an_outage_still_delivers_what_it_kept(tmp_path: Path) -> None:
     port = free_port()
     journal_dir = tmp_path / "journal"
@@ -259,7 +252,7 @@ def test_an_agent_restarted_during_an_outage_still_delivers_what_it_kept(tmp_pat
         second = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 20
-            while _metric(monitor.base, "hangwatch_monitor_reports_replayed_total") < 1:
+            while metric(monitor.base, "hangwatch_monitor_reports_replayed_total") < 1:
                 assert time.monotonic() < deadline, "what the first agent kept never arrived"
                 time.sleep(0.2)
             deadline = time.monotonic() + 10

@@ -1,4 +1,4 @@
-"""Two simulated nodes (hangwatch/demo/netns.py): network namespaces on a bridge, one PID namespace,
+"""Two simulated nodes (tests/netns.py): network namespaces on a bridge, one PID namespace,
 one agent and one torchrun per node, the monitor in the switch namespace.
 
 node-a (10.231.0.20) is the master (node rank 0, rank 0, TCPStore on MASTER_PORT); node-b
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from hangwatch.demo.harness import MonitorClient
-from hangwatch.demo.netns import Fabric, NetnsUnavailable, check_available, sweep_stale
 from tests.e2e.answers import compact, text_of
+from tests.netns import Fabric, NetnsUnavailable, check_available, sweep_stale
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

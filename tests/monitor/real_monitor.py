@@ -1,4 +1,5 @@
-"""The real hangwatch-monitor on uvicorn in a subprocess, on loopback, for tests that need the daemon."""
+"""The real hangwatch-monitor on uvicorn in a subprocess, on loopback, for tests that need the daemon;
+and what its /metrics says."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 from hangwatch.demo.harness import free_port
 
 EXE = shutil.which("hangwatch-monitor") or str(Path(sys.executable).parent / "hangwatch-monitor")
@@ -98,3 +101,15 @@ def running_relay(tmp_path: Path, monitor: str, *args: str, port: int | None = N
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def metric(base: str, name: str, headers: dict[str, str] | None = None, **labels: str) -> float:
+    """The sample ``name`` whose labels include ``labels`` in the /metrics of the monitor (or relay)
+    at ``base``, read with Prometheus' own parser; an AssertionError when the scrape fails or has none."""
+    scrape = httpx.get(f"{base}/metrics", headers=headers or {}, timeout=5)
+    assert scrape.status_code == 200, f"/metrics answered {scrape.status_code}: {scrape.text[:200]}"
+    for family in text_string_to_metric_families(scrape.text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    raise AssertionError(f"{name} {labels} not in /metrics")

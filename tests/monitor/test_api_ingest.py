@@ -61,7 +61,7 @@ def test_rejects_malformed_reports_with_422_naming_the_problem(
     assert response.status_code == 422
     assert response.json()["accepted"] is False
     assert needle in response.json()["detail"]
-    assert monitor_of(client).rejected[reason] == 1
+    assert dict(monitor_of(client).figures().rejected)[reason] == 1
     assert_unchanged(client, store)
 
 
@@ -78,7 +78,7 @@ def test_one_bad_rank_rejects_the_whole_report(client: TestClient, store: Store,
 def test_rejects_a_wrong_content_type_with_415(client: TestClient, store: Store) -> None:
     response = client.post(URL, content=json.dumps(report()), headers={"content-type": "text/plain"})
     assert response.status_code == 415
-    assert monitor_of(client).rejected["content_type"] == 1
+    assert dict(monitor_of(client).figures().rejected)["content_type"] == 1
     assert_unchanged(client, store)
 
 
@@ -97,7 +97,7 @@ def oversized_report() -> bytes:
 def test_rejects_an_oversized_body_by_content_length_with_413(client: TestClient, store: Store) -> None:
     response = client.post(URL, content=oversized_report(), headers={"content-type": "application/json"})
     assert response.status_code == 413
-    assert monitor_of(client).rejected["too_large"] == 1
+    assert dict(monitor_of(client).figures().rejected)["too_large"] == 1
     assert_unchanged(client, store)
 
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from monitor_reports import rank, report
-from prometheus_client.parser import text_string_to_metric_families
-from real_monitor import EXE, running_monitor
+from real_monitor import EXE, metric, running_monitor
 
 from monitor.web.auth import TokenFile, TokenFileError, parse_tokens, presented_token, request_kind
 from tests.tls_certs import make_tls_files
@@ -112,15 +111,6 @@ def _bearer(token: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
 
 
-def _metric(base: str, name: str, headers: dict | None = None, **labels: str) -> float:
-    text = httpx.get(f"{base}/metrics", headers=headers or {}, timeout=5).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    raise AssertionError(f"{name} {labels} not in /metrics")
-
-
 def _jobs(base: str, headers: dict | None = None) -> list[str]:
     answer = httpx.get(f"{base}/diagnose", params={"format": "json"}, headers=headers or {}, timeout=5)
     assert answer.status_code == 200, answer.text
@@ -137,14 +127,14 @@ def test_reports_need_a_token_and_a_node_token_speaks_only_for_its_node(tmp_path
             assert answer.status_code == 401, answer.text
             assert answer.json()["accepted"] is False and "bearer" in answer.headers["www-authenticate"].lower()
         assert _jobs(monitor.base) == []
-        assert _metric(monitor.base, "hangwatch_monitor_requests_unauthorized_total", kind="ingest") == 3
-        assert _metric(monitor.base, "hangwatch_reports_rejected_total", reason="unauthorized") == 3
+        assert metric(monitor.base, "hangwatch_monitor_requests_unauthorized_total", kind="ingest") == 3
+        assert metric(monitor.base, "hangwatch_reports_rejected_total", reason="unauthorized") == 3
 
         # node-a's token may not speak for node-b ...
         answer = httpx.post(url, json=forged, headers=_bearer(NODE_A), timeout=5)
         assert answer.status_code == 403 and "node-a" in answer.json()["detail"]
         assert _jobs(monitor.base) == []
-        assert _metric(monitor.base, "hangwatch_reports_rejected_total", reason="wrong_node") == 1
+        assert metric(monitor.base, "hangwatch_reports_rejected_total", reason="wrong_node") == 1
         # ... only for itself; the shared token for any node.
         own = report(node="node-a", ranks=[rank(job_id="job-a", rank=0)])
         assert httpx.post(url, json=own, headers=_bearer(NODE_A), timeout=5).status_code == 202
@@ -175,7 +165,7 @@ def test_a_node_token_cannot_claim_a_rank_another_node_runs(tmp_path: Path) -> N
         job = _job(monitor.base, "job-x")
         assert {r["rank"]: r["node"] for r in job["ranks"]} == {0: "node-b", 1: "node-b"}, job["ranks"]
         assert [(c["rank"], c["claimed_by"], c["held_by"]) for c in job["rank_conflicts"]] == [(1, "node-a", "node-b")]
-        assert _metric(monitor.base, "hangwatch_monitor_rank_claims_refused_total") == 1
+        assert metric(monitor.base, "hangwatch_monitor_rank_claims_refused_total") == 1
         text = httpx.get(f"{monitor.base}/diagnose", params={"job": "job-x"}, timeout=5).text
         assert "rank 1: claimed by node-a, run by node-b" in text, text
 
@@ -211,8 +201,8 @@ def test_reads_and_metrics_can_each_require_their_own_token(tmp_path: Path) -> N
         assert httpx.get(base + "/metrics", headers=_bearer(READER), timeout=5).status_code == 401
         assert httpx.get(base + "/healthz", timeout=5).status_code == 200
         scraper = _bearer(SCRAPER)
-        assert _metric(base, "hangwatch_monitor_requests_unauthorized_total", scraper, kind="read") == 2 * len(read_paths)
-        assert _metric(base, "hangwatch_monitor_requests_unauthorized_total", scraper, kind="metrics") == 2
+        assert metric(base, "hangwatch_monitor_requests_unauthorized_total", scraper, kind="read") == 2 * len(read_paths)
+        assert metric(base, "hangwatch_monitor_requests_unauthorized_total", scraper, kind="metrics") == 2
 
 
 def test_a_rotated_token_is_taken_without_a_restart(tmp_path: Path) -> None:

@@ -11,21 +11,12 @@ from pathlib import Path
 
 import httpx
 from monitor_reports import rank, report
-from prometheus_client.parser import text_string_to_metric_families
-from real_monitor import running_monitor
+from real_monitor import metric, running_monitor
 
 from monitor.web.log_limit import RepeatLimitFilter
 
 OPEN_FILE_LIMIT = 256
 IDLE_CONNECTIONS = 400  # more than the monitor may open at all
-
-
-def _metric(base: str, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(httpx.get(f"{base}/metrics", timeout=5).text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    raise AssertionError(f"{name} {labels} not in /metrics")
 
 
 def _idle_connections(port: int, count: int, stack: ExitStack) -> list[socket.socket]:
@@ -62,12 +53,12 @@ def test_more_idle_connections_than_file_descriptors_do_not_shut_agents_out(tmp_
         idle = _idle_connections(port, IDLE_CONNECTIONS, stack)
         # An agent still gets in while the squatters hold their sockets: the oldest idle ones make room.
         _until(lambda: _post_accepted(monitor.base, "job-agent"), 10, "an agent's report was never accepted")
-        assert _metric(monitor.base, "hangwatch_monitor_connections_closed_total", reason="evicted_idle") > 0
-        assert _metric(monitor.base, "hangwatch_monitor_connections") < OPEN_FILE_LIMIT
+        assert metric(monitor.base, "hangwatch_monitor_connections_closed_total", reason="evicted_idle") > 0
+        assert metric(monitor.base, "hangwatch_monitor_connections") < OPEN_FILE_LIMIT
         # The squatters that are left are closed once they have sent no request for the header timeout.
-        _until(lambda: _metric(monitor.base, "hangwatch_monitor_connections") <= 2, 15,
+        _until(lambda: metric(monitor.base, "hangwatch_monitor_connections") <= 2, 15,
                "idle connections were never closed")
-        assert _metric(monitor.base, "hangwatch_monitor_connections_closed_total", reason="header_timeout") > 0
+        assert metric(monitor.base, "hangwatch_monitor_connections_closed_total", reason="header_timeout") > 0
         closed = sum(1 for s in idle if s.recv(1) == b"")
         assert closed == IDLE_CONNECTIONS
         assert monitor.proc.poll() is None
@@ -96,7 +87,7 @@ def test_a_client_sending_its_headers_a_byte_at_a_time_is_cut_off(tmp_path: Path
                 except ConnectionResetError:
                     cut_off = True
             assert cut_off, "a trickling client kept its connection"
-        assert _metric(monitor.base, "hangwatch_monitor_connections_closed_total", reason="header_timeout") >= 1
+        assert metric(monitor.base, "hangwatch_monitor_connections_closed_total", reason="header_timeout") >= 1
         assert _post_accepted(monitor.base, "job-after")
 
 
@@ -146,5 +137,5 @@ def test_request_heads_past_the_limits_get_431_and_the_monitor_goes_on(tmp_path:
             got = _answer(port, head)
             assert got.startswith(b"HTTP/1.1 431 "), got[:200]
         assert _answer(port, b"GET /diagnose HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
-        assert _metric(monitor.base, "hangwatch_monitor_connections_closed_total", reason="header_too_large") == 3
+        assert metric(monitor.base, "hangwatch_monitor_connections_closed_total", reason="header_too_large") == 3
         assert _post_accepted(monitor.base, "job-after")

@@ -61,7 +61,7 @@ def test_diagnose_names_the_rank_behind(client: TestClient, clock: FakeClock) ->
 def test_times_are_shifted_a_delta_keeps_the_dump_a_new_one_replaces_it(client: TestClient, clock: FakeClock) -> None:
     # The agent's clock runs 5 s ahead of the monitor's.
     post(client, report(ranks=[stuck_rank(0, clock.now, flight_recorder=fr(0, clock.now + 3))], sent_at=clock.now + 5))
-    track = monitor_of(client).state.jobs["job-fr"].ranks[0]
+    track = monitor_of(client)._state.jobs["job-fr"].ranks[0]
     assert track.flight_recorder.dumped_at == pytest.approx(clock.now - 2)
     entry = track.flight_recorder.groups[0].recent[-1]
     assert entry.created_at == pytest.approx(fr(0, 0)["groups"][0]["recent"][-1]["created_at"] - 5)
@@ -69,11 +69,11 @@ def test_times_are_shifted_a_delta_keeps_the_dump_a_new_one_replaces_it(client: 
     clock.advance(1)
     post(client, report(ranks=[stuck_rank(0, clock.now, flight_recorder=None)], sent_at=clock.now + 5, host=None,
                         delta=True))
-    assert monitor_of(client).state.jobs["job-fr"].ranks[0].flight_recorder is first
+    assert monitor_of(client)._state.jobs["job-fr"].ranks[0].flight_recorder is first
     clock.advance(1)
     post(client, report(ranks=[stuck_rank(0, clock.now, flight_recorder=fr(0, clock.now + 4, "mismatch"))],
                         sent_at=clock.now + 5))
-    newer = monitor_of(client).state.jobs["job-fr"].ranks[0].flight_recorder
+    newer = monitor_of(client)._state.jobs["job-fr"].ranks[0].flight_recorder
     assert newer.dumped_at == pytest.approx(clock.now - 1) and newer.groups[0].last_completed == 39
 
 

@@ -99,7 +99,7 @@ def test_bad_rank_pages_are_refused(client: TestClient, params: dict, status: in
 
 def test_running_and_sleeping_do_not_force_a_pass_but_a_stop_does(client: TestClient, clock: FakeClock) -> None:
     post_report(client, report(ranks=[rank(job_id="j", rank=0, state="R")], sent_at=clock.now))
-    job = monitor_of(client).state.jobs["j"]
+    job = monitor_of(client)._state.jobs["j"]
     revision = job.lifecycle_revision
     for state in ("S", "R", "D", "S"):
         clock.advance(1)
@@ -116,7 +116,7 @@ def test_the_jobs_newest_progress_is_kept_as_reports_come(client: TestClient, cl
         rank(job_id="j", rank=0, progress=progress(3, 3, [(t - 3, 1), (t - 2, 2), (t - 1, 3)])),
         rank(job_id="j", rank=1, progress=progress(2, 2, [(t - 5, 1), (t - 4, 2)])),
     ], sent_at=t))
-    job = monitor_of(client).state.jobs["j"]
+    job = monitor_of(client)._state.jobs["j"]
     assert job.last_progress_at == pytest.approx(t - 1)
     assert job.last_progress_at == max(r.last_progress_at for r in job.ranks.values())
 
@@ -125,7 +125,7 @@ def test_a_wait_site_is_learned_once_the_job_progresses_past_its_stack(client: T
     t = clock.now
     post_report(client, report(ranks=[rank(job_id="j", rank=0, stack=stack(t - 1),
                                             progress=progress(1, 1, [(t - 2, 1)]))], sent_at=t))
-    job = monitor_of(client).state.jobs["j"]
+    job = monitor_of(client)._state.jobs["j"]
     assert job.known_wait_sites == set() and job.pending_wait_ranks == {0}
     clock.advance(1)
     post_report(client, report(ranks=[rank(job_id="j", rank=0, stack=stack(t - 1),

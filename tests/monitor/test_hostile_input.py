@@ -172,7 +172,7 @@ def test_a_full_monitor_lets_a_new_node_in_by_forgetting_the_longest_silent_one(
             clock.advance(30)
             assert post("node-b") == 202  # node-b speaks again; node-a is silent 70 s now
             assert post("node-c") == 202
-            nodes = set(monitor_of(client).state.nodes)
+            nodes = set(monitor_of(client).node_ids())
             assert nodes == {"node-b", "node-c"}
     finally:
         store.close()

@@ -88,16 +88,16 @@ def test_another_jobs_communicators_are_not_this_jobs(client: TestClient, clock:
 def test_a_delta_keeps_the_answer_a_full_report_without_one_drops_it(client: TestClient, clock: FakeClock) -> None:
     answer = nccl_ras("mismatch", PIDS["mismatch"], clock.now - 1)
     post(client, report(ranks=[rank(pid=445)], sent_at=clock.now + 5, nccl_ras=answer))  # the agent's clock 5 s ahead
-    node = monitor_of(client).state.nodes["node-a"]
+    node = monitor_of(client)._state.nodes["node-a"]
     assert node.nccl_ras is not None
     assert (node.nccl_ras.polled_at, node.nccl_ras.unchanged_since) == (clock.now - 6, clock.now - 16)
     clock.advance(1)
     assert post(client, report(ranks=[rank(pid=445)], sent_at=clock.now, host=None, nccl_ras=None,
                                delta=True))["delta"] is True
-    assert monitor_of(client).state.nodes["node-a"].nccl_ras is node.nccl_ras
+    assert monitor_of(client)._state.nodes["node-a"].nccl_ras is node.nccl_ras
     clock.advance(1)
     post(client, report(ranks=[rank(pid=445)], sent_at=clock.now))
-    assert monitor_of(client).state.nodes["node-a"].nccl_ras is None
+    assert monitor_of(client)._state.nodes["node-a"].nccl_ras is None
 
 
 def test_both_decoders_read_an_answer_alike() -> None:

@@ -196,9 +196,9 @@ def test_a_restarted_monitor_makes_no_room_until_it_has_listened_as_long_as_sile
         with TestClient(create_app(settings, store, clock=clock)) as client:
             refused = client.post("/api/v1/reports", json={**newcomer, "sent_at": clock.now})
             assert refused.status_code == 429 and "max_ranks" in refused.json()["detail"], refused.text
-            assert "job-a" in monitor_of(client).state.jobs  # not forgotten for a newcomer
+            assert "job-a" in monitor_of(client).job_ids()  # not forgotten for a newcomer
             clock.advance(61)  # listened a minute: job-a, still silent, gives its room
             assert client.post("/api/v1/reports", json={**newcomer, "sent_at": clock.now}).status_code == 202
-            assert set(monitor_of(client).state.jobs) == {"job-new"}
+            assert set(monitor_of(client).job_ids()) == {"job-new"}
     finally:
         store.close()

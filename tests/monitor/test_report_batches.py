@@ -52,7 +52,7 @@ def test_each_report_of_a_batch_is_answered_in_order_as_if_posted_alone(client: 
     assert results[2]["body"]["send_full"] is True
     monitor = monitor_of(client)
     assert monitor.reports_total == 2
-    assert sorted(monitor.state.nodes) == ["node-a", "node-c"]
+    assert sorted(monitor.node_ids()) == ["node-a", "node-c"]
 
 
 @pytest.mark.parametrize("body", [
@@ -65,7 +65,7 @@ def test_what_is_not_a_batch_is_refused_whole_and_changes_nothing(client: TestCl
     assert response.status_code == 422
     assert response.json()["detail"].startswith("not a batch of reports")
     monitor = monitor_of(client)
-    assert monitor.reports_total == 0 and monitor.rejected["schema"] == 1
+    assert monitor.reports_total == 0 and dict(monitor.figures().rejected)["schema"] == 1
 
 
 @pytest.fixture
@@ -92,7 +92,7 @@ def test_with_a_relay_file_only_a_relay_token_posts_batches_and_is_believed(guar
                                                      status: int, believed: bool | None) -> None:
     response = post(guarded, batch((report(node="node-a", sent_at=clock.now), True)), token)
     assert response.status_code == status, response.text
-    nodes = monitor_of(guarded).state.nodes
+    nodes = monitor_of(guarded)._state.nodes
     if believed is None:
         assert "node-a" not in nodes
     else:
@@ -110,10 +110,10 @@ def test_without_a_relay_token_file_batches_take_an_unbound_agent_token(clock: F
         # A node's token cannot speak for other nodes, even its own report in a batch.
         bound = post(guarded, batch((report(sent_at=clock.now), True)), NODE_A)
         assert bound.status_code == 403 and "bound to one node" in bound.json()["detail"]
-        assert "node-a" not in monitor_of(guarded).state.nodes
+        assert "node-a" not in monitor_of(guarded).node_ids()
         response = post(guarded, batch((report(sent_at=clock.now), True)), AGENTS)
         assert response.status_code == 200
-        assert monitor_of(guarded).state.nodes["node-a"].attributed is False
+        assert monitor_of(guarded)._state.nodes["node-a"].attributed is False
 
 
 @pytest.mark.parametrize("limit", [4096, 1024 * 1024])
@@ -133,7 +133,7 @@ def test_a_report_past_the_per_report_limit_is_refused_alone_in_a_batch(clock: F
         assert [r["status"] for r in results] == [202, 413], results
         assert f"limit of {limit} bytes" in results[1]["body"]["detail"]
         monitor = monitor_of(client)
-        assert sorted(monitor.state.nodes) == ["node-a"] and monitor.rejected["too_large"] == 1
+        assert sorted(monitor.node_ids()) == ["node-a"] and dict(monitor.figures().rejected)["too_large"] == 1
 
 
 def test_a_batch_is_no_way_around_the_per_report_size_limit(clock: FakeClock, settings: Settings, store: Store) -> None:
@@ -150,5 +150,5 @@ def test_a_batch_is_no_way_around_the_per_report_size_limit(clock: FakeClock, se
         assert post(client, padded_to(limit)).status_code == 200
         response = post(client, padded_to(limit + 1))
         assert response.status_code == 413, response.text
-        assert monitor_of(client).rejected["too_large"] == 1
+        assert dict(monitor_of(client).figures().rejected)["too_large"] == 1
         assert monitor_of(client).reports_total == 1

@@ -3,37 +3,20 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from monitor_reports import rank, report
+from real_monitor import EXE, wait_until_up
 
 from tests.notify_socket import NotifySocket
 from hangwatch.demo.harness import free_port
 
 pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
-
-EXE = shutil.which("hangwatch-monitor") or str(Path(sys.executable).parent / "hangwatch-monitor")
-
-
-def wait_until_up(proc: subprocess.Popen[str], base: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"monitor exited early with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise AssertionError("monitor did not come up")
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from monitor_reports import rank, report
-from prometheus_client.parser import text_string_to_metric_families
-from real_monitor import running_monitor
+from real_monitor import metric, running_monitor
 
 from monitor.storage.store import failure_reason
 from monitor.storage.store_schema import SCHEMA_VERSION
@@ -39,14 +38,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False, timeout=30)
-
-
-def _metric(base: str, name: str, **labels: str) -> float | None:
-    for family in text_string_to_metric_families(httpx.get(f"{base}/metrics", timeout=5).text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return None
 
 
 # The node's latest report, posted again while a test waits: a node that stops reporting turns its
@@ -94,14 +85,14 @@ def test_a_full_disk_keeps_history_in_memory_and_writes_it_when_there_is_room(sm
         for n in range(1, 6):
             _flip(monitor.base, "job-d", n)
             _until(lambda n=n: len(_history(monitor.base, "job-d")) == n + 1, 15, f"change {n} not in the history")
-        _until(lambda: _metric(monitor.base, "hangwatch_monitor_store_up") == 0, 15, "store_up never went to 0")
-        assert (_metric(monitor.base, "hangwatch_monitor_store_write_failures_total", reason="disk_full") or 0) >= 1
-        assert (_metric(monitor.base, "hangwatch_monitor_store_unsaved_changes") or 0) >= 1
+        _until(lambda: metric(monitor.base, "hangwatch_monitor_store_up") == 0, 15, "store_up never went to 0")
+        assert (metric(monitor.base, "hangwatch_monitor_store_write_failures_total", reason="disk_full") or 0) >= 1
+        assert (metric(monitor.base, "hangwatch_monitor_store_unsaved_changes") or 0) >= 1
         assert "database is not taking writes (disk full" in httpx.get(monitor.base + "/diagnose", timeout=5).text
         assert "cannot write the database" in monitor.log_text()
         filler.unlink()
-        _until(lambda: _metric(monitor.base, "hangwatch_monitor_store_up") == 1, 20, "never recovered")
-        assert _metric(monitor.base, "hangwatch_monitor_store_unsaved_changes") == 0
+        _until(lambda: metric(monitor.base, "hangwatch_monitor_store_up") == 1, 20, "never recovered")
+        assert metric(monitor.base, "hangwatch_monitor_store_unsaved_changes") == 0
         assert monitor.proc.poll() is None
     conn = sqlite3.connect(small_disk / "monitor.db")
     stored = [v for (v,) in conn.execute("SELECT verdict FROM verdicts WHERE job_id = 'job-d' ORDER BY at")]
@@ -127,8 +118,8 @@ def test_a_lock_held_by_another_process_does_not_stop_the_monitor(small_disk: Pa
             for n in range(2, 5):
                 _flip(monitor.base, "job-r", n)
                 _until(lambda n=n: len(_history(monitor.base, "job-r")) == n + 1, 20, f"change {n} lost")
-            _until(lambda: _metric(monitor.base, "hangwatch_monitor_store_up") == 0, 20, "the lock went unnoticed")
-            assert (_metric(monitor.base, "hangwatch_monitor_store_write_failures_total", reason="locked") or 0) >= 1
+            _until(lambda: metric(monitor.base, "hangwatch_monitor_store_up") == 0, 20, "the lock went unnoticed")
+            assert (metric(monitor.base, "hangwatch_monitor_store_write_failures_total", reason="locked") or 0) >= 1
             started = time.monotonic()
             history = _history(monitor.base, "job-r")
             assert time.monotonic() - started < 8, "a read waited on the lock"
@@ -136,7 +127,7 @@ def test_a_lock_held_by_another_process_does_not_stop_the_monitor(small_disk: Pa
         finally:
             locker.rollback()
             locker.close()
-        _until(lambda: _metric(monitor.base, "hangwatch_monitor_store_up") == 1, 20, "never recovered from the lock")
+        _until(lambda: metric(monitor.base, "hangwatch_monitor_store_up") == 1, 20, "never recovered from the lock")
         assert monitor.proc.poll() is None
 
 
@@ -150,8 +141,8 @@ def test_a_database_it_cannot_open_is_no_crash_loop(small_disk: Path, tmp_path: 
         subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True, timeout=30)
     with running_monitor(tmp_path, db=db, extra_env={"HANGWATCH_CONFIRM_ALARMS": "false"}) as monitor:
         _flip(monitor.base, "job-m", 0)
-        assert _metric(monitor.base, "hangwatch_monitor_store_up") == 0
-        assert _metric(monitor.base, "hangwatch_monitor_store_in_memory") == 1
+        assert metric(monitor.base, "hangwatch_monitor_store_up") == 0
+        assert metric(monitor.base, "hangwatch_monitor_store_in_memory") == 1
         _until(lambda: _history(monitor.base, "job-m") == ["healthy"], 10, "no history in memory")
         assert "keeping history in memory only" in monitor.log_text()
     if unusable == "newer schema":

@@ -61,6 +61,13 @@ setInterval(() => {
 """
 
 
+def project_version() -> str:
+    """The version pyproject.toml gives: what the wheel and the image must say they are."""
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
 def is_loopback(url: str) -> bool:
     host = urlsplit(url).hostname
     return url.startswith(("data:", "about:", "blob:")) or host in ("127.0.0.1", "localhost", "::1")

@@ -44,6 +44,7 @@ import httpx
 import pytest
 
 from hangwatch.demo.harness import LOOPBACK, MonitorClient, free_port
+from tests.ops.conftest import project_version
 
 ROOT = Path(__file__).resolve().parents[2]
 PODMAN = "/usr/bin/podman"
@@ -81,12 +82,6 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float, context: 
         if time.monotonic() >= end:
             raise AssertionError(f"no {what} within {timeout:.0f}s\n{context()}")
         time.sleep(0.25)
-
-
-def project_version() -> str:
-    import tomllib
-
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 def make_base() -> str:

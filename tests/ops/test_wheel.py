@@ -20,6 +20,8 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
+from tests.ops.conftest import project_version
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {"hangwatch-agent": "agent.cli:main", "hangwatch-monitor": "monitor.web.cli:main",
            "hangwatch-relay": "monitor.relay.cli:main", "hangwatch": "hangwatch.cli:main"}
@@ -30,12 +32,6 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, **kw)
     assert done.returncode == 0, f"{cmd} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     return done
-
-
-def project_version() -> str:
-    import tomllib
-
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 def test_wheel_installs_and_runs_from_a_fresh_venv(tmp_path: Path) -> None:
@@ -60,6 +56,8 @@ def test_wheel_installs_and_runs_from_a_fresh_venv(tmp_path: Path) -> None:
             assert path in names, f"{path} is not in the wheel: the page would 404"
         assert {"agent/cli.py", "monitor/web/cli.py", "hangwatch/cli.py"} <= names
         assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+        # The simulated nodes (network namespaces, run as root) are test machinery: tests/netns.py.
+        assert not [n for n in names if n.rsplit("/", 1)[-1] == "netns.py"], "netns.py is in the wheel"
         info = f"hangwatch-{version}.dist-info"
         entry_points = whl.read(f"{info}/entry_points.txt").decode()
         metadata = Parser().parsestr(whl.read(f"{info}/METADATA").decode())

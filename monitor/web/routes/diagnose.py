@@ -23,7 +23,8 @@ from monitor.web.routes.actions import job_actions
 from monitor.web.routes.captures import job_captures
 from monitor.web.routes.deps import MonitorDep
 from hangwatch_common.safe_text import one_line, text_block
-from monitor.engine.service import GIANT_JOB_RANKS, JobResult, Monitor
+from monitor.engine.published import JobResult
+from monitor.engine.service import GIANT_JOB_RANKS, Monitor
 
 
 class _JobIdConvertor(Convertor[str]):
@@ -52,18 +53,19 @@ TIMELINE_LIMIT_MAX = 100_000
 def monitor_status(request: Request, monitor: Monitor) -> dict[str, Any]:
     """The monitor's own health, beside the jobs: is it keeping up, and how old are its verdicts."""
     guard = request.app.state.load_guard
-    now = monitor.clock()
+    figures = monitor.figures()
+    now = figures.at
     return {
         "overloaded": guard.overloaded,
         "loop_lag_s": round(guard.lag_s, 3),
         "reports_shed_last_minute": guard.shed_recently(time.monotonic()),
-        "diagnosis_pass_at": monitor.last_pass_at,
-        "diagnosis_pass_s": round(monitor.last_pass_s, 3),
-        "verdicts_age_s": round(now - monitor.last_pass_at, 3) if monitor.last_pass_at is not None else None,
-        "nodes": len(monitor.state.nodes),
-        "jobs": len(monitor.state.jobs),
+        "diagnosis_pass_at": figures.last_pass_at,
+        "diagnosis_pass_s": round(figures.last_pass_s, 3),
+        "verdicts_age_s": round(now - figures.last_pass_at, 3) if figures.last_pass_at is not None else None,
+        "nodes": figures.nodes,
+        "jobs": figures.jobs,
         # None while the database takes every write; else why not (history is held in memory).
-        "storage_problem": monitor.store.health.problem,
+        "storage_problem": figures.store.problem,
         # Where the status page links to (monitor/web/page_links.py).
         "links": page_links(request.app.state.settings),
     }
@@ -100,34 +102,32 @@ async def get_diagnose(
         return _unknown_job(job, format, status, headers)
     chosen, total = select(results, problems, offset, limit)
     cache = request.app.state.answers
-    cache.forget_missing(monitor.state.jobs)
+    cache.forget_missing(monitor.job_ids())
     if format == "json":
         pieces = []
         step_started = time.perf_counter()
         paged = ranks_offset != 0 or ranks_limit is not None
         for result in chosen:
-            track = monitor.state.jobs.get(result.view.job_id)
             if view == "summary":
-                pieces.append(cache.job_bytes(result, track, view))
+                pieces.append(cache.job_bytes(result, view))
             elif paged:  # a page of ranks: made for this request, not cached
-                pieces.append(await _render(result, partial(_page_bytes, result, track, ranks_offset, ranks_limit)))
+                pieces.append(await _render(result, partial(_page_bytes, result, ranks_offset, ranks_limit)))
             else:
-                pieces.append(await _render(result, partial(cache.job_bytes, result, track, view)))
+                pieces.append(await _render(result, partial(cache.job_bytes, result, view)))
             if time.perf_counter() - step_started >= STEP_S:
                 await asyncio.sleep(0)
                 step_started = time.perf_counter()
         return Response(answer_bytes(pieces, total, status), media_type="application/json", headers=headers)
     # Text is for a person: built from the same data, not cached.
     if view == "summary":
-        summaries = [summary_dict(r, monitor.state.jobs.get(r.view.job_id)) for r in chosen]
+        summaries = [summary_dict(r) for r in chosen]
         return _text_answer(render_monitor_status(status) + render_summary_text(summaries), headers)
-    jobs = [await _render(r, partial(job_dict, r, monitor.state.jobs.get(r.view.job_id), ranks_offset, ranks_limit))
-            for r in chosen]
+    jobs = [await _render(r, partial(job_dict, r, ranks_offset, ranks_limit)) for r in chosen]
     return _text_answer(render_monitor_status(status) + render_text(jobs, now), headers)
 
 
-def _page_bytes(result: JobResult, track: Any, ranks_offset: int, ranks_limit: int | None) -> bytes:
-    return dumps(job_dict(result, track, ranks_offset, ranks_limit))
+def _page_bytes(result: JobResult, ranks_offset: int, ranks_limit: int | None) -> bytes:
+    return dumps(job_dict(result, ranks_offset, ranks_limit))
 
 
 async def _render(result: JobResult, render: Callable[[], T]) -> T:
@@ -168,7 +168,7 @@ def render_summary_text(jobs: list[dict[str, Any]]) -> str:
 @router.get("/api/v1/jobs/{job_id:job_id}/history")
 async def get_history(job_id: str, monitor: MonitorDep) -> JSONResponse:
     # The actions taken (or not) on its incidents ride along: monitor/engine/actions/, routes/actions.py.
-    resolved = monitor.state.resolve(job_id)
+    resolved = monitor.resolve(job_id)
     return JSONResponse({"job_id": job_id, "history": await _history(job_id, monitor),
                          "actions": await job_actions(monitor, resolved),
                          "captures": job_captures(monitor, resolved)})
@@ -199,20 +199,12 @@ async def get_timeline(
 def _timeline(result: JobResult, monitor: Monitor, now: float, limit: int | None = None) -> dict[str, Any]:
     """The states over the last ``window_s`` seconds, as ``[start, end, state]`` spans oldest first,
     of at most ``limit`` ranks: the culprits, then the lowest ranks (what the page draws)."""
-    job_id = result.view.job_id
-    kept = monitor.timeline.ranks(job_id)
-    chosen = kept
-    if limit is not None:
-        known = set(kept)
-        culprits = [r for r in result.diagnosis.culprit_ranks if r in known]
-        first = set(culprits)
-        chosen = (culprits + [r for r in kept if r not in first])[:limit]
-    spans = monitor.timeline.spans(job_id, now, chosen)
+    timeline = monitor.rank_timeline(result.view.job_id, now, result.diagnosis.culprit_ranks, limit)
     return {
-        "now": now,
-        "window_s": monitor.timeline.window_s,
-        "ranks_total": len(kept),
-        "ranks": [{"rank": rank, "spans": [[s.start, s.end, s.state] for s in runs]} for rank, runs in spans.items()],
+        "now": timeline.now,
+        "window_s": timeline.window_s,
+        "ranks_total": timeline.ranks_total,
+        "ranks": [{"rank": rank, "spans": [list(span) for span in spans]} for rank, spans in timeline.spans],
     }
 
 
@@ -229,8 +221,7 @@ async def get_evidence(request: Request, job_id: str, monitor: MonitorDep) -> Re
     evidence = {
         "saved_at": now,
         # Every rank, whatever the job's size: this is the record that outlives the job.
-        "job": await asyncio.to_thread(job_dict, result, monitor.state.jobs.get(result.view.job_id), 0,
-                                       max(1, len(result.view.ranks))),
+        "job": await asyncio.to_thread(job_dict, result, 0, max(1, len(result.view.ranks))),
         "history": await _history(job_id, monitor),
         "actions": await job_actions(monitor, result.view.job_id),
         "rank_timeline": _timeline(result, monitor, now),

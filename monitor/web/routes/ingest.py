@@ -141,6 +141,8 @@ class IngestLayer:
         """Apply one decoded report: its answer, or the refusal raised as an Answer."""
         monitor = self.monitor
         refusal = monitor.refusal(report)
+        if refusal is not None:
+            refusal = monitor.make_room(report, refusal)
         refused_jobs: list[str] = []
         if refusal is not None:
             monitor.reject(refusal.reason)

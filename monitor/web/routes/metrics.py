@@ -7,6 +7,7 @@ rank, 17 MB a scrape at 10,000 ranks, and compresses about 20 times.
 from __future__ import annotations
 
 import gzip
+from collections.abc import Sequence
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -17,6 +18,7 @@ from monitor.web.http_guard import HttpStats
 from monitor.web.load import LoadGuard
 from monitor.web.metrics import render_metrics
 from monitor.web.routes.deps import MonitorDep
+from monitor.engine.published import JobResult, MonitorFigures
 from monitor.engine.service import Monitor
 
 router = APIRouter()
@@ -48,8 +50,10 @@ def accepts_gzip(accept_encoding: str | None) -> bool:
     return False
 
 
-def scrape_body(monitor: Monitor, guard: LoadGuard, http: HttpStats, compress: bool) -> bytes:
-    body = render_metrics(monitor, guard, http)
+def scrape_body(monitor: Monitor, results: Sequence[JobResult], figures: MonitorFigures, guard: LoadGuard,
+                http: HttpStats, compress: bool) -> bytes:
+    # The suspect nodes are a database read, at most once a minute: off the event loop too.
+    body = render_metrics(results, figures, monitor.cached_suspect_nodes(), guard, http)
     # mtime=0: the same text compresses to the same bytes.
     return gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0) if compress else body
 
@@ -57,9 +61,11 @@ def scrape_body(monitor: Monitor, guard: LoadGuard, http: HttpStats, compress: b
 @router.get("/metrics")
 async def get_metrics(request: Request, monitor: MonitorDep) -> Response:
     compress = accepts_gzip(request.headers.get("accept-encoding"))
-    # Rendered (and compressed) on a worker thread: ~150,000 series at 10,000 ranks must not hold up ingest.
-    body = await run_in_threadpool(scrape_body, monitor, request.app.state.load_guard, request.app.state.http_stats,
-                                   compress)
+    # What the engine published, taken here on the event loop; rendered (and compressed) on a worker
+    # thread from those immutable copies: ~150,000 series at 10,000 ranks must not hold up ingest.
+    results, figures = monitor.results(), monitor.figures()
+    body = await run_in_threadpool(scrape_body, monitor, results, figures, request.app.state.load_guard,
+                                   request.app.state.http_stats, compress)
     # Vary on both answers: a cache between Prometheus and the monitor keeps the two apart.
     headers = {"Vary": "Accept-Encoding", **({"Content-Encoding": "gzip"} if compress else {})}
     return Response(body, media_type=CONTENT_TYPE_LATEST, headers=headers)

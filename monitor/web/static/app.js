@@ -9,10 +9,9 @@
 
 const POLL_MS = 2000;
 const FULL_CARDS_MAX = 20;
-const TONE = {
-  healthy: "ok", finished: "info", straggler: "warn", slow_compute: "warn",
-  deadlock: "bad", rank_exited: "bad", rank_stopped: "bad", rendezvous_hang: "bad", stalled: "bad", unknown: "warn",
-};
+// How each verdict is drawn: its colour (a class of style.css) and label, from the monitor's verdict
+// catalogue (monitor/diagnosis/verdict_catalogue.py), sent in every answer (monitor.links.verdicts).
+let verdictLooks = {};
 // Jobs keep the place they first appeared in, so live jobs do not swap places on every poll.
 const jobOrder = [];
 const CHART_WINDOW_S = 300;
@@ -74,8 +73,16 @@ function orderJobs(jobs) {
   return [...jobs].sort((a, b) => rank(a) - rank(b));
 }
 
+function toneOf(verdict) {
+  return (verdictLooks[verdict] || {}).tone || "";
+}
+
+function verdictLabel(verdict) {
+  return (verdictLooks[verdict] || {}).label || verdict.replace(/_/g, " ");
+}
+
 function verdictBadge(verdict) {
-  return el("span", { class: `verdict ${TONE[verdict] || ""}` }, verdict.toUpperCase().replace("_", " "));
+  return el("span", { class: `verdict ${toneOf(verdict)}` }, verdictLabel(verdict).toUpperCase());
 }
 
 function listBlock(title, items) {
@@ -228,7 +235,7 @@ function progressChart(job) {
   if (job.verdict !== "healthy" && job.since !== null && job.since !== undefined) {
     const at = x(Math.min(now, Math.max(from, job.since)));
     parts.push(
-      svg("line", { class: `since ${TONE[job.verdict] || ""}`, x1: at, y1: CHART.top, x2: at, y2: bottom }),
+      svg("line", { class: `since ${toneOf(job.verdict)}`, x1: at, y1: CHART.top, x2: at, y2: bottom }),
       // The label sits on the side of the marker with more room.
       svg("text", { class: "tick since-label", y: CHART.top + 8,
         ...(at > CHART.left + plotW / 2 ? { x: at - 3, "text-anchor": "end" } : { x: at + 3 }) },
@@ -310,7 +317,7 @@ function historyBlock(job) {
   const segments = changes.map((c, i) => {
     const until = i + 1 < changes.length ? changes[i + 1].at : end;
     return el("span", {
-      key: c.at, class: `seg ${TONE[c.verdict] || ""}`, style: `flex-grow: ${Math.max(0, until - c.at).toFixed(3)}`,
+      key: c.at, class: `seg ${toneOf(c.verdict)}`, style: `flex-grow: ${Math.max(0, until - c.at).toFixed(3)}`,
       title: `${c.verdict} ${clock(c.at)} – ${i + 1 < changes.length ? clock(until) : "now"}`,
     });
   });
@@ -471,11 +478,11 @@ function linksRow(job, links) {
     grafana ? el("a", { href: grafana.split("{job}").join(id), class: "grafana", rel: "noopener noreferrer",
       target: "_blank" }, "Grafana") : null,
     runbook ? el("a", { href: section ? `${runbook.split("#")[0]}#${section}` : runbook, class: "runbook",
-      rel: "noopener noreferrer", target: "_blank" }, section ? `runbook: ${job.verdict.replace("_", " ")}` : "runbook") : null);
+      rel: "noopener noreferrer", target: "_blank" }, section ? `runbook: ${verdictLabel(job.verdict)}` : "runbook") : null);
 }
 
 function jobCard(job, links) {
-  const tone = TONE[job.verdict] || "";
+  const tone = toneOf(job.verdict);
   const since = job.since === null ? null : el("span", { key: "since", class: "meta" }, `since ${clock(job.since)}`);
   const known = job.names && job.names.display ? el("span", { key: "names", class: "names" }, job.names.display) : null;
   const meta = el("span", { key: "meta", class: "meta" },
@@ -503,6 +510,7 @@ function jobCard(job, links) {
 function render(summary, detailed) {
   lastData = { summary, detailed };
   const links = summary.monitor && summary.monitor.links;
+  if (links && links.verdicts) verdictLooks = links.verdicts;
   const listed = orderJobs(summary.jobs);
   patch(document.getElementById("overview"), listed.map((job) =>
     el("a", { key: job.job_id, href: `#job-${job.job_id}` }, verdictBadge(job.verdict), job.job_id)));

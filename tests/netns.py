@@ -17,7 +17,7 @@ rule is added there. The veth pairs are created directly inside the switch names
 their peer in the node namespace.
 
 **Process tables.** Each node has an init process started with
-``ip netns exec NS unshare --pid --fork --mount-proc --kill-child python -m hangwatch.demo.netns init``:
+``ip netns exec NS unshare --pid --fork --mount-proc --kill-child python -m tests.netns init``:
 pid 1 of the node's own PID namespace (it reaps orphans, as a real init does) with its own
 ``/proc``. Everything else on the node (agent, torchrun, helpers) enters that namespace
 with ``nsenter --target <init> --net --pid --mount``, so the node's agent sees only that
@@ -28,13 +28,17 @@ its child if it dies itself (``--kill-child``).
 **Reaching the monitor.** The monitor runs in the switch namespace on
 ``10.231.0.254:<port>``, reachable from every node over the bridge. The test process
 (in the root namespace) reaches it through a Unix socket: a small forwarder in the switch
-namespace (``python -m hangwatch.demo.netns proxy``) accepts on ``<workdir>/monitor.sock`` and
+namespace (``python -m tests.netns proxy``) accepts on ``<workdir>/monitor.sock`` and
 connects to the monitor's TCP address. Unix sockets live in the file system, not in a
 network namespace, so no address has to be added to the root namespace.
 :class:`hangwatch.demo.harness.MonitorClient` takes ``uds=`` for this.
 
 Firewall and slow links are applied inside a node namespace (``iptables`` / ``tc`` run with
 ``ip netns exec``); they disappear with the namespace.
+
+Test machinery, not shipped: the e2e tests (tests/e2e/test_multinode.py) and the multi-node
+benchmark cases (benchmarks/detection_time.py) use it; the helpers it starts run as
+``python -m tests.netns`` from the checkout's root.
 """
 
 from __future__ import annotations
@@ -57,14 +61,16 @@ import httpx
 import psutil
 
 from hangwatch.demo.harness import TRAIN_SCRIPT, Job, Reaper, Service, _workload_env, tool
+from tests.node_worker import INSIDE as NODE_NAMESPACE_MARK
 
 SUBNET = "10.231.0"
 PREFIX = 24
 SWITCH_ADDR = f"{SUBNET}.254"
 NS_PREFIX = "hw-"
 NETNS_ETC = Path("/etc/netns")  # per-namespace /etc files that `ip netns exec` mounts
-# Set in a test worker started as a node of its own (tests/node_worker.py).
-NODE_NAMESPACE_MARK = "HANGWATCH_TEST_NODE_NAMESPACE"
+# The node init and the forwarder run this module (``python -m tests.netns``) from the checkout's root.
+ROOT = Path(__file__).resolve().parent.parent
+SELF = (sys.executable, "-m", "tests.netns")
 # hw-<pid namespace>_<pid>-<uid>-<role>: the creator's pid is only meaningful in its own PID
 # namespace (test workers run each in one of their own, tests/node_worker.py).
 _NS_NAME = re.compile(rf"^{NS_PREFIX}(?P<pidns>\d+)_(?P<pid>\d+)-[0-9a-f]+-\w+$")
@@ -357,8 +363,8 @@ class Fabric:
 
     def start_node(self, node: Node) -> None:
         node.init = self.reaper.popen(["ip", "netns", "exec", node.ns, "unshare", "--pid", "--fork",
-                                       "--mount-proc", "--kill-child", sys.executable, "-m", "hangwatch.demo.netns",
-                                       "init"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                       "--mount-proc", "--kill-child", *SELF, "init"],
+                                      cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         end = time.monotonic() + 10
         while time.monotonic() < end:
             try:
@@ -389,9 +395,9 @@ class Fabric:
         self.monitor_url = self.monitor.url
         self.monitor_uds = str(self.workdir / "monitor.sock")
         with open(self.workdir / "proxy.log", "wb") as out:
-            self.reaper.popen(["ip", "netns", "exec", self.switch_ns, sys.executable, "-m", "hangwatch.demo.netns",
+            self.reaper.popen(["ip", "netns", "exec", self.switch_ns, *SELF,
                                "proxy", self.monitor_uds, SWITCH_ADDR, str(port)],
-                              stdout=out, stderr=subprocess.STDOUT)
+                              cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if proc.poll() is not None:
@@ -494,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         for ns in sweep_stale():
             print(f"deleted {ns}")
         return 0
-    print("usage: python -m hangwatch.demo.netns init | proxy UDS HOST PORT | sweep", file=sys.stderr)
+    print("usage: python -m tests.netns init | proxy UDS HOST PORT | sweep", file=sys.stderr)
     return 2
 
 
