@@ -8,7 +8,8 @@ it; ``scripts/build-mixin.py`` writes it into the monitoring mixin
 (``dashboards/mixin/verdicts.libsonnet``: the alerts' severities and runbook links, the
 dashboard's colours). ``tests/diagnosis/test_verdict_catalogue.py`` checks the docs against it.
 Adding a verdict: a row here, the rule that returns it, its docs (the README's Verdicts table,
-docs/failures.md, its docs/runbook.md section), then ``scripts/build-mixin.py``.
+docs/failures.md, its docs/runbook.md section), then ``scripts/build-mixin.py``; one that is
+trouble also wants its alert's words (dashboards/mixin/alerts.libsonnet) and a promtool test.
 """
 
 from __future__ import annotations

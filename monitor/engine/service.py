@@ -28,9 +28,9 @@ from monitor.ingest.limits import Limits, Refusal, check_report
 from monitor.engine.published import (CaptureFigures, JobResult, MonitorFigures, NodeSummary, RankConflict,
                                        StoreFigures, TimelineSpans)
 from monitor.engine.rank_timeline import RankTimeline
+from monitor.engine.verdict_ledger import VerdictLedger
 from monitor.ingest.state import MonitorState
-from monitor.engine.hang_cost import JobCost, account
-from monitor.engine.incidents import ENDS_INCIDENT, INCIDENT_VERDICTS, SuspectNode, incidents, suspect_nodes
+from monitor.engine.incidents import ENDS_INCIDENT, SuspectNode, incidents, suspect_nodes
 from monitor.engine.actions.orders import AgentOrders, ReportedPids
 from monitor.engine.actions.policy import Culprit, JobFacts
 from monitor.engine.attribution import why_unattributed
@@ -149,13 +149,8 @@ class Monitor:
         # Jobs forgotten at max_jobs to let new ones in (monitor/ingest/retention.make_room_for_jobs).
         self.jobs_displaced = 0
         self._rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
-        # The last verdict recorded in each job's history, per timeline: the present (live judgements)
-        # and the past rebuilt from reports replayed after an outage, which arrive while the present is
-        # judged too. Each dedupes against its own: an interleaved live "unknown" must not make the
-        # replays record their verdicts twice, nor a live reading made from them stop the replays from
-        # recording them at their own times.
-        self._last_verdicts: dict[str, tuple[str, tuple[int, ...]]] = {}
-        self._last_replayed_verdicts: dict[str, tuple[str, tuple[int, ...]]] = {}
+        # History rows, incidents per node and what hangs cost, as verdicts are published.
+        self._ledger = VerdictLedger(store)
         # The latest diagnosis of each job, and the jobs reports changed since theirs.
         self._results: dict[str, JobResult] = {}
         self._dirty: set[str] = set()
@@ -173,13 +168,6 @@ class Monitor:
         # Suspect nodes over this window for /metrics, and when they were last read (cached_suspect_nodes).
         self.suspect_window_s = suspect_window_s
         self._suspects: tuple[float, list[SuspectNode]] | None = None
-        # Incidents that named each node, by (node, verdict), since this process started; the nodes
-        # each job's open incident named so far.
-        self._node_incidents: dict[tuple[str, str], int] = {}
-        # What hangs cost (monitor/engine/hang_cost.py): per job, and GPU-seconds by (culprit node, verdict).
-        self._costs: dict[str, JobCost] = {}
-        self._node_lost_gpu_seconds: dict[tuple[str, str], float] = {}
-        self._incident_nodes: dict[str, set[str]] = {}
         # Orders for agents, in the answers to their reports (monitor/engine/actions/orders.py).
         self.orders = orders if orders is not None else AgentOrders()
         # Opt-in actions (monitor/engine/actions/): when an actions file is given; they queue orders.
@@ -323,7 +311,7 @@ class Monitor:
                 self._snapshot_due[stored.node] = stored.received_at + self.snapshot_interval_s * _spread(stored.node)
                 count += 1
             for job_id, change in self.store.latest_verdicts().items():
-                self._last_verdicts[job_id] = self._last_replayed_verdicts[job_id] = (change.verdict, change.culprit_ranks)
+                self._ledger.restore(job_id, (change.verdict, change.culprit_ranks))
                 if change.verdict in ALARMS:
                     # A raised alarm stays raised across a restart: without this the first
                     # reading would publish "healthy" while it re-confirms, and alerts would
@@ -402,9 +390,10 @@ class Monitor:
                 self._silent_budget.enforce(self._state, now, self.limits.job_room_silent_s)
             known = set(self._state.jobs)
             # What the monitor keeps per job goes with the job.
-            for per_job in (self._results, self._revisions, self._settled, self._costs, self._incident_nodes):
+            for per_job in (self._results, self._revisions, self._settled):
                 for gone in set(per_job) - known:
                     del per_job[gone]
+            self._ledger.keep_only(known)
             if self.actions is not None:
                 self.actions.keep_only(known)
             if self.captures is not None:
@@ -501,15 +490,15 @@ class Monitor:
                                                      live=live)
             found = settled.shown
         culprit_nodes = _culprit_nodes(view, found.culprit_ranks)
-        self._account_cost(job_id, view, found, culprit_nodes, now)
+        cost = self._ledger.account(job_id, view, found, culprit_nodes, now)
         result = JobResult(
             view=view,
             diagnosis=found,
             last_report_at=job.last_report_at,
             last_progress_at=job.last_progress_at,
             cpu_seconds={r: t.latest.cpu_seconds for r, t in job.ranks.items()},
-            lost_rank_seconds=dict(self._costs[job_id].rank_seconds),
-            lost_gpu_seconds=dict(self._costs[job_id].gpu_seconds),
+            lost_rank_seconds=dict(cost.rank_seconds),
+            lost_gpu_seconds=dict(cost.gpu_seconds),
             aliases=tuple(sorted(job.aliases)),
             job_progress_points=tuple(job.progress_points),
             rank_conflicts=tuple(RankConflict(c.rank, c.claimed_by, c.held_by, c.first_at, c.last_at, c.refused, c.reason)
@@ -519,7 +508,7 @@ class Monitor:
         self._revisions[job_id] = revision
         if clear_dirty:
             self._dirty.discard(job_id)
-        self._record_change(result, now, culprit_nodes, live)
+        self._ledger.record(job_id, found, now, culprit_nodes, live)
         if not live:
             return
         actions = self.actions
@@ -545,18 +534,6 @@ class Monitor:
         return JobFacts(job.job_id, found.verdict, found.summary, tuple(culprits), self._results[job.job_id].names,
                         unattributed)
 
-    def _account_cost(self, job_id: str, view: JobView, published: Diagnosis, culprit_nodes: tuple[str, ...],
-                      now: float) -> None:
-        """The time since the job's last diagnosis, at the verdict then in force (monitor/engine/hang_cost.py)."""
-        cost = self._costs.setdefault(job_id, JobCost())
-        ranks = gpus = 0
-        if published.verdict in INCIDENT_VERDICTS:  # counted only while it costs: a giant job has 10,000 ranks
-            for r in view.ranks:
-                if r.alive:
-                    ranks += 1
-                    gpus += r.gpu_utilization_percent is not None
-        account(cost, now, published.verdict, ranks, gpus, culprit_nodes, self._node_lost_gpu_seconds)
-
     def _run_diagnosis(self, view: JobView) -> Diagnosis:
         diagnose = self._diagnose or diagnosis.diagnose
         try:
@@ -565,31 +542,6 @@ class Monitor:
             # One job tripping a rule must not blank the page or the scrape for every job.
             log.exception("diagnosis failed for job %r", view.job_id)
             return Diagnosis("stalled", (), None, "diagnosis failed inside the monitor (see its log)")
-
-    def _record_change(self, result: JobResult, now: float, culprit_nodes: tuple[str, ...], live: bool) -> None:
-        d = result.diagnosis
-        key = (d.verdict, tuple(d.culprit_ranks))
-        job_id = result.view.job_id
-        timeline = self._last_verdicts if live else self._last_replayed_verdicts
-        if timeline.get(job_id) != key:
-            timeline[job_id] = key
-            if live and d.verdict != "unknown":
-                # What the job is now is where the next outage's replays start from (the monitor
-                # not knowing says nothing of what happened).
-                self._last_replayed_verdicts[job_id] = key
-            self.store.add_verdict(VerdictChange(job_id, now, d.verdict, key[1], d.summary, culprit_nodes))
-            self._count_incident(job_id, d.verdict, culprit_nodes)
-
-    def _count_incident(self, job_id: str, verdict: str, nodes: tuple[str, ...]) -> None:
-        """hangwatch_node_incidents_total: once per node an incident of the job names."""
-        if verdict in ENDS_INCIDENT:
-            self._incident_nodes.pop(job_id, None)
-        elif verdict in INCIDENT_VERDICTS:
-            named = self._incident_nodes.setdefault(job_id, set())
-            for node in nodes:
-                if node not in named:
-                    named.add(node)
-                    self._node_incidents[node, verdict] = self._node_incidents.get((node, verdict), 0) + 1
 
     def history(self, job_id: str) -> list[VerdictChange]:
         with self._lock:
@@ -661,8 +613,8 @@ class Monitor:
                 last_pass_at=self.last_pass_at,
                 last_pass_s=self.last_pass_s,
                 rejected=tuple(sorted(self._rejected.items())),
-                node_incidents=tuple(sorted(self._node_incidents.items())),
-                node_lost_gpu_seconds=tuple(sorted(self._node_lost_gpu_seconds.items())),
+                node_incidents=tuple(sorted(self._ledger.node_incidents.items())),
+                node_lost_gpu_seconds=tuple(sorted(self._ledger.node_lost_gpu_seconds.items())),
                 node_summaries=tuple(self._node_summaries()),
                 # The store's writer thread moves these: each is read once, a copy of its own.
                 store=StoreFigures(

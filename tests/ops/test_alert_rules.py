@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.web.app import create_app
 from monitor.diagnosis import VERDICTS
+from monitor.diagnosis.verdict_catalogue import QUIET
 from monitor.web.settings import Settings
 from monitor.storage.store import VerdictChange, open_store
 from hangwatch.demo.harness import LOOPBACK, Reaper, free_port, wait_until_ready
@@ -69,7 +70,7 @@ def test_every_alert_and_recording_rule_is_unit_tested() -> None:
 
 def test_each_hang_verdict_has_an_alert() -> None:
     exprs = " ".join(a["expr"] for a in alerts())
-    for verdict in set(VERDICTS) - {"healthy", "finished"}:
+    for verdict in set(VERDICTS) - QUIET:
         assert f'verdict="{verdict}"' in exprs, verdict
     assert "hangwatch_agent_last_report_timestamp_seconds" in exprs
     # The monitor itself: down, and not scraped at all.
