@@ -14,14 +14,13 @@ from agent.launchers import LauncherTracker
 from agent.nccl_ras import NcclRasPoller, choose_address, namespace_pid
 from agent.nccl_ras_answer import pid_map
 from agent.orphans import Orphans
-from agent.stacks import StackSampler
+from agent.stacks import STOPPED_STATES, StackSampler
 from agent.tick import NodeFindings, Tick, Tracked
 
 INTERFACES_EVERY_S = 30.0
 # Each poll of NCCL's RAS service runs a collective over every NCCL process of the job, and
 # every node's agent polls: only while a rank here looks stuck (when the answer matters).
 NCCL_RAS_STUCK_EVERY_S = 3.0
-STOPPED_OR_GONE = ("T", "t", "Z", "X")
 
 
 class Launchers:
@@ -92,7 +91,7 @@ def dump_all_now(sampler: StackSampler, launchers: LauncherTracker, tracked: dic
                  clock: Callable[[], float]) -> str | None:
     """Synchronous dumps of every running rank and idle launcher (for --once)."""
     for t in tracked.values():
-        if t.alive and t.sample and t.sample.state not in STOPPED_OR_GONE:
+        if t.alive and t.sample and t.sample.state not in STOPPED_STATES:
             sampler.dump_now(t.proc.pid)
     launchers.dump_idle_now(clock())
     return stacks_problem(sampler, recent_failures=False)
