@@ -46,10 +46,15 @@ def add_version_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action="version", version=version_line(parser.prog))
 
 
+def add_refused_token_option(parser: argparse.ArgumentParser) -> None:
+    """A --token that is refused, naming --token-file instead."""
+    parser.add_argument("--token", action=_RefuseToken, nargs="?", help=argparse.SUPPRESS)
+
+
 def add_access_options(parser: argparse.ArgumentParser, token_help: str) -> None:
     """--token-file, --ca-file, and a --token that is refused."""
     parser.add_argument("--token-file", default=None, metavar="PATH", help=token_help)
-    parser.add_argument("--token", action=_RefuseToken, nargs="?", help=argparse.SUPPRESS)
+    add_refused_token_option(parser)
     parser.add_argument("--ca-file", default=None, metavar="PATH",
                         help="CA bundle that verifies an https monitor's certificate (instead of the default "
                              "bundle); default: $HANGWATCH_CA_FILE")

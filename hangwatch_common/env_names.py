@@ -6,9 +6,10 @@ in an environment file leaves the monitor open to any client. The monitor and th
 
 The list is the union over the monitor, the agent, the relay, the ``hangwatch`` CLI, the deployment files
 and the demo, so that one environment shared by all of them warns of nothing real: the monitor's
-``HANGWATCH_MAX_JOBS`` is no typo to the agent. tests/monitor/test_env_names.py holds it to the
-code: the monitor's names are its settings' (monitor/web/settings.py), every ``HANGWATCH_*`` name the
-sources spell is here, and every name here is read somewhere.
+``HANGWATCH_MAX_JOBS`` is no typo to the agent. The daemons' names come from their settings'
+declarations (declared_names.py, written by scripts/settings-docs.py); tests/monitor/test_env_names.py
+holds the rest to the code: every ``HANGWATCH_*`` name the sources spell is known, and every known
+name is read somewhere.
 """
 
 from __future__ import annotations
@@ -16,43 +17,18 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Mapping
 
+from hangwatch_common.declared_names import AGENT, MONITOR, RELAY
+
 PREFIX = "HANGWATCH_"
 # Names the test suite sets for its own machinery (time scales, namespace marks); no program
 # takes a setting from them, and new ones need no entry here.
 TEST_PREFIX = PREFIX + "TEST_"
 
-# The monitor: HANGWATCH_<SETTING> for each field of monitor.web.settings.Settings, and the state
-# directory its default database lives in.
-MONITOR = frozenset({
-    "HANGWATCH_HOST", "HANGWATCH_PORT", "HANGWATCH_DB", "HANGWATCH_STATE_DIR", "HANGWATCH_LOG_LEVEL",
-    "HANGWATCH_MAX_BODY_BYTES", "HANGWATCH_SNAPSHOT_INTERVAL_S", "HANGWATCH_SNAPSHOT_RETENTION_S",
-    "HANGWATCH_SNAPSHOTS_PER_NODE", "HANGWATCH_SNAPSHOT_MAX_BYTES", "HANGWATCH_SNAPSHOT_BUDGET_BYTES",
-    "HANGWATCH_VERDICT_RETENTION_S", "HANGWATCH_SUSPECT_WINDOW_S",
-    "HANGWATCH_FRESH_READ_RANKS",
-    "HANGWATCH_SHED_LAG_S", "HANGWATCH_SHED_KEEP_S", "HANGWATCH_JOB_RETENTION_S", "HANGWATCH_TICK_INTERVAL_S",
-    "HANGWATCH_STRAGGLER_WINDOW_S", "HANGWATCH_CONFIRM_ALARMS", "HANGWATCH_MAX_JOBS", "HANGWATCH_MAX_JOBS_PER_NODE", "HANGWATCH_JOB_ROOM_SILENT_S", "HANGWATCH_MAX_RANKS", "HANGWATCH_MAX_NODES", "HANGWATCH_MAX_WORLD_SIZE",
-    "HANGWATCH_MAX_SILENT_BYTES",
-    "HANGWATCH_MAX_CONNECTIONS", "HANGWATCH_HEADER_TIMEOUT_S", "HANGWATCH_BODY_TIMEOUT_S",
-    "HANGWATCH_MAX_HEADER_BYTES", "HANGWATCH_MAX_HEADERS",
-    "HANGWATCH_TOKEN_FILE", "HANGWATCH_READ_TOKEN_FILE", "HANGWATCH_METRICS_TOKEN_FILE", "HANGWATCH_RELAY_TOKEN_FILE",
-    "HANGWATCH_SSL_CERTFILE", "HANGWATCH_SSL_KEYFILE", "HANGWATCH_GRAFANA_URL", "HANGWATCH_RUNBOOK_URL",
-    "HANGWATCH_ACTIONS_FILE", "HANGWATCH_CAPTURE_AFTER_S", "HANGWATCH_CAPTURE_DIR", "HANGWATCH_CAPTURE_MAX_BYTES",
-    "HANGWATCH_CAPTURE_RETENTION_S",
-})
-# The agent (agent/cli.py).
-AGENT = frozenset({"HANGWATCH_TOKEN_FILE", "HANGWATCH_CA_FILE", "HANGWATCH_OUTAGE_JOURNAL",
-                   "HANGWATCH_DUMP_OTHER_USERS", "HANGWATCH_ALLOW_SIGNALS"})
 # The hangwatch command (hangwatch/cli.py).
 CLI = frozenset({"HANGWATCH_MONITOR", "HANGWATCH_READ_TOKEN_FILE", "HANGWATCH_CA_FILE", "HANGWATCH_TIMEOUT_S"})
 # Read by the deployment files rather than a program: the systemd unit's and the DaemonSet's
 # command lines are made of them (deploy/), and the set-up scripts' venv (scripts/).
 DEPLOYMENT = frozenset({"HANGWATCH_MONITOR", "HANGWATCH_AGENT_ARGS", "HANGWATCH_INTERVAL", "HANGWATCH_VENV"})
-
-# The relay (monitor/relay/cli.py): the monitor's names for what it shares with the monitor, and these.
-RELAY = frozenset({"HANGWATCH_MONITOR", "HANGWATCH_HOST", "HANGWATCH_PORT", "HANGWATCH_TOKEN_FILE",
-                   "HANGWATCH_METRICS_TOKEN_FILE", "HANGWATCH_RELAY_TOKEN_FILE", "HANGWATCH_CA_FILE",
-                   "HANGWATCH_SSL_CERTFILE", "HANGWATCH_SSL_KEYFILE", "HANGWATCH_MAX_BODY_BYTES",
-                   "HANGWATCH_LOG_LEVEL"})
 
 # Set by the monitor for an action's command (monitor/engine/actions/execute.py), read by that command.
 ACTION_COMMAND = frozenset({"HANGWATCH_JOB_ID", "HANGWATCH_VERDICT", "HANGWATCH_CULPRIT_RANKS",

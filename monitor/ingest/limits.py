@@ -26,21 +26,29 @@ from collections.abc import Callable, Collection, Container
 from dataclasses import dataclass
 from typing import Any
 
+from hangwatch_common.settings import setting
+
 
 @dataclass(frozen=True)
 class Limits:
-    max_jobs: int = 2000
-    max_nodes: int = 10000
-    max_world_size: int = 65536
-    # One node's share of max_jobs: one sender (a node-bound token is one node) cannot take them all.
-    max_jobs_per_node: int = 64
-    # At max_jobs, a job no agent has mentioned for this long gives its place to a new one
+    """The monitor's settings of the same names (monitor/web/settings.py), declared here beside their checks."""
+
+    max_jobs: int = setting(2000, help="jobs one monitor follows at most: a report bringing more is refused (429)",
+                            at_least=1)
+    max_nodes: int = setting(10000, help="nodes one monitor follows at most: a new one past it is refused (429)",
+                             at_least=1)
+    max_world_size: int = setting(65536, help="largest world size a report's ranks may claim (422 past it)",
+                                  at_least=1)
+    # One sender (a node-bound token is one node) cannot take them all.
+    max_jobs_per_node: int = setting(64, help="one node's share of max-jobs, counted across its reports: only the "
+                                     "excess is refused", at_least=1)
     # (monitor/ingest/retention.make_room_for_jobs): junk sent once goes quiet at once, a live job's
     # agents mention it every second.
-    job_room_silent_s: float = 60.0
-    # Every job's ranks together: past what one process serves (about 5,000 a core), far short of
-    # what would exhaust its memory (a rank's track and view, ~55 KiB at most).
-    max_ranks: int = 100_000
+    job_room_silent_s: float = setting(60.0, help="at max-jobs or max-ranks, a job no agent has mentioned for this "
+                                       "many seconds gives its place to a new one", positive=True)
+    # Past what one process serves (about 5,000 a core), far short of what would exhaust its memory
+    # (a rank's track and view, ~55 KiB at most).
+    max_ranks: int = setting(100_000, help="ranks of every job together at most (429 past it)", at_least=1)
 
 
 @dataclass(frozen=True)

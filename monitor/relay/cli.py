@@ -15,7 +15,8 @@ import os
 import signal
 import ssl
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -23,6 +24,7 @@ from typing import NoReturn
 import uvicorn
 
 from hangwatch_common.cli_common import add_version_option
+from hangwatch_common.settings import SettingsError, add_flags, load, setting
 from hangwatch_common.token_file import TokenSource
 from hangwatch_common.watched_file import SecretFileError
 from monitor.web.auth import INGEST, METRICS, AuthLayer, TokenFile
@@ -33,8 +35,37 @@ from monitor.relay.forwarder import FLUSH_S, Forwarder
 
 PROG = "hangwatch-relay"
 EXIT_USAGE = 2
-DEFAULT_PORT = 8788
-MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+def _web_address(text: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise ValueError("must be the monitor's http:// or https:// address")
+    return text
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    monitor: str | None = setting(None, parse=_web_address, help="the monitor's base URL", shown_default="none: "
+                                  "required")
+    host: str = setting("127.0.0.1", help="address to listen on")
+    port: int = setting(8788, help="port to listen on", at_least=1, at_most=65535)
+    token_file: str | None = setting(None, metavar="PATH", help="the agents' tokens, as the monitor's --token-file "
+                                     "(NODE TOKEN lines bind a node)")
+    metrics_token_file: str | None = setting(None, metavar="PATH", help="tokens for the relay's /metrics")
+    relay_token_file: str | None = setting(None, metavar="PATH", help="the token this relay presents to the monitor: "
+                                           "one of the monitor's --relay-token-file (then it believes the relay's node "
+                                           "checks), else an ingest token")
+    ca_file: str | None = setting(None, metavar="PATH", help="the CA that signed an https:// monitor's certificate, "
+                                  "when private")
+    ssl_certfile: str | None = setting(None, metavar="PATH", help="serve agents over HTTPS with this certificate (PEM; "
+                                       "with --ssl-keyfile)")
+    ssl_keyfile: str | None = setting(None, metavar="PATH", help="the certificate's private key")
+    max_body_bytes: int = setting(8 * 1024 * 1024, at_least=1024, help="largest accepted report: no more than the "
+                                  "monitor's own limit, which also bounds each batch (its limit plus the batch's "
+                                  "framing)")
+    flush_ms: float = setting(FLUSH_S * 1000, at_least=0, help="how long a batch gathers reports before it is sent")
+    log_level: str = setting("info", help="how much the relay logs", choices=("critical", "error", "warning", "info",
+                                                                              "debug"))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,35 +74,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    env = os.environ.get
     parser = _Parser(prog=PROG, description="Forward a share of the nodes' reports to the hangwatch monitor "
-                                            "in batches (one giant job's first level of ingest).")
+                                            "in batches (one giant job's first level of ingest). Each setting is "
+                                            "also read from its HANGWATCH_* variable; the option wins.")
     add_version_option(parser)
-    parser.add_argument("--monitor", default=env("HANGWATCH_MONITOR"),
-                        help="the monitor's base URL (env HANGWATCH_MONITOR)")
-    parser.add_argument("--host", default=env("HANGWATCH_HOST", "127.0.0.1"), help="address to listen on")
-    parser.add_argument("--port", type=int, default=int(env("HANGWATCH_PORT", DEFAULT_PORT)),
-                        help=f"port to listen on (default {DEFAULT_PORT})")
-    parser.add_argument("--token-file", default=env("HANGWATCH_TOKEN_FILE"),
-                        help="the agents' tokens, as the monitor's --token-file (NODE TOKEN lines bind a node)")
-    parser.add_argument("--metrics-token-file", default=env("HANGWATCH_METRICS_TOKEN_FILE"),
-                        help="tokens for the relay's /metrics")
-    parser.add_argument("--relay-token-file", default=env("HANGWATCH_RELAY_TOKEN_FILE"),
-                        help="the token this relay presents to the monitor: one of the monitor's "
-                             "--relay-token-file (then it believes the relay's node checks), else an ingest token")
-    parser.add_argument("--ca-file", default=env("HANGWATCH_CA_FILE"),
-                        help="the CA that signed an https:// monitor's certificate, when private")
-    parser.add_argument("--ssl-certfile", default=env("HANGWATCH_SSL_CERTFILE"),
-                        help="serve agents over HTTPS with this certificate (PEM; with --ssl-keyfile)")
-    parser.add_argument("--ssl-keyfile", default=env("HANGWATCH_SSL_KEYFILE"), help="the certificate's private key")
-    parser.add_argument("--max-body-bytes", type=int, default=int(env("HANGWATCH_MAX_BODY_BYTES", MAX_BODY_BYTES)),
-                        help="largest accepted report (default 8 MiB): no more than the monitor's own limit, "
-                             "which also bounds each batch (its limit plus the batch's framing)")
-    parser.add_argument("--flush-ms", type=float, default=FLUSH_S * 1000,
-                        help="how long a batch gathers reports before it is sent (default %(default)g)")
-    parser.add_argument("--log-level", default=env("HANGWATCH_LOG_LEVEL", "info"),
-                        choices=("critical", "error", "warning", "info", "debug"))
+    add_flags(parser, RelaySettings)
     return parser
+
+
+def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> RelaySettings:
+    """The relay's settings from the command line and the environment (os.environ); SettingsError if one is bad."""
+    return load(RelaySettings, build_parser().parse_args(argv), os.environ if env is None else env)
 
 
 def _quiet_exit(signum: int, frame: FrameType | None) -> None:
@@ -79,32 +92,36 @@ def _quiet_exit(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if not args.monitor or not args.monitor.startswith(("http://", "https://")):
+    try:
+        settings = load_settings(argv)
+    except SettingsError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not settings.monitor:
         print(f"{PROG}: error: --monitor must be the monitor's http:// or https:// address", file=sys.stderr)
         return EXIT_USAGE
-    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+    if bool(settings.ssl_certfile) != bool(settings.ssl_keyfile):
         print(f"{PROG}: error: --ssl-certfile and --ssl-keyfile go together", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _quiet_exit)
-    if args.relay_token_file and not args.token_file:
+    if settings.relay_token_file and not settings.token_file:
         # The monitor has tokens (else why a relay token): an open relay would post anyone's reports with its own.
         print(f"{PROG}: error: --relay-token-file without --token-file would forward anyone's reports with the "
               "relay's token: give the agents' token file (the monitor's --token-file)", file=sys.stderr)
         return EXIT_USAGE
     try:
         # The relay's own token (one per file, like an agent's), re-read when the file changes.
-        token = TokenSource(args.relay_token_file) if args.relay_token_file else None
+        token = TokenSource(settings.relay_token_file) if settings.relay_token_file else None
         files = {kind: TokenFile(Path(path), allow_nodes=kind == INGEST)
-                 for kind, path in ((INGEST, args.token_file), (METRICS, args.metrics_token_file)) if path}
+                 for kind, path in ((INGEST, settings.token_file), (METRICS, settings.metrics_token_file)) if path}
     except SecretFileError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else True
-    forwarder = Forwarder(args.monitor, token.current if token is not None else lambda: None,
-                          max_batch_bytes=args.max_body_bytes, flush_s=args.flush_ms / 1000, verify=verify)
-    relay = RelayApp(forwarder, max_body_bytes=args.max_body_bytes)
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=settings.ca_file) if settings.ca_file else True
+    forwarder = Forwarder(settings.monitor, token.current if token is not None else lambda: None,
+                          max_batch_bytes=settings.max_body_bytes, flush_s=settings.flush_ms / 1000, verify=verify)
+    relay = RelayApp(forwarder, max_body_bytes=settings.max_body_bytes)
     stats = HttpStats()
     if INGEST not in files:
         logging.getLogger("hangwatch.relay").warning(
@@ -118,9 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     limits = ConnectionLimits()
     limit_repeated_logs()
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
                     http=guarded_protocol(limits, connection_cap(limits, raise_open_file_limit()), stats),
-                    lifespan="on", ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+                    lifespan="on", ssl_certfile=settings.ssl_certfile, ssl_keyfile=settings.ssl_keyfile)
     except KeyboardInterrupt:
         pass
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import time
@@ -55,9 +56,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         straggler_window_s=settings.straggler_window_s,
         suspect_window_s=settings.suspect_window_s,
         max_silent_bytes=settings.max_silent_bytes,
-        limits=Limits(max_jobs=settings.max_jobs, max_nodes=settings.max_nodes, max_world_size=settings.max_world_size,
-                      max_jobs_per_node=settings.max_jobs_per_node, job_room_silent_s=settings.job_room_silent_s,
-                      max_ranks=settings.max_ranks),
+        limits=Limits(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(Limits)}),
     )
     if settings.actions_file is not None:
         config = load_actions(settings.actions_file)

@@ -15,6 +15,7 @@ import uvicorn
 
 from hangwatch_common.cli_common import add_version_option
 from hangwatch_common.env_names import unknown_variables_warning
+from hangwatch_common.settings import add_flags, given
 from monitor.web.app import create_app
 from monitor.web.auth import TokenFileError
 from monitor.web.http_guard import ConnectionLimits, connection_cap, guarded_protocol, raise_open_file_limit
@@ -33,54 +34,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Central hang-detection monitor for distributed PyTorch training.")
+    parser = _Parser(prog=PROG, description="Central hang-detection monitor for distributed PyTorch training. "
+                     "Each setting is also read from its HANGWATCH_* variable; the option wins.")
     add_version_option(parser)
-    parser.add_argument("--host", help="address to listen on (default 127.0.0.1, env HANGWATCH_HOST)")
-    parser.add_argument("--port", help="port to listen on (default 8787, env HANGWATCH_PORT)")
-    parser.add_argument("--db", help="SQLite file (default $HANGWATCH_STATE_DIR/monitor.db or the XDG state dir)")
-    parser.add_argument("--log-level", help="critical, error, warning, info, debug (default info)")
-    parser.add_argument("--max-body-bytes", help="largest accepted report (default 8 MiB)")
-    parser.add_argument("--job-retention", dest="job_retention_s", help="seconds an ended or silent job stays shown")
-    parser.add_argument("--straggler-window", dest="straggler_window_s",
-                        help="seconds of CPU readings that name the rank setting a stepping job's pace (default 30)")
-    parser.add_argument("--snapshot-interval", dest="snapshot_interval_s",
-                        help="seconds between stored snapshots of a node (default 60)")
-    parser.add_argument("--verdict-retention", dest="verdict_retention_s",
-                        help="seconds verdict changes are kept (default 30 days)")
-    parser.add_argument("--suspect-window", dest="suspect_window_s",
-                        help="seconds over which a node's incidents make it a suspect, for /metrics and the "
-                             "drain-candidate alert (default 7 days)")
-    parser.add_argument("--actions", dest="actions_file",
-                        help="opt-in actions on verdicts: a TOML file of rules (command, webhook, or signals the "
-                             "agents send); dry run unless it says dry_run = false (env HANGWATCH_ACTIONS_FILE; "
-                             "see docs/runbook.md, Acting on verdicts)")
-    parser.add_argument("--capture-after", dest="capture_after_s",
-                        help="seconds an incident's verdict holds before its agents are asked for a capture "
-                             "(native stacks, Flight Recorder, NCCL RAS, log tails; default 15; 0: never; env "
-                             "HANGWATCH_CAPTURE_AFTER_S)")
-    parser.add_argument("--capture-dir", help="where capture bundles are kept (default: captures/ beside the database)")
-    parser.add_argument("--token-file", help="agents' tokens, one per line: TOKEN, or NODE TOKEN to bind it to a "
-                        "node (env HANGWATCH_TOKEN_FILE; unset: reports are not authenticated)")
-    parser.add_argument("--read-token-file", help="tokens for the page, /diagnose and /api (env "
-                        "HANGWATCH_READ_TOKEN_FILE; unset: reads are open)")
-    parser.add_argument("--metrics-token-file", help="tokens for /metrics (env HANGWATCH_METRICS_TOKEN_FILE; "
-                        "unset: /metrics is open)")
-    parser.add_argument("--relay-token-file", help="tokens of relays (hangwatch-relay), whose checks of node-bound "
-                        "agent tokens the monitor then believes (env HANGWATCH_RELAY_TOKEN_FILE)")
-    parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM; with --ssl-keyfile)")
-    parser.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
-    parser.add_argument("--max-connections", help="open connections at most (default 4096, kept under the "
-                        "open-file limit)")
-    parser.add_argument("--grafana-url", help="a Grafana dashboard linked from the status page; {job} in it is "
-                        "replaced by the job's id (env HANGWATCH_GRAFANA_URL)")
-    parser.add_argument("--runbook-url", help="the runbook (docs/runbook.md where your people read it) linked "
-                        "from the status page, with each verdict's section (env HANGWATCH_RUNBOOK_URL)")
+    add_flags(parser, Settings)
     return parser
-
-
-def option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """setting -> the option that sets it (``job_retention_s`` -> ``--job-retention``), for error messages."""
-    return {a.dest: a.option_strings[-1] for a in parser._actions if a.option_strings}
 
 
 def _quiet_exit(signum: int, frame: FrameType | None) -> None:
@@ -91,9 +49,9 @@ def _quiet_exit(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    values, typed = given(parser.parse_args(argv))
     try:
-        settings = Settings.load(vars(args), option_names=option_names(parser))
+        settings = Settings.load(values, option_names=typed)
         disk_problem = settings.prepare_db_dir()
     except SettingsError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

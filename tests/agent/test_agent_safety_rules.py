@@ -216,7 +216,7 @@ def test_dump_other_users_is_off_unless_configured():
     assert parse_config(base, environ={"HANGWATCH_DUMP_OTHER_USERS": ""})[0].dump_other_users is False
     on = {"HANGWATCH_DUMP_OTHER_USERS": "1"}
     assert parse_config([*base, "--no-dump-other-users"], environ=on)[0].dump_other_users is False
-    with pytest.raises(UsageError, match="HANGWATCH_DUMP_OTHER_USERS must be 1 or 0"):
+    with pytest.raises(UsageError, match="HANGWATCH_DUMP_OTHER_USERS must be one of 1, 0, true, false"):
         parse_config(base, environ={"HANGWATCH_DUMP_OTHER_USERS": "maybe"})
 
 
@@ -259,7 +259,7 @@ def _start_error(argv: list[str], environ: dict[str, str]) -> str:
     ("HANGWATCH_TOKEN_FILE", "--token-file", "{tmp}/open-token", "chmod 600"),
     ("HANGWATCH_CA_FILE", "--ca-file", "{tmp}/missing-ca.pem", "missing-ca.pem"),
     ("HANGWATCH_OUTAGE_JOURNAL", "--outage-journal", "{tmp}/open-token/journal", "Not a directory"),
-    ("HANGWATCH_DUMP_OTHER_USERS", None, "maybe", "must be 1 or 0, not 'maybe'"),
+    ("HANGWATCH_DUMP_OTHER_USERS", None, "maybe", "must be one of 1, 0, true, false, yes, no, on, off, not 'maybe'"),
 ])
 def test_settings_errors_name_the_variable_or_option(tmp_path, variable, option, value, problem):
     (tmp_path / "open-token").write_text("secret-token-0123456789\n")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 from real_monitor import running_monitor
 
+from agent.settings import AgentSettings
 from hangwatch_common import env_names
 from hangwatch_common.env_names import (
     KNOWN,
@@ -20,6 +20,8 @@ from hangwatch_common.env_names import (
     unknown_variables,
     unknown_variables_warning,
 )
+from hangwatch_common.settings import declared, env_names as settings_env_names
+from monitor.relay.cli import RelaySettings
 from monitor.web.settings import ENV_PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("agent", "monitor", "hangwatch", "hangwatch_common", "deploy", "scripts", "benchmarks", "tests", "docs",
            "dashboards", ".ci", "Dockerfile", "README.md", "pyproject.toml")
 # These spell unknown names on purpose.
-TYPO_TESTS = {Path(__file__).resolve(), ROOT / "tests" / "agent" / "test_env_warning.py"}
+TYPO_TESTS = {Path(__file__).resolve(), ROOT / "tests" / "agent" / "test_env_warning.py",
+              ROOT / "tests" / "test_settings_declared.py"}
 # A name, not a pattern in prose (HANGWATCH_SSL_*) nor a placeholder (HANGWATCH_<SETTING>).
 NAME = re.compile(r"\bHANGWATCH_[A-Z0-9_]+\b(?!\*)")
 
@@ -48,9 +51,9 @@ def spelled_names(roots: tuple[str, ...] = SOURCES, skip: set[Path] = TYPO_TESTS
 
 # --- the list against the code ---
 
-def test_the_monitors_names_are_its_settings() -> None:
-    settings = {ENV_PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
-    assert env_names.MONITOR == settings | {"HANGWATCH_STATE_DIR"}
+def test_each_daemons_names_are_its_settings() -> None:
+    assert env_names.MONITOR == {ENV_PREFIX + item.name.upper() for item in declared(Settings)}
+    assert (env_names.AGENT, env_names.RELAY) == (settings_env_names(AgentSettings), settings_env_names(RelaySettings))
 
 
 def test_every_name_the_sources_spell_is_known() -> None:
@@ -63,10 +66,11 @@ def test_every_name_the_sources_spell_is_known() -> None:
 
 
 def test_every_known_name_is_read_somewhere() -> None:
-    """No stale entry: each listed name is a monitor setting or spelled by the code or deployment."""
+    """No stale entry: each listed name is a daemon's setting or spelled by the code or deployment."""
+    lists = {ROOT / "hangwatch_common" / "env_names.py", ROOT / "hangwatch_common" / "declared_names.py"}
     code = spelled_names(("agent", "monitor", "hangwatch", "hangwatch_common", "deploy", "scripts", "Dockerfile"),
-                         skip=TYPO_TESTS | {ROOT / "hangwatch_common" / "env_names.py"})
-    settings = {ENV_PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
+                         skip=TYPO_TESTS | lists)
+    settings = set().union(*map(settings_env_names, (Settings, AgentSettings, RelaySettings)))
     assert KNOWN - settings - set(code) == set()
 
 

@@ -97,7 +97,7 @@ NAMED_BAD_VALUES = [
 def test_errors_name_the_variable_or_option_that_set_the_value(
     tmp_path: Path, setting: str, value: str, option: str | None, problem: str | None
 ) -> None:
-    from monitor.web.cli import build_parser, option_names
+    from hangwatch_common.settings import declared
 
     variable = "HANGWATCH_" + setting.upper()
     env = {"HANGWATCH_STATE_DIR": str(tmp_path), variable: value}
@@ -109,7 +109,7 @@ def test_errors_name_the_variable_or_option_that_set_the_value(
     assert str(from_env.value).startswith(f"{variable} ") and problem in str(from_env.value), from_env.value
     if option is None:
         return
-    names = option_names(build_parser())
+    names = {item.name: item.flags[0] for item in declared(Settings)}
     assert names[setting] == option
     with pytest.raises(SettingsError) as from_option:
         Settings.load({setting: value}, env={"HANGWATCH_STATE_DIR": str(tmp_path)}, option_names=names)

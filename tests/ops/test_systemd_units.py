@@ -12,7 +12,7 @@ import pytest
 
 from agent.cli import parse_config
 from hangwatch.demo.harness import tool
-from monitor.relay.cli import build_parser as relay_parser
+from monitor.relay.cli import load_settings as relay_settings
 from monitor.web.settings import Settings
 
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
@@ -144,11 +144,9 @@ def test_monitor_env_example_is_valid_settings() -> None:
     assert d["StateDirectory"] == ["hangwatch"]
 
 
-def test_relay_env_example_is_a_valid_relay_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The relay takes its settings from HANGWATCH_* variables (its parser's defaults)."""
-    for key, value in env_file(UNITS / "relay.env.example").items():
-        monkeypatch.setenv(key, value)
-    args = relay_parser().parse_args([])
+def test_relay_env_example_is_a_valid_relay_command_line() -> None:
+    """The relay takes its settings from HANGWATCH_* variables (an empty command line)."""
+    args = relay_settings([], env=env_file(UNITS / "relay.env.example"))
     assert args.monitor == "http://monitor.example.internal:8787"
     assert (args.host, args.port) == ("0.0.0.0", 8788)
     assert args.token_file == "/etc/hangwatch/agents.tokens" and args.relay_token_file == "/etc/hangwatch/relay.token"
