@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import dataclasses
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -20,13 +21,13 @@ import pydantic
 import monitor.diagnosis as diagnosis
 from monitor.diagnosis import Diagnosis, JobView, RankView
 from monitor.diagnosis.held import HELD_MIN_S
-from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
 from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.ingest.fastwire import decode_report
 from monitor.ingest.job_track import JobTrack
 from monitor.ingest.limits import Limits, Refusal, check_report
 from monitor.engine.published import (CaptureFigures, JobResult, MonitorFigures, NodeSummary, RankConflict,
                                        StoreFigures, TimelineSpans)
+from monitor.engine.engine_settings import EngineSettings
 from monitor.engine.rank_timeline import RankTimeline
 from monitor.engine.verdict_ledger import VerdictLedger
 from monitor.ingest.state import MonitorState
@@ -35,7 +36,7 @@ from monitor.engine.actions.orders import AgentOrders, ReportedPids
 from monitor.engine.actions.policy import Culprit, JobFacts
 from monitor.engine.attribution import why_unattributed
 from monitor.ingest.report_order import stale_reason
-from monitor.ingest.silent_budget import MAX_SILENT_BYTES, SilentBudget
+from monitor.ingest.silent_budget import SilentBudget
 from monitor.storage.store import Store, VerdictChange
 
 if TYPE_CHECKING:
@@ -62,9 +63,8 @@ VIEW_CHUNK = 500
 # A report kept through an outage longer ago than this is not applied (its verdicts are history
 # nobody will page on, and the state it would set up is long gone).
 MAX_REPLAY_AGE_S = 3600.0
-# Suspect nodes (monitor/engine/incidents.py) are counted over this window by default (the
-# suspect_window_s setting), and /metrics reads them again at most this often.
-SUSPECT_WINDOW_S = 7 * 86400.0
+# Suspect nodes (monitor/engine/incidents.py, over the suspect_window_s setting) are read from the
+# database again at most this often for /metrics.
 SUSPECTS_REFRESH_S = 60.0
 REJECT_REASONS = ("content_type", "too_large", "invalid_json", "schema", "disconnected", "unauthorized",
                   "wrong_node", "world_size", "too_many_nodes", "too_many_jobs", "too_many_ranks", "node_jobs", "stale")
@@ -103,39 +103,35 @@ class Monitor:
     def __init__(
         self,
         store: Store,
-        job_retention_s: float = 600.0,
+        settings: EngineSettings | None = None,
+        *,
         clock: Callable[[], float] = time.time,
         diagnose: Callable[[JobView], Diagnosis] | None = None,
-        snapshot_interval_s: float = 60.0,
-        fresh_read_ranks: int = 512,
-        tick_interval_s: float = 0.0,
-        confirm_alarms: bool = True,
-        limits: Limits | None = None,
-        straggler_window_s: float = CPU_LEVEL_WINDOW_S,
-        suspect_window_s: float = SUSPECT_WINDOW_S,
-        max_silent_bytes: int = MAX_SILENT_BYTES,
         orders: AgentOrders | None = None,
         actions: ActionEngine | None = None,
         captures: CaptureRequests | None = None,
         after_giant_diagnosis: Callable[[JobResult], Callable[[], None] | None] | None = None,
+        **tuning: Any,
     ) -> None:
+        """``settings``: the monitor's, as declared (monitor/engine/engine_settings.py). Built bare (unit
+        tests, benchmarks) no background pass drives it (``tick_interval_s`` 0): every read diagnoses
+        anew. ``tuning``: settings of those names replaced (``confirm_alarms=False``)."""
+        settings = settings if settings is not None else EngineSettings(tick_interval_s=0.0)
+        if tuning:
+            settings = dataclasses.replace(settings, **tuning)
+        self.settings = settings
         self.store = store
-        self.limits = limits or Limits()
+        self.limits: Limits = settings
         # What silent jobs and nodes keep, bounded (monitor/ingest/silent_budget.py).
-        self._silent_budget = SilentBudget(max_silent_bytes)
+        self._silent_budget = SilentBudget(settings.max_silent_bytes)
         self.clock = clock
         # Reports received before this were replayed from the store (see JobView.monitor_started_at).
         self.started_at = clock()
-        self.job_retention_s = job_retention_s
         self._diagnose = diagnose
-        self.snapshot_interval_s = snapshot_interval_s
-        self.fresh_read_ranks = fresh_read_ranks
-        self.tick_interval_s = tick_interval_s
         # Alarms are published once their raw verdicts last (monitor.diagnosis.stability);
         # off, every raw verdict is published as it comes (unit tests of single readings).
-        self.confirm_alarms = confirm_alarms
         self._settled: dict[str, Settled] = {}
-        self._state = MonitorState(cpu_level_window_s=straggler_window_s)
+        self._state = MonitorState(cpu_level_window_s=settings.straggler_window_s)
         # Each rank's diagnosed state over the recent past, for the page's timeline.
         self._timeline = RankTimeline()
         # Routes run on the event loop, but the lock keeps the state whole should any
@@ -166,7 +162,6 @@ class Monitor:
         # the immutable result.
         self.after_giant_diagnosis = after_giant_diagnosis
         # Suspect nodes over this window for /metrics, and when they were last read (cached_suspect_nodes).
-        self.suspect_window_s = suspect_window_s
         self._suspects: tuple[float, list[SuspectNode]] | None = None
         # Orders for agents, in the answers to their reports (monitor/engine/actions/orders.py).
         self.orders = orders if orders is not None else AgentOrders()
@@ -207,7 +202,7 @@ class Monitor:
                 self.full_reports_total += 1
                 if snapshot_due:
                     self.store.add_snapshot(node, received_at, msgspec.json.encode(report))
-                    self._snapshot_due[node] = received_at + self.snapshot_interval_s * _spread(node)
+                    self._snapshot_due[node] = received_at + self.settings.snapshot_interval_s * _spread(node)
             # A delta builds on a picture this process may not have (it restarted, or forgot
             # the node): it asks until a full report arrives, so a lost answer costs nothing.
             missing_full = node not in self._full_seen
@@ -257,7 +252,7 @@ class Monitor:
         with self._lock:
             state, limits, now = self._state, self.limits, self.clock()
             if refusal.reason == "too_many_nodes":
-                state.make_room_for_node(report.node, limits.max_nodes, now, self.job_retention_s)
+                state.make_room_for_node(report.node, limits.max_nodes, now, self.settings.job_retention_s)
                 refusal = self.refusal(report)
             # Silence means nothing until the monitor has listened that long: after a restart every
             # job's last report is its snapshot's, and live jobs would make room for junk.
@@ -308,7 +303,7 @@ class Monitor:
                     log.warning("skipping a stored report from %s that no longer validates", stored.node)
                     continue
                 self._state.apply(report, stored.received_at)
-                self._snapshot_due[stored.node] = stored.received_at + self.snapshot_interval_s * _spread(stored.node)
+                self._snapshot_due[stored.node] = stored.received_at + self.settings.snapshot_interval_s * _spread(stored.node)
                 count += 1
             for job_id, change in self.store.latest_verdicts().items():
                 self._ledger.restore(job_id, (change.verdict, change.culprit_ranks))
@@ -326,8 +321,8 @@ class Monitor:
         """The diagnosis of every known job (or one); most recently active job first."""
         now = self.clock() if now is None else now
         with self._lock:
-            if self.tick_interval_s <= 0:
-                self._state.prune(now, self.job_retention_s)
+            if self.settings.tick_interval_s <= 0:
+                self._state.prune(now, self.settings.job_retention_s)
             if job_id is not None:
                 job_id = self._state.resolve(job_id)  # another node's spelling of the id
             ids = [j for j in self._state.jobs if job_id is None or j == job_id]
@@ -337,11 +332,11 @@ class Monitor:
         return results
 
     def _due_for_read(self, ids: list[str], now: float) -> list[str]:
-        if self.tick_interval_s <= 0:
+        if self.settings.tick_interval_s <= 0:
             return ids
         missing = [j for j in ids if j not in self._results]
         changed = [j for j in ids if j in self._dirty and j in self._results and self._needs_diagnosis(j, now)]
-        if sum(len(self._state.jobs[j].ranks) for j in changed) <= self.fresh_read_ranks:
+        if sum(len(self._state.jobs[j].ranks) for j in changed) <= self.settings.fresh_read_ranks:
             return missing + changed
         return missing
 
@@ -384,7 +379,7 @@ class Monitor:
         now = self.clock() if now is None else now
         started = time.perf_counter()
         with self._lock:
-            self._state.prune(now, self.job_retention_s)
+            self._state.prune(now, self.settings.job_retention_s)
             # Silence means nothing until the monitor has listened that long (see ``refusal``).
             if now - self.started_at > self.limits.job_room_silent_s:
                 self._silent_budget.enforce(self._state, now, self.limits.job_room_silent_s)
@@ -402,7 +397,7 @@ class Monitor:
             self._timeline.forget(self._state.jobs)
             self._dirty &= known
             # A node silent past the job retention (its jobs forgotten) starts over with a full report.
-            self._full_seen &= {n for n, t in self._state.nodes.items() if now - t.last_report_at <= self.job_retention_s}
+            self._full_seen &= {n for n, t in self._state.nodes.items() if now - t.last_report_at <= self.settings.job_retention_s}
             for gone in self._snapshot_due.keys() - self._state.nodes.keys():
                 del self._snapshot_due[gone]  # else every node name ever heard stays here
             ids = list(self._state.jobs)
@@ -485,7 +480,7 @@ class Monitor:
         # Each rank's state as observed, whatever verdict is published while an alarm confirms.
         self._timeline.record(job_id, now, ((r.rank, r.state) for r in found.ranks),
                              healthy=found.verdict == "healthy")
-        if self.confirm_alarms:
+        if self.settings.confirm_alarms:
             settled = self._settled[job_id] = settle(self._settled.get(job_id), found, now, job.last_progress_at,
                                                      live=live)
             found = settled.shown
@@ -560,7 +555,7 @@ class Monitor:
         now = self.clock()
         cached = self._suspects
         if cached is None or now - cached[0] >= SUSPECTS_REFRESH_S:
-            cached = self._suspects = (now, self.suspect_nodes(self.suspect_window_s))
+            cached = self._suspects = (now, self.suspect_nodes(self.settings.suspect_window_s))
         return cached[1]
 
     def resolve(self, job_id: str) -> str:

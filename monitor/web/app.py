@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import logging
 import time
@@ -17,12 +16,12 @@ from hangwatch_common.sdnotify import Notifier
 from monitor.web import openapi
 from monitor.engine.actions.config import load_actions
 from monitor.engine.actions.engine import ActionEngine
+from monitor.engine.actions.orders import AgentOrders
 from monitor.present.answers import AnswerCache
 from monitor.engine.capture_requests import CaptureRequests
 from monitor.storage.capture_store import CaptureStore
 from monitor.web.auth import INGEST, METRICS, READ, RELAY, AuthLayer, TokenFile
 from monitor.web.http_guard import HttpStats
-from monitor.ingest.limits import Limits
 from monitor.web.load import LoadGuard
 from monitor.web.routes import actions, captures, diagnose, metrics, nodes, page
 from monitor.web.routes.ingest import IngestLayer
@@ -45,29 +44,23 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
 
     State is rebuilt from the store's recent reports here, so a restarted monitor keeps its picture.
     """
-    monitor = Monitor(
-        store,
-        job_retention_s=settings.job_retention_s,
-        clock=clock,
-        snapshot_interval_s=settings.snapshot_interval_s,
-        fresh_read_ranks=settings.fresh_read_ranks,
-        tick_interval_s=settings.tick_interval_s,
-        confirm_alarms=settings.confirm_alarms,
-        straggler_window_s=settings.straggler_window_s,
-        suspect_window_s=settings.suspect_window_s,
-        max_silent_bytes=settings.max_silent_bytes,
-        limits=Limits(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(Limits)}),
-    )
+    orders = AgentOrders()
+    action_engine = None
     if settings.actions_file is not None:
         config = load_actions(settings.actions_file)
-        monitor.actions = ActionEngine(config, store, monitor.orders, clock=clock)
+        action_engine = ActionEngine(config, store, orders, clock=clock)
         log.warning("actions on verdicts are on (%s): %d rules%s", settings.actions_file, len(config.rules),
                     ", dry run: nothing runs, every decision is logged" if config.dry_run else "")
+    capture_requests = None
     if settings.capture_after_s > 0:
         capture_store = CaptureStore(settings.capture_dir or settings.db.parent / "captures",
                                      max_total_bytes=settings.capture_max_bytes,
                                      retention_s=settings.capture_retention_s, clock=clock)
-        monitor.captures = CaptureRequests(capture_store, monitor.orders, settings.capture_after_s)
+        capture_requests = CaptureRequests(capture_store, orders, settings.capture_after_s)
+    # A watched giant job's answer is rendered as its diagnosis is published (monitor/present/answers.py).
+    answers = AnswerCache(clock=clock)
+    monitor = Monitor(store, settings, clock=clock, orders=orders, actions=action_engine, captures=capture_requests,
+                      after_giant_diagnosis=answers.render_ahead)
     guard = LoadGuard(shed_lag_s=settings.shed_lag_s, shed_keep_s=settings.shed_keep_s)
     replayed = monitor.replay()
     if replayed:
@@ -102,8 +95,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
     app.state.settings = settings
     app.state.monitor = monitor
     app.state.load_guard = guard
-    app.state.answers = AnswerCache(clock=monitor.clock)
-    monitor.after_giant_diagnosis = app.state.answers.render_ahead
+    app.state.answers = answers
     app.state.http_stats = http_stats = HttpStats()
     # Reports are answered by a plain ASGI layer in front of the app (routes/ingest.py).
     app.add_middleware(IngestLayer, monitor=monitor, settings=settings, guard=guard)

@@ -17,14 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from hangwatch_common.settings import PREFIX, SettingsError, build, gather, setting
-from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
-from monitor.engine.service import SUSPECT_WINDOW_S
-from monitor.ingest.limits import Limits
-from monitor.ingest.silent_budget import MAX_SILENT_BYTES
+from monitor.engine.engine_settings import MIN_STRAGGLER_WINDOW_S, EngineSettings
 from monitor.storage.capture_store import MAX_TOTAL_BYTES as CAPTURE_MAX_BYTES, RETENTION_S as CAPTURE_RETENTION_S
 
 ENV_PREFIX = PREFIX
-MIN_STRAGGLER_WINDOW_S = 6.0
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -51,7 +47,7 @@ def _web_address(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class Settings(Limits):
+class Settings(EngineSettings):
     host: str = setting("127.0.0.1", help="address to listen on")
     port: int = setting(8787, help="port to listen on", at_least=1, at_most=65535)
     state_dir: Path | None = setting(None, help="the directory of the default database (monitor.db in it)",
@@ -61,9 +57,6 @@ class Settings(Limits):
     log_level: str = setting("info", help="how much the monitor logs", choices=LOG_LEVELS)
     # Bodies above this are refused with 413 (checked on Content-Length and while streaming).
     max_body_bytes: int = setting(8 * 1024 * 1024, help="largest accepted report (413 past it)", at_least=1024)
-    # A restart replays the newest snapshots of each node.
-    snapshot_interval_s: float = setting(60.0, help="seconds between stored full reports (snapshots) of a node, and "
-                                         "between those asked of delta agents", positive=True)
     snapshot_retention_s: float = setting(900.0, help="seconds a snapshot is kept (and only the newest few per node)",
                                           positive=True)
     snapshots_per_node: int = setting(3, help="snapshots kept per node", at_least=1)
@@ -72,28 +65,11 @@ class Settings(Limits):
     snapshot_budget_bytes: int = setting(1024 * 1024 * 1024, help="all snapshots together at most", at_least=1024)
     verdict_retention_s: float = setting(30 * 86400.0, help="seconds verdict changes (each job's history) are kept",
                                          positive=True)
-    # Counted by monitor/engine/incidents.py; at most the verdict retention.
-    suspect_window_s: float = setting(SUSPECT_WINDOW_S, help="seconds over which a node's incidents make it a suspect, "
-                                      "for /metrics and the drain-candidate alert", positive=True)
-    # Past this, reads cost the same at any scale.
-    fresh_read_ranks: int = setting(512, help="a read (/diagnose, /metrics) diagnoses again the jobs that changed "
-                                    "since the last pass while they hold at most this many ranks in all; past that it "
-                                    "answers from the background pass (at most one tick old)", at_least=0)
     # The newest report per node wins, every node's picture stays fresh within a few seconds, diagnosis goes on.
     shed_lag_s: float = setting(0.5, help="when the event loop runs this far behind, reports from nodes heard from "
                                 "within the shed-keep time are refused with 503 and Retry-After", positive=True)
     shed_keep_s: float = setting(5.0, help="seconds within which a node heard from may have a report shed",
                                  positive=True)
-    job_retention_s: float = setting(600.0, help="seconds a job whose ranks all ended, or that no agent mentions any "
-                                     "more, stays shown", positive=True)
-    tick_interval_s: float = setting(1.0, help="seconds between background diagnosis passes, which record verdict "
-                                     "changes; 0: none (tests drive them by hand)", at_least=0)
-    # Longer is steadier, shorter names it sooner (monitor/diagnosis/slow_rank.py).
-    straggler_window_s: float = setting(CPU_LEVEL_WINDOW_S, help="seconds of CPU readings that name the rank setting "
-                                        f"a stepping job's pace (at least {MIN_STRAGGLER_WINDOW_S:g})")
-    # monitor/diagnosis/stability.py
-    confirm_alarms: bool = setting(True, help="publish an alarm only once its raw verdicts have lasted; off: every "
-                                   "single reading is published (for tests of one reading, not for paging)")
     # monitor/engine/actions/config.py
     actions_file: Path | None = setting(None, aliases=("--actions",), help="opt-in actions on verdicts: a TOML file of "
                                         "rules (command, webhook, or signals the agents send); dry run unless it says "
@@ -106,10 +82,6 @@ class Settings(Limits):
                                        shown_default="captures/ beside the database")
     capture_max_bytes: int = setting(CAPTURE_MAX_BYTES, help="all capture bundles together at most", positive=True)
     capture_retention_s: float = setting(CAPTURE_RETENTION_S, help="seconds a capture bundle is kept", positive=True)
-    # monitor/ingest/silent_budget.py: junk sent once under new node names cannot hold the memory for the job retention.
-    max_silent_bytes: int = setting(MAX_SILENT_BYTES, help="what jobs and nodes no agent mentioned for the "
-                                    "job-room-silent time keep (their reports, estimated), all together: past it the "
-                                    "densest is forgotten first", at_least=1024)
     # Connection guards (monitor/web/http_guard.py).
     max_connections: int = setting(4096, help="open connections at most (kept under the open-file limit)", at_least=1)
     header_timeout_s: float = setting(10.0, help="seconds a client may take over a request's headers", positive=True)

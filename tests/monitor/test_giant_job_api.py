@@ -3,6 +3,7 @@ and the bookkeeping that keeps a report's cost independent of its job's size."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -172,7 +173,7 @@ def test_a_watched_giant_job_is_rendered_ahead_of_its_reads(giant: TestClient, c
     import monitor.present.answers as answers
 
     monitor = monitor_of(giant)
-    monitor.tick_interval_s = 1.0  # reads answer from the passes, as under the background tick
+    monitor.settings = dataclasses.replace(monitor.settings, tick_interval_s=1.0)  # reads answer from the passes
     monitor.tick()
     renders: list[float] = []
     render = answers.job_dict
@@ -199,7 +200,7 @@ def _published_not_rendered(giant: TestClient, clock: FakeClock) -> tuple[float,
     from monitor.engine.service import Offload
 
     monitor = monitor_of(giant)
-    monitor.tick_interval_s = 1.0  # reads answer from the passes, as under the background tick
+    monitor.settings = dataclasses.replace(monitor.settings, tick_interval_s=1.0)  # reads answer from the passes
     monitor.tick()
     before = _job(giant)["last_report_at"]  # watched from here on
     clock.advance(1)

@@ -43,7 +43,7 @@ def test_what_a_monitor_shows_in_public_is_immutable_or_a_collaborator(tmp_path)
         monitor = Monitor(store, clock=lambda: 100.0)
         monitor.ingest(_report(sent_at=100.0), received_at=100.0)
         live = {name: type(value).__name__ for name, value in vars(monitor).items()
-                if not name.startswith("_") and name not in COLLABORATORS and not isinstance(value, IMMUTABLE)}
+                if not name.startswith("_") and name not in COLLABORATORS and not _immutable(value)}
         assert live == {}, f"public live state on Monitor (make it private, publish a copy): {live}"
     finally:
         store.close()
@@ -68,6 +68,11 @@ def test_published_results_hold_no_live_record(tmp_path):
         assert newer is not result and result.view.now == 100.0
     finally:
         store.close()
+
+
+def _immutable(value: object) -> bool:
+    return isinstance(value, IMMUTABLE) or (dataclasses.is_dataclass(value)
+                                            and type(value).__dataclass_params__.frozen)
 
 
 def _report(**fields):
