@@ -44,7 +44,7 @@ def _web_address(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class RelaySettings:
+class RelaySettings(ConnectionLimits):
     monitor: str | None = setting(None, parse=_web_address, help="the monitor's base URL", shown_default="none: "
                                   "required")
     host: str = setting("127.0.0.1", help="address to listen on")
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             relay.reject("unauthorized")
 
     app = AuthLayer(relay, files, on_refused=refused) if files else relay
-    limits = ConnectionLimits()
+    limits = settings  # RelaySettings inherits ConnectionLimits
     limit_repeated_logs()
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,

@@ -25,6 +25,7 @@ replaced by one in memory, so a bad disk never turns into a restart loop.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hangwatch_common.settings import setting
 from monitor.storage.store_schema import NewerSchema, migrate
 
 log = logging.getLogger("hangwatch.monitor.store")
@@ -107,6 +109,20 @@ class _Queued:
     size: int = 0  # a snapshot's body bytes
 
 
+@dataclass(frozen=True)
+class StoreSettings:
+    """The monitor's settings of these names (monitor/web/settings.py inherits them), declared here."""
+
+    snapshot_retention_s: float = setting(900.0, help="seconds a snapshot is kept (and only the newest few per node)",
+                                          positive=True)
+    snapshots_per_node: int = setting(3, help="snapshots kept per node", at_least=1)
+    # Past the budget only nodes that have a snapshot may replace theirs.
+    snapshot_max_bytes: int = setting(1024 * 1024, help="largest snapshot kept (compressed)", at_least=1024)
+    snapshot_budget_bytes: int = setting(1024 * 1024 * 1024, help="all snapshots together at most", at_least=1024)
+    verdict_retention_s: float = setting(30 * 86400.0, help="seconds verdict changes (each job's history) are kept",
+                                         positive=True)
+
+
 @dataclass
 class StoreHealth:
     """Whether what the monitor learns reaches the disk; shown on /metrics and /diagnose."""
@@ -138,14 +154,20 @@ class Store:
     def __init__(
         self,
         path: Path | str,
-        snapshot_retention_s: float = 900.0,
-        snapshots_per_node: int = 3,
-        verdict_retention_s: float = 30 * 86400.0,
+        settings: StoreSettings | None = None,
+        *,
         prune_every_s: float = 30.0,
         clock: Callable[[], float] = time.time,
-        snapshot_max_bytes: int = 1024 * 1024,
-        snapshot_budget_bytes: int = 1024 * 1024 * 1024,
+        **tuning: Any,
     ) -> None:
+        """``settings``: the retention and budgets as declared (``StoreSettings``); ``tuning``: settings of
+        those names replaced (``snapshots_per_node=1``)."""
+        settings = settings if settings is not None else StoreSettings()
+        if tuning:
+            settings = dataclasses.replace(settings, **tuning)
+        snapshot_retention_s, snapshots_per_node = settings.snapshot_retention_s, settings.snapshots_per_node
+        verdict_retention_s = settings.verdict_retention_s
+        snapshot_max_bytes, snapshot_budget_bytes = settings.snapshot_max_bytes, settings.snapshot_budget_bytes
         self.path = Path(path)
         self.snapshot_max_bytes = snapshot_max_bytes
         self.snapshot_budget_bytes = snapshot_budget_bytes
@@ -475,7 +497,4 @@ def _change(row: tuple) -> VerdictChange:
 
 def open_store(settings: Any, clock: Callable[[], float] = time.time) -> Store:
     """The store with the retention ``settings`` (a ``monitor.web.settings.Settings``) asks for."""
-    return Store(settings.db, snapshot_retention_s=settings.snapshot_retention_s,
-                 snapshots_per_node=settings.snapshots_per_node, verdict_retention_s=settings.verdict_retention_s,
-                 clock=clock, snapshot_max_bytes=settings.snapshot_max_bytes,
-                 snapshot_budget_bytes=settings.snapshot_budget_bytes)
+    return Store(settings.db, settings, clock=clock)

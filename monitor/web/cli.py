@@ -18,7 +18,7 @@ from hangwatch_common.env_names import unknown_variables_warning
 from hangwatch_common.settings import add_flags, given
 from monitor.web.app import create_app
 from monitor.web.auth import TokenFileError
-from monitor.web.http_guard import ConnectionLimits, connection_cap, guarded_protocol, raise_open_file_limit
+from monitor.web.http_guard import connection_cap, guarded_protocol, raise_open_file_limit
 from monitor.web.log_limit import limit_repeated_logs
 from monitor.web.settings import Settings, SettingsError
 from monitor.storage.store import open_store
@@ -73,9 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except TokenFileError as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        limits = ConnectionLimits(settings.max_connections, settings.header_timeout_s, settings.body_timeout_s,
-                                  settings.max_header_bytes, settings.max_headers)
-        protocol = guarded_protocol(limits, connection_cap(limits, raise_open_file_limit()), app.state.http_stats)
+        # The settings are the connection limits (Settings inherits ConnectionLimits).
+        protocol = guarded_protocol(settings, connection_cap(settings, raise_open_file_limit()), app.state.http_stats)
         limit_repeated_logs()
         ssl = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)} \
             if settings.ssl_certfile else {}

@@ -32,6 +32,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from hangwatch_common.settings import setting
+
 # File descriptors left for the database, logs, token files and the process's own pipes.
 RESERVED_FDS = 64
 CLOSE_REASONS = ("header_timeout", "body_timeout", "evicted_idle", "refused_full", "header_too_large")
@@ -53,12 +55,15 @@ class HeadTooLarge(Exception):
 
 @dataclass(frozen=True)
 class ConnectionLimits:
-    max_connections: int = 4096
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
+    """The monitor's and the relay's settings of these names (they inherit them), declared here."""
+
+    max_connections: int = setting(4096, help="open connections at most (kept under the open-file limit)", at_least=1)
+    header_timeout_s: float = setting(10.0, help="seconds a client may take over a request's headers", positive=True)
+    body_timeout_s: float = setting(30.0, help="seconds a client may take over a request's body", positive=True)
     # An agent's request head is under 1 KB; a browser's with cookies a few KB.
-    max_header_bytes: int = 32 * 1024
-    max_headers: int = 64
+    max_header_bytes: int = setting(32 * 1024, help="largest request head (request line and headers): 431 past it",
+                                    at_least=1024)
+    max_headers: int = setting(64, help="most headers in a request: 431 past it", at_least=1)
 
 
 def raise_open_file_limit() -> int:

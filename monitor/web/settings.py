@@ -18,6 +18,8 @@ from typing import Any
 
 from hangwatch_common.settings import PREFIX, SettingsError, build, gather, setting
 from monitor.engine.engine_settings import MIN_STRAGGLER_WINDOW_S, EngineSettings
+from monitor.storage.store import StoreSettings
+from monitor.web.http_guard import ConnectionLimits
 from monitor.storage.capture_store import MAX_TOTAL_BYTES as CAPTURE_MAX_BYTES, RETENTION_S as CAPTURE_RETENTION_S
 
 ENV_PREFIX = PREFIX
@@ -47,7 +49,7 @@ def _web_address(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class Settings(EngineSettings):
+class Settings(EngineSettings, StoreSettings, ConnectionLimits):
     host: str = setting("127.0.0.1", help="address to listen on")
     port: int = setting(8787, help="port to listen on", at_least=1, at_most=65535)
     state_dir: Path | None = setting(None, help="the directory of the default database (monitor.db in it)",
@@ -57,14 +59,6 @@ class Settings(EngineSettings):
     log_level: str = setting("info", help="how much the monitor logs", choices=LOG_LEVELS)
     # Bodies above this are refused with 413 (checked on Content-Length and while streaming).
     max_body_bytes: int = setting(8 * 1024 * 1024, help="largest accepted report (413 past it)", at_least=1024)
-    snapshot_retention_s: float = setting(900.0, help="seconds a snapshot is kept (and only the newest few per node)",
-                                          positive=True)
-    snapshots_per_node: int = setting(3, help="snapshots kept per node", at_least=1)
-    # Past the budget only nodes that have a snapshot may replace theirs (monitor/storage/store.py).
-    snapshot_max_bytes: int = setting(1024 * 1024, help="largest snapshot kept (compressed)", at_least=1024)
-    snapshot_budget_bytes: int = setting(1024 * 1024 * 1024, help="all snapshots together at most", at_least=1024)
-    verdict_retention_s: float = setting(30 * 86400.0, help="seconds verdict changes (each job's history) are kept",
-                                         positive=True)
     # The newest report per node wins, every node's picture stays fresh within a few seconds, diagnosis goes on.
     shed_lag_s: float = setting(0.5, help="when the event loop runs this far behind, reports from nodes heard from "
                                 "within the shed-keep time are refused with 503 and Retry-After", positive=True)
@@ -82,13 +76,6 @@ class Settings(EngineSettings):
                                        shown_default="captures/ beside the database")
     capture_max_bytes: int = setting(CAPTURE_MAX_BYTES, help="all capture bundles together at most", positive=True)
     capture_retention_s: float = setting(CAPTURE_RETENTION_S, help="seconds a capture bundle is kept", positive=True)
-    # Connection guards (monitor/web/http_guard.py).
-    max_connections: int = setting(4096, help="open connections at most (kept under the open-file limit)", at_least=1)
-    header_timeout_s: float = setting(10.0, help="seconds a client may take over a request's headers", positive=True)
-    body_timeout_s: float = setting(30.0, help="seconds a client may take over a request's body", positive=True)
-    max_header_bytes: int = setting(32 * 1024, help="largest request head (request line and headers): 431 past it",
-                                    at_least=1024)
-    max_headers: int = setting(64, help="most headers in a request: 431 past it", at_least=1)
     # Token files (monitor/web/auth.py); a kind of request whose file is not set is open.
     token_file: Path | None = setting(None, help="agents' tokens, one per line: TOKEN, or NODE TOKEN to bind it to a "
                                       "node; unset: reports are not authenticated")
