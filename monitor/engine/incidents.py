@@ -17,6 +17,8 @@ Pure: verdict changes in, incidents and node rankings out.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -50,7 +52,7 @@ class Incident:
     ended_at: float | None
 
 
-@dataclass
+@dataclass(frozen=True)
 class SuspectNode:
     node: str
     # The distinct jobs whose incidents named the node, newest first.
@@ -92,15 +94,14 @@ def _incident(changes: list[Change], ended_at: float | None) -> Incident:
 def suspect_nodes(found: Iterable[Incident], since: float) -> list[SuspectNode]:
     """Nodes named as culprits by incidents that lasted into ``[since, ...)``, most distinct jobs
     first (then most incidents, then the latest)."""
-    nodes: dict[str, SuspectNode] = {}
+    named: dict[str, list[Incident]] = {}
     for incident in sorted(found, key=lambda i: i.started_at, reverse=True):
         if incident.ended_at is not None and incident.ended_at < since:
             continue
         for name in incident.culprit_nodes:
-            node = nodes.setdefault(name, SuspectNode(name))
-            node.incidents += 1
-            node.verdicts[incident.verdict] = node.verdicts.get(incident.verdict, 0) + 1
-            node.last_at = max(node.last_at, incident.started_at)
-            if incident.job_id not in node.jobs:
-                node.jobs.append(incident.job_id)
-    return sorted(nodes.values(), key=lambda n: (-len(n.jobs), -n.incidents, -n.last_at, n.node))
+            named.setdefault(name, []).append(incident)
+    nodes = [SuspectNode(name, jobs=list(dict.fromkeys(i.job_id for i in found_here)), incidents=len(found_here),
+                         verdicts=dict(Counter(i.verdict for i in found_here)),
+                         last_at=max(0.0, *(i.started_at for i in found_here)))
+             for name, found_here in named.items()]
+    return sorted(nodes, key=lambda n: (-len(n.jobs), -n.incidents, -n.last_at, n.node))

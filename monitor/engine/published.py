@@ -90,6 +90,19 @@ class CaptureFigures:
 
 
 @dataclass(frozen=True)
+class MonitorStatus:
+    """What every /diagnose answer says of the monitor itself: cheap to take on each read."""
+
+    at: float
+    nodes: int
+    jobs: int
+    last_pass_at: float | None
+    last_pass_s: float
+    # None while the database takes every write; else why not (history is held in memory).
+    storage_problem: str | None
+
+
+@dataclass(frozen=True)
 class MonitorFigures:
     """The monitor's own counters at one moment, for /metrics and the status beside /diagnose."""
 

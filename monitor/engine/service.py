@@ -25,8 +25,8 @@ from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.ingest.fastwire import decode_report
 from monitor.ingest.job_track import JobTrack
 from monitor.ingest.limits import Limits, Refusal, check_report
-from monitor.engine.published import (CaptureFigures, JobResult, MonitorFigures, NodeSummary, RankConflict,
-                                       StoreFigures, TimelineSpans)
+from monitor.engine.published import (CaptureFigures, JobResult, MonitorFigures, MonitorStatus, NodeSummary,
+                                       RankConflict, StoreFigures, TimelineSpans)
 from monitor.engine.engine_settings import EngineSettings
 from monitor.engine.rank_timeline import RankTimeline
 from monitor.engine.verdict_ledger import VerdictLedger
@@ -234,7 +234,7 @@ class Monitor:
 
     def refusal(self, report: Any) -> Refusal | None:
         """Why the monitor must not take ``report`` in as things stand (monitor/ingest/limits.py); None
-        when it may. A question only: ``make_room`` is the step that forgets to let it in."""
+        when it may. It forgets nothing: ``make_room`` is the step that forgets to let it in."""
         with self._lock:
             state = self._state
             known = state.nodes.get(report.node)
@@ -388,7 +388,7 @@ class Monitor:
             for per_job in (self._results, self._revisions, self._settled):
                 for gone in set(per_job) - known:
                     del per_job[gone]
-            self._ledger.keep_only(known)
+            self._ledger.keep_only(known, now)
             if self.actions is not None:
                 self.actions.keep_only(known)
             if self.captures is not None:
@@ -586,6 +586,11 @@ class Monitor:
             spans = self._timeline.spans(job_id, now, chosen)
             return TimelineSpans(now, self._timeline.window_s, len(kept), tuple(
                 (rank, tuple((run.start, run.end, run.state) for run in runs)) for rank, runs in spans.items()))
+
+    def status(self) -> MonitorStatus:
+        with self._lock:
+            return MonitorStatus(self.clock(), len(self._state.nodes), len(self._state.jobs), self.last_pass_at,
+                                 self.last_pass_s, self.store.health.problem)
 
     def figures(self) -> MonitorFigures:
         """The monitor's own counters, copied at one moment (/metrics renders them on a worker thread)."""

@@ -7,6 +7,7 @@ through ``MonitorFigures``.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Collection
 
 from monitor.diagnosis import Diagnosis, JobView
@@ -15,6 +16,12 @@ from monitor.engine.incidents import ENDS_INCIDENT, INCIDENT_VERDICTS
 from monitor.storage.store import Store, VerdictChange
 
 VerdictKey = tuple[str, tuple[int, ...]]
+# A forgotten job's last verdicts are kept this long: its agents' reports kept through an outage (at
+# most an hour old: service.MAX_REPLAY_AGE_S), or the job reporting again after a restart that found it
+# silent, must not record what its history already says a second time.
+FORGOTTEN_KEPT_S = 3600.0
+# At most this many forgotten jobs' verdicts, the oldest dropped first (~200 bytes each).
+FORGOTTEN_KEPT_MAX = 100_000
 
 
 class VerdictLedger:
@@ -27,6 +34,8 @@ class VerdictLedger:
         # recording them at their own times.
         self._last: dict[str, VerdictKey] = {}
         self._last_replayed: dict[str, VerdictKey] = {}
+        # Jobs the monitor forgot: (when, last, last replayed), oldest first (``keep_only``).
+        self._forgotten: OrderedDict[str, tuple[float, VerdictKey | None, VerdictKey | None]] = OrderedDict()
         # Incidents that named each node, by (node, verdict), since this process started; the nodes
         # each job's open incident named so far.
         self.node_incidents: dict[tuple[str, str], int] = {}
@@ -56,6 +65,11 @@ class VerdictLedger:
                live: bool) -> None:
         """A history row when the verdict or its culprits changed on this timeline (live or replayed)."""
         key = (published.verdict, tuple(published.culprit_ranks))
+        forgotten = self._forgotten.pop(job_id, None)
+        if forgotten is not None:  # back within FORGOTTEN_KEPT_S: its history goes on from where it was
+            for held, value in ((self._last, forgotten[1]), (self._last_replayed, forgotten[2])):
+                if value is not None:
+                    held.setdefault(job_id, value)
         last = self._last if live else self._last_replayed
         if last.get(job_id) == key:
             return
@@ -79,8 +93,15 @@ class VerdictLedger:
                     named.add(node)
                     self.node_incidents[node, verdict] = self.node_incidents.get((node, verdict), 0) + 1
 
-    def keep_only(self, known: Collection[str]) -> None:
-        """What it keeps per job goes with the job (the per-node totals stay: they are since the start)."""
-        for per_job in (self._last, self._last_replayed, self._costs, self._incident_nodes):
+    def keep_only(self, known: Collection[str], now: float) -> None:
+        """What it keeps per job goes with the job (the per-node totals stay: they are since the start);
+        a forgotten job's last verdicts are kept a while longer (FORGOTTEN_KEPT_S)."""
+        for job_id in (self._last.keys() | self._last_replayed.keys()) - known:
+            self._forgotten[job_id] = (now, self._last.pop(job_id, None), self._last_replayed.pop(job_id, None))
+            self._forgotten.move_to_end(job_id)
+        while self._forgotten and (len(self._forgotten) > FORGOTTEN_KEPT_MAX
+                                   or now - next(iter(self._forgotten.values()))[0] > FORGOTTEN_KEPT_S):
+            self._forgotten.popitem(last=False)
+        for per_job in (self._costs, self._incident_nodes):
             for gone in per_job.keys() - known:
                 del per_job[gone]

@@ -38,9 +38,10 @@ RANK_SERIES_MAX_RANKS = 1024
 
 
 def render_metrics(results: Sequence[JobResult], figures: MonitorFigures, suspects: Sequence[SuspectNode],
-                   guard: LoadGuard, http: HttpStats) -> bytes:
-    """The scrape, from what the engine published: ``results`` and ``figures`` are immutable, so
-    this runs on a worker thread while reports keep arriving."""
+                   load: Sequence[Family], http: Sequence[Family]) -> bytes:
+    """The scrape, from what the engine published (``results``, ``figures``: immutable) and the web
+    layer's own families taken on the event loop (``load_families``, ``http_families``): it touches
+    nothing live, so it runs on a worker thread while reports keep arriving."""
 
     verdict = Family("hangwatch_job_verdict", "1 for the job's current verdict, 0 for the others")
     last_progress = Family("hangwatch_job_last_progress_timestamp_seconds",
@@ -147,14 +148,11 @@ def render_metrics(results: Sequence[JobResult], figures: MonitorFigures, suspec
     families = [build_info(), verdict, info, last_progress, culprits, lost_rank, lost_gpu, world, ranks_by_state, cpu_total, cpu_ratio, step, up,
                 rank_progress, wait_ratio, rank_state, culprit, last_report, collector_up, collector_errors,
                 dump_failures, agent_cpu, agent_memory, reports, rejected]
-    return render([*families, *own_families(figures, suspects, guard), *http_families(http), *process_families()])
+    return render([*families, *own_families(figures, suspects, load), *http, *process_families()])
 
 
-def own_families(figures: MonitorFigures, suspects: Sequence[SuspectNode], guard: LoadGuard) -> list[Family]:
-    """The monitor's own load: is it keeping up with its agents."""
-    store = figures.store
-    full = Family("hangwatch_monitor_full_reports", "Accepted reports that were full (not deltas)", "counter")
-    full.add("", float(figures.full_reports_total))
+def load_families(guard: LoadGuard) -> list[Family]:
+    """The event loop's load, read on the event loop (where the guard's probes write it)."""
     shed = Family("hangwatch_monitor_reports_shed",
                   "Reports refused with 503 because the monitor was past capacity", "counter")
     shed.add("", float(guard.shed_total))
@@ -163,6 +161,14 @@ def own_families(figures: MonitorFigures, suspects: Sequence[SuspectNode], guard
     lag_probes = lag_histogram(guard)
     overloaded = Family("hangwatch_monitor_overloaded", "1 while the monitor sheds reports (loop lag past the limit)")
     overloaded.add("", 1.0 if guard.overloaded else 0.0)
+    return [shed, lag, lag_probes, overloaded]
+
+
+def own_families(figures: MonitorFigures, suspects: Sequence[SuspectNode], load: Sequence[Family]) -> list[Family]:
+    """The monitor's own load: is it keeping up with its agents."""
+    store = figures.store
+    full = Family("hangwatch_monitor_full_reports", "Accepted reports that were full (not deltas)", "counter")
+    full.add("", float(figures.full_reports_total))
     pass_s = Family("hangwatch_monitor_diagnosis_pass_seconds", "Wall time of the last diagnosis pass over all jobs")
     pass_s.add("", figures.last_pass_s)
     pass_at = Family("hangwatch_monitor_last_diagnosis_timestamp_seconds", "Unix time the last diagnosis pass ended")
@@ -242,7 +248,7 @@ def own_families(figures: MonitorFigures, suspects: Sequence[SuspectNode], guard
         parts.add(labels(("outcome",), ("received",)), float(figures.captures.parts_received))
         parts.add(labels(("outcome",), ("refused",)), float(figures.captures.parts_refused))
         kept.add("", float(figures.captures.total_bytes))
-    return [full, shed, lag, lag_probes, overloaded, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
+    return [full, *load, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
             in_memory, write_failures, unsaved, dropped, refused, snapshot_bytes, displaced, claims, incidents, node_lost, culprit_jobs, ranks, actions,
             captures, parts, kept]
 
@@ -276,4 +282,4 @@ def http_families(http: HttpStats) -> list[Family]:
     return [unauthorized, open_connections, closed]
 
 
-__all__ = ["RANK_LABELS", "RANK_STATES", "render_metrics"]
+__all__ = ["RANK_LABELS", "RANK_STATES", "http_families", "load_families", "render_metrics"]

@@ -8,6 +8,7 @@ results") keeps the record modules out of monitor.present, monitor.web and monit
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import subprocess
@@ -16,7 +17,7 @@ import threading
 from pathlib import Path
 
 from monitor.diagnosis import Diagnosis
-from monitor.engine.published import JobResult, MonitorFigures, TimelineSpans
+from monitor.engine.published import MonitorFigures, TimelineSpans
 from monitor.engine.service import Monitor
 from monitor.storage.store import Store
 from monitor.ingest.fastwire import decode_report
@@ -49,25 +50,91 @@ def test_what_a_monitor_shows_in_public_is_immutable_or_a_collaborator(tmp_path)
         store.close()
 
 
+# Every public member of Monitor, by what it is. A new one fails here until it is put in its place: a
+# read must return what ``_assert_detached`` accepts (checked below, on a job with every kind of data).
+READS = {"results", "status", "figures", "nodes", "rank_timeline", "job_ids", "node_ids", "resolve", "knows_job",
+         "history", "suspect_nodes", "cached_suspect_nodes"}
+WRITES = {"ingest", "refusal", "make_room", "without_jobs", "reject", "replay", "tick", "tick_steps"}
+
+
+def test_every_public_member_of_the_monitor_is_a_known_read_or_write():
+    public = {name for name in dir(Monitor) if not name.startswith("_")}
+    assert public == READS | WRITES, "classify the new member: a read returns published copies only"
+
+
+def _host(name: str, address: str) -> dict:
+    return {"hostname": name, "interfaces": [{"name": "eth0", "addresses": [f"{address}/24"]}]}
+
+
+def _rich_monitor(store: Store) -> Monitor:
+    """A job under two spellings (an alias), a rank claimed by a second node (a conflict), progress of
+    its own and of the job's log, costs under an alarm."""
+    monitor = Monitor(store, clock=lambda: 100.0, confirm_alarms=False,
+                      diagnose=lambda view: Diagnosis("deadlock", (1,), 99.0, "stuck"))
+    points = {"step": 7, "pattern": "step", "recent": [[99.0, 6], [100.0, 7]]}
+    monitor.ingest(_report(node="node-a", host=_host("node-a", "10.0.0.1"), sent_at=100.0,
+                           ranks=[rank(job_id="node-a:29500", rank=0, world_size=3, progress=points)]),
+                   received_at=100.0)
+    monitor.ingest(_report(node="node-b", host=_host("node-b", "10.0.0.2"), sent_at=100.0,
+                           ranks=[rank(job_id="10.0.0.1:29500", rank=1, world_size=3, pid=2001)]),
+                   received_at=100.0)
+    monitor.ingest(_report(node="node-c", host=_host("node-c", "10.0.0.3"), sent_at=100.0,
+                           ranks=[rank(job_id="10.0.0.1:29500", rank=1, world_size=3, pid=5001)]),
+                   received_at=100.0)
+    return monitor
+
+
 def test_published_results_hold_no_live_record(tmp_path):
-    """Every value reachable from a published result is a frozen dataclass, a tuple, a frozenset or a
-    plain value (the dicts it holds are its own copies, made when it was published)."""
+    """Every value reachable from what a read returns is a frozen dataclass, a tuple, a frozenset or a
+    plain value (the dicts and lists it holds are its own, made for it), and none is an object the
+    live records hold."""
     store = Store(tmp_path / "m.db", clock=lambda: 100.0)
     try:
-        monitor = Monitor(store, clock=lambda: 100.0, confirm_alarms=False,
-                          diagnose=lambda view: Diagnosis("deadlock", (1,), 99.0, "stuck"))
-        monitor.ingest(_report(sent_at=100.0), received_at=100.0)
+        monitor = _rich_monitor(store)
         [result] = monitor.results()
-        _assert_detached(result, "result")
-        _assert_detached(monitor.figures(), "figures")
-        _assert_detached(monitor.rank_timeline(result.view.job_id, 100.0, (1,), limit=4), "timeline")
-        assert isinstance(result, JobResult)
-        monitor.ingest(_report(sent_at=101.0), received_at=101.0)
+        assert result.aliases and result.rank_conflicts and any(r.progress_points for r in result.view.ranks)
+        job_id = result.view.job_id
+        live = _live_objects(monitor._state)
+        for name, value in {"results": monitor.results(), "status": monitor.status(), "figures": monitor.figures(),
+                            "nodes": monitor.nodes(), "job_ids": monitor.job_ids(), "node_ids": monitor.node_ids(),
+                            "rank_timeline": monitor.rank_timeline(job_id, 100.0, (1,), limit=4),
+                            "resolve": monitor.resolve("10.0.0.1:29500"), "knows_job": monitor.knows_job(job_id),
+                            "history": monitor.history(job_id), "suspect_nodes": monitor.suspect_nodes(60.0),
+                            "cached_suspect_nodes": monitor.cached_suspect_nodes()}.items():
+            _assert_detached(value, name, live=live)
         # A new report makes a new result; the one published before is left as it was.
+        monitor.ingest(_report(node="node-a", host=_host("node-a", "10.0.0.1"), sent_at=101.0,
+                               ranks=[rank(job_id="node-a:29500", rank=0, world_size=3)]), received_at=101.0)
         [newer] = monitor.results(101.0)
         assert newer is not result and result.view.now == 100.0
     finally:
         store.close()
+
+
+def _live_objects(root: object) -> set[int]:
+    """The ids of every mutable object the live records reach (their dicts, lists, deques, sets, records)."""
+    seen: set[int] = set()
+    mutable: set[int] = set()
+    stack = [root]
+    while stack:
+        value = stack.pop()
+        if id(value) in seen or isinstance(value, (int, float, bool, str, bytes, type(None))):
+            continue
+        seen.add(id(value))
+        if isinstance(value, dict):
+            mutable.add(id(value))
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, set, collections.deque)):
+            mutable.add(id(value))
+            stack.extend(value)
+        elif isinstance(value, (tuple, frozenset)):
+            stack.extend(value)
+        elif hasattr(value, "__dict__") and not callable(value):
+            if not (dataclasses.is_dataclass(value) and type(value).__dataclass_params__.frozen):
+                mutable.add(id(value))
+            stack.extend(vars(value).values())
+    return mutable
 
 
 def _immutable(value: object) -> bool:
@@ -79,26 +146,27 @@ def _report(**fields):
     return decode_report(json.dumps(report(**fields)))
 
 
-def _assert_detached(value: object, path: str, seen: set[int] | None = None) -> None:
+def _assert_detached(value: object, path: str, seen: set[int] | None = None, live: set[int] = frozenset()) -> None:
     seen = set() if seen is None else seen
     if id(value) in seen:
         return
     seen.add(id(value))
+    assert id(value) not in live, f"{path} is an object the live records hold"
     if isinstance(value, (int, float, bool, str, bytes, type(None))):
         return
-    if isinstance(value, (tuple, frozenset)):
+    if isinstance(value, (tuple, frozenset, list)):  # a list: made for the caller
         for i, item in enumerate(value):
-            _assert_detached(item, f"{path}[{i}]", seen)
+            _assert_detached(item, f"{path}[{i}]", seen, live)
         return
     if isinstance(value, dict):  # a copy made at publication: checked for what it holds
         for key, item in value.items():
-            _assert_detached(key, f"{path}.key", seen)
-            _assert_detached(item, f"{path}[{key!r}]", seen)
+            _assert_detached(key, f"{path}.key", seen, live)
+            _assert_detached(item, f"{path}[{key!r}]", seen, live)
         return
     assert dataclasses.is_dataclass(value) and type(value).__dataclass_params__.frozen, \
         f"{path} is a {type(value).__name__}, not a frozen value"
     for f in dataclasses.fields(value):
-        _assert_detached(getattr(value, f.name), f"{path}.{f.name}", seen)
+        _assert_detached(getattr(value, f.name), f"{path}.{f.name}", seen, live)
 
 
 def test_figures_and_timelines_are_read_while_reports_arrive(tmp_path):
@@ -134,3 +202,11 @@ def test_figures_and_timelines_are_read_while_reports_arrive(tmp_path):
         assert monitor.figures().jobs == 400
     finally:
         store.close()
+
+
+def test_the_import_contracts_hold():
+    """pyproject.toml's contracts, the read boundary's among them (scripts/test.sh runs them too)."""
+    found = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"], cwd=ROOT,
+                           capture_output=True, text=True)
+    assert found.returncode == 0, found.stdout[-4000:] + found.stderr[-2000:]
+    assert "Answers and routes read published results, not live records KEPT" in found.stdout

@@ -53,19 +53,19 @@ TIMELINE_LIMIT_MAX = 100_000
 def monitor_status(request: Request, monitor: Monitor) -> dict[str, Any]:
     """The monitor's own health, beside the jobs: is it keeping up, and how old are its verdicts."""
     guard = request.app.state.load_guard
-    figures = monitor.figures()
-    now = figures.at
+    status = monitor.status()
+    now = status.at
     return {
         "overloaded": guard.overloaded,
         "loop_lag_s": round(guard.lag_s, 3),
         "reports_shed_last_minute": guard.shed_recently(time.monotonic()),
-        "diagnosis_pass_at": figures.last_pass_at,
-        "diagnosis_pass_s": round(figures.last_pass_s, 3),
-        "verdicts_age_s": round(now - figures.last_pass_at, 3) if figures.last_pass_at is not None else None,
-        "nodes": figures.nodes,
-        "jobs": figures.jobs,
+        "diagnosis_pass_at": status.last_pass_at,
+        "diagnosis_pass_s": round(status.last_pass_s, 3),
+        "verdicts_age_s": round(now - status.last_pass_at, 3) if status.last_pass_at is not None else None,
+        "nodes": status.nodes,
+        "jobs": status.jobs,
         # None while the database takes every write; else why not (history is held in memory).
-        "storage_problem": figures.store.problem,
+        "storage_problem": status.storage_problem,
         # Where the status page links to (monitor/web/page_links.py).
         "links": page_links(request.app.state.settings),
     }
@@ -175,8 +175,8 @@ async def get_history(job_id: str, monitor: MonitorDep) -> JSONResponse:
 
 
 async def _history(job_id: str, monitor: Monitor) -> list[dict[str, Any]]:
-    # A database read (after queued writes land): keep it off the event loop.
-    changes = await run_in_threadpool(monitor.history, job_id)
+    # A database read (after queued writes land): off the event loop, of the id resolved on it.
+    changes = await run_in_threadpool(monitor.store.verdict_history, monitor.resolve(job_id))
     if not changes and not monitor.knows_job(job_id):
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
     return [{"at": c.at, "verdict": c.verdict, "culprit_ranks": list(c.culprit_ranks), "summary": c.summary}

@@ -14,12 +14,11 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
-from monitor.web.http_guard import HttpStats
-from monitor.web.load import LoadGuard
-from monitor.web.metrics import render_metrics
+from monitor.web.exposition import Family
+from monitor.web.metrics import http_families, load_families, render_metrics
 from monitor.web.routes.deps import MonitorDep
+from monitor.engine.incidents import SuspectNode
 from monitor.engine.published import JobResult, MonitorFigures
-from monitor.engine.service import Monitor
 
 router = APIRouter()
 # zlib's fastest level: measured on 10,000 simulated ranks (17 MB), 20x smaller in 22 ms; level 6
@@ -50,10 +49,9 @@ def accepts_gzip(accept_encoding: str | None) -> bool:
     return False
 
 
-def scrape_body(monitor: Monitor, results: Sequence[JobResult], figures: MonitorFigures, guard: LoadGuard,
-                http: HttpStats, compress: bool) -> bytes:
-    # The suspect nodes are a database read, at most once a minute: off the event loop too.
-    body = render_metrics(results, figures, monitor.cached_suspect_nodes(), guard, http)
+def scrape_body(results: Sequence[JobResult], figures: MonitorFigures, suspects: Sequence[SuspectNode],
+                load: Sequence[Family], http: Sequence[Family], compress: bool) -> bytes:
+    body = render_metrics(results, figures, suspects, load, http)
     # mtime=0: the same text compresses to the same bytes.
     return gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0) if compress else body
 
@@ -61,11 +59,14 @@ def scrape_body(monitor: Monitor, results: Sequence[JobResult], figures: Monitor
 @router.get("/metrics")
 async def get_metrics(request: Request, monitor: MonitorDep) -> Response:
     compress = accepts_gzip(request.headers.get("accept-encoding"))
-    # What the engine published, taken here on the event loop; rendered (and compressed) on a worker
-    # thread from those immutable copies: ~150,000 series at 10,000 ranks must not hold up ingest.
+    # What the engine published and the web layer's own figures, taken here on the event loop; rendered
+    # (and compressed) on a worker thread from those copies: ~150,000 series at 10,000 ranks must not
+    # hold up ingest.
     results, figures = monitor.results(), monitor.figures()
-    body = await run_in_threadpool(scrape_body, monitor, results, figures, request.app.state.load_guard,
-                                   request.app.state.http_stats, compress)
+    load, http = load_families(request.app.state.load_guard), http_families(request.app.state.http_stats)
+    # The suspect nodes are a database read, at most once a minute: off the event loop too.
+    suspects = await run_in_threadpool(monitor.cached_suspect_nodes)
+    body = await run_in_threadpool(scrape_body, results, figures, suspects, load, http, compress)
     # Vary on both answers: a cache between Prometheus and the monitor keeps the two apart.
     headers = {"Vary": "Accept-Encoding", **({"Content-Encoding": "gzip"} if compress else {})}
     return Response(body, media_type=CONTENT_TYPE_LATEST, headers=headers)
