@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
+from hangwatch_common.settings import setting
+
 # The agent writes "node" among the first keys; the shed decision reads it without decoding.
 _NODE_FIELD = re.compile(rb'"node"\s*:\s*"([A-Za-z0-9_.:\-]{1,128})"')
 NODE_PEEK_BYTES = 512
@@ -36,10 +38,21 @@ def peek_node(body: bytes) -> str | None:
     return match.group(1).decode() if match else None
 
 
+@dataclass(frozen=True)
+class ShedSettings:
+    """The monitor's settings of these names (monitor/web/settings.py inherits them), declared here."""
+
+    # The newest report per node wins, every node's picture stays fresh within a few seconds, diagnosis goes on.
+    shed_lag_s: float = setting(0.5, help="when the event loop runs this far behind, reports from nodes heard from "
+                                "within the shed-keep time are refused with 503 and Retry-After", positive=True)
+    shed_keep_s: float = setting(5.0, help="seconds within which a node heard from may have a report shed",
+                                 positive=True)
+
+
 @dataclass
 class LoadGuard:
-    shed_lag_s: float = 0.5
-    shed_keep_s: float = 5.0
+    shed_lag_s: float = ShedSettings.shed_lag_s
+    shed_keep_s: float = ShedSettings.shed_keep_s
     lag_s: float = 0.0
     shed_total: int = 0
     _lags: deque[tuple[float, float]] = field(default_factory=deque)

@@ -20,6 +20,7 @@ from hangwatch_common.settings import PREFIX, SettingsError, build, gather, sett
 from monitor.engine.engine_settings import MIN_STRAGGLER_WINDOW_S, EngineSettings
 from monitor.storage.store import StoreSettings
 from monitor.web.http_guard import ConnectionLimits
+from monitor.web.load import ShedSettings
 from monitor.storage.capture_store import MAX_TOTAL_BYTES as CAPTURE_MAX_BYTES, RETENTION_S as CAPTURE_RETENTION_S
 
 ENV_PREFIX = PREFIX
@@ -49,7 +50,7 @@ def _web_address(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class Settings(EngineSettings, StoreSettings, ConnectionLimits):
+class Settings(EngineSettings, StoreSettings, ConnectionLimits, ShedSettings):
     host: str = setting("127.0.0.1", help="address to listen on")
     port: int = setting(8787, help="port to listen on", at_least=1, at_most=65535)
     state_dir: Path | None = setting(None, help="the directory of the default database (monitor.db in it)",
@@ -59,11 +60,6 @@ class Settings(EngineSettings, StoreSettings, ConnectionLimits):
     log_level: str = setting("info", help="how much the monitor logs", choices=LOG_LEVELS)
     # Bodies above this are refused with 413 (checked on Content-Length and while streaming).
     max_body_bytes: int = setting(8 * 1024 * 1024, help="largest accepted report (413 past it)", at_least=1024)
-    # The newest report per node wins, every node's picture stays fresh within a few seconds, diagnosis goes on.
-    shed_lag_s: float = setting(0.5, help="when the event loop runs this far behind, reports from nodes heard from "
-                                "within the shed-keep time are refused with 503 and Retry-After", positive=True)
-    shed_keep_s: float = setting(5.0, help="seconds within which a node heard from may have a report shed",
-                                 positive=True)
     # monitor/engine/actions/config.py
     actions_file: Path | None = setting(None, aliases=("--actions",), help="opt-in actions on verdicts: a TOML file of "
                                         "rules (command, webhook, or signals the agents send); dry run unless it says "
