@@ -1,15 +1,16 @@
-"""The monitor's core: accepted reports in, diagnosed jobs out, verdict changes recorded.
+"""The monitor's engine: accepted reports in, diagnosed jobs published, verdict changes recorded.
 
-Routes, the metrics collector and the background tick all go through ``Monitor``;
-it owns the in-memory state and writes through to the ``Store``.
+``Monitor`` owns the live records (monitor/ingest/) behind its lock and writes through to the
+``Store``. What it hands out is published (monitor/engine/published.py): immutable results and
+copies of its figures, which routes, answers and /metrics read without a lock.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-import dataclasses
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
