@@ -14,6 +14,7 @@ from typing import Any
 
 from monitor.diagnosis import Diagnosis, JobView
 from monitor.engine.job_names import job_names
+from monitor.storage.store import StoreFigures
 
 
 @dataclass(frozen=True)
@@ -62,23 +63,6 @@ class NodeSummary:
     # The agent's own use (agent.selfwatch), when it reports it.
     agent_cpu_percent: float | None = None
     agent_rss_bytes: int | None = None
-
-
-@dataclass(frozen=True)
-class StoreFigures:
-    """The database's state (monitor/storage/store.py ``StoreHealth``), copied."""
-
-    ok: bool
-    problem: str | None
-    in_memory: bool
-    write_failures: tuple[tuple[str, int], ...]
-    snapshots_written: int
-    snapshots_dropped: int
-    snapshots_too_large: int
-    snapshots_over_budget: int
-    snapshot_bytes: int | None
-    backlog: int
-    unsaved: int
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,10 @@ from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.ingest.fastwire import decode_report
 from monitor.ingest.job_track import JobTrack
 from monitor.ingest.limits import Limits, Refusal, check_report
-from monitor.engine.published import (CaptureFigures, JobResult, MonitorFigures, MonitorStatus, NodeSummary,
-                                       RankConflict, StoreFigures, TimelineSpans)
+from monitor.engine.published import (JobResult, MonitorFigures, MonitorStatus, NodeSummary, RankConflict,
+                                       TimelineSpans)
 from monitor.engine.engine_settings import EngineSettings
+from monitor.engine.figures import capture_figures, node_summaries
 from monitor.engine.rank_timeline import RankTimeline
 from monitor.engine.verdict_ledger import VerdictLedger
 from monitor.ingest.state import MonitorState
@@ -595,11 +596,8 @@ class Monitor:
 
     def figures(self) -> MonitorFigures:
         """The monitor's own counters, copied at one moment (/metrics renders them on a worker thread)."""
-        store = self.store
-        health = store.health
         with self._lock:
-            state = self._state
-            actions, captures = self.actions, self.captures
+            state, actions = self._state, self.actions
             return MonitorFigures(
                 at=self.clock(),
                 nodes=len(state.nodes),
@@ -616,19 +614,10 @@ class Monitor:
                 rejected=tuple(sorted(self._rejected.items())),
                 node_incidents=tuple(sorted(self._ledger.node_incidents.items())),
                 node_lost_gpu_seconds=tuple(sorted(self._ledger.node_lost_gpu_seconds.items())),
-                node_summaries=tuple(self._node_summaries()),
-                # The store's writer thread moves these: each is read once, a copy of its own.
-                store=StoreFigures(
-                    ok=health.ok, problem=health.problem, in_memory=health.in_memory,
-                    write_failures=tuple(sorted(dict(health.write_failures).items())),
-                    snapshots_written=store.snapshots_written, snapshots_dropped=health.snapshots_dropped,
-                    snapshots_too_large=health.snapshots_too_large,
-                    snapshots_over_budget=health.snapshots_over_budget, snapshot_bytes=store.snapshot_bytes,
-                    backlog=store.backlog, unsaved=store.unsaved),
+                node_summaries=tuple(node_summaries(state.nodes)),
+                store=self.store.figures(),
                 action_counts=None if actions is None else tuple(sorted(dict(actions.counts).items())),
-                captures=None if captures is None else CaptureFigures(
-                    captures.requested, captures.store.parts_received, captures.store.parts_refused,
-                    captures.store.total_bytes),
+                captures=capture_figures(self.captures),
             )
 
     def knows_job(self, job_id: str) -> bool:
@@ -637,21 +626,8 @@ class Monitor:
 
     def nodes(self) -> list[NodeSummary]:
         with self._lock:
-            return self._node_summaries()
+            return node_summaries(self._state.nodes)
 
-    def _node_summaries(self) -> list[NodeSummary]:
-        return [
-            NodeSummary(
-                n.node,
-                n.last_report_at,
-                tuple((c.name, c.ok) for c in n.collectors),
-                tuple(sorted(n.collector_errors.items())),
-                n.stack_failures,
-                n.agent.cpu_percent if n.agent else None,
-                n.agent.rss_bytes if n.agent else None,
-            )
-            for n in sorted(self._state.nodes.values(), key=lambda n: n.node)
-        ]
 
 def _culprit_nodes(view: JobView, culprit_ranks: Iterable[int]) -> tuple[str, ...]:
     """The nodes the culprit ranks run on, sorted; none without culprits (no walk over the ranks)."""

@@ -140,6 +140,23 @@ class StoreHealth:
     unsaved_dropped: int = 0
 
 
+@dataclass(frozen=True)
+class StoreFigures:
+    """The database's state (``StoreHealth``) and queues, copied at one moment (``Store.figures``)."""
+
+    ok: bool
+    problem: str | None
+    in_memory: bool
+    write_failures: tuple[tuple[str, int], ...]
+    snapshots_written: int
+    snapshots_dropped: int
+    snapshots_too_large: int
+    snapshots_over_budget: int
+    snapshot_bytes: int | None
+    backlog: int
+    unsaved: int
+
+
 def failure_reason(exc: BaseException) -> str:
     """A short name for a database failure, a label of hangwatch_monitor_store_write_failures."""
     text = str(exc).lower()
@@ -267,6 +284,17 @@ class Store:
     def flush(self) -> None:
         """Wait until every queued write is committed (or, failing, kept in memory)."""
         self._queue.join()
+
+    def figures(self) -> StoreFigures:
+        """What /metrics and /diagnose show of the store. The writer thread moves these as it goes: each
+        is read once, a copy of its own (``dict()`` of the failures: one step under the GIL)."""
+        health = self.health
+        return StoreFigures(
+            ok=health.ok, problem=health.problem, in_memory=health.in_memory,
+            write_failures=tuple(sorted(dict(health.write_failures).items())),
+            snapshots_written=self.snapshots_written, snapshots_dropped=health.snapshots_dropped,
+            snapshots_too_large=health.snapshots_too_large, snapshots_over_budget=health.snapshots_over_budget,
+            snapshot_bytes=self.snapshot_bytes, backlog=self.backlog, unsaved=self.unsaved)
 
     @property
     def backlog(self) -> int:
