@@ -107,6 +107,28 @@ class LogPhaseReport(_Strict):
     line: LineStr = ""
 
 
+NonNegative = Annotated[Float, Field(ge=0)]
+Count = Annotated[Int, Field(ge=0)]
+
+
+class TcpInfoReport(_Strict):
+    """How well the link carries one established connection: the kernel's tcp_info for it, read through
+    sock_diag as `ss -ti` does (agent/tcp_info.py). Rates are over the interval since the agent's
+    previous reading of the same connection (null on the first)."""
+
+    rtt_ms: Annotated[NonNegative, Field(le=1e7)] | None = None  # smoothed round-trip time
+    # The lowest round-trip time in the kernel's window (tcp_min_rtt_wlen, 5 minutes by default): the
+    # link's own delay, so rtt_ms far above it is queueing on the way.
+    min_rtt_ms: Annotated[NonNegative, Field(le=1e7)] | None = None
+    total_retrans: Count | None = None  # segments retransmitted over the connection's life
+    retrans_per_s: Annotated[NonNegative, Field(le=1e9)] | None = None
+    lost: Count | None = None  # segments the kernel presumes lost right now
+    unacked: Count | None = None  # segments sent and not yet acknowledged
+    notsent_bytes: Count | None = None  # queued by the process, not yet sent
+    delivery_rate_bps: Annotated[NonNegative, Field(le=1e15)] | None = None  # bytes per second
+    bytes_acked_per_s: Annotated[NonNegative, Field(le=1e15)] | None = None  # sent and acknowledged
+
+
 class SocketReport(_Strict):
     """One TCP socket of a process (from /proc/PID/net/tcp{,6} and /proc/PID/fd)."""
 
@@ -116,6 +138,21 @@ class SocketReport(_Strict):
     state: Annotated[str, Field(max_length=16)]
     tx_queue: Int | None = None
     rx_queue: Int | None = None
+    # Established connections only, where the kernel answers sock_diag; null elsewhere.
+    tcp: TcpInfoReport | None = None
+
+
+class SchedReport(_Strict):
+    """How much CPU the rank was denied, over the interval since the agent's previous sample."""
+
+    # Share of the interval (100 = all of it) the rank's main thread sat runnable in a run queue,
+    # waiting for a core (/proc/PID/schedstat's run_delay): a neighbour on its cores, or a pinning
+    # to too few of them.
+    run_queue_wait_percent: Annotated[NonNegative, Field(le=1e4)] | None = None
+    # Share of the interval its cgroup was throttled by its CPU quota (cpu.stat's throttled time),
+    # and the cgroup (its path under the cgroup root).
+    cpu_throttled_percent: Annotated[NonNegative, Field(le=1e4)] | None = None
+    cgroup: Annotated[str, Field(max_length=1024, pattern=r"^[^\x00-\x1f\x7f]*$")] = ""
 
 
 class ErrorFileReport(_Strict):
@@ -224,6 +261,8 @@ class RankReport(_Strict):
     flight_recorder: FlightRecorderReport | None = None
     # null: the rank does not look stuck, or its main thread is in no file-system call.
     blocked_io: BlockedIoReport | None = None
+    # null: not read (an agent before it, a kernel without schedstat, the first sample).
+    sched: SchedReport | None = None
 
 
 class LauncherReport(_Strict):
