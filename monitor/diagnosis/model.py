@@ -92,6 +92,13 @@ class Socket:
     state: str  # SYN_SENT, ESTABLISHED, LISTEN, ...
     # Since when (monitor clock) this connection has been in this state, as far as seen.
     since: float | None = None
+    # How well the link carries it (an established connection whose tcp_info the agent read): the
+    # smoothed round-trip time and the lowest of the last minutes (the link's own delay), segments
+    # retransmitted per second, and bytes queued to send.
+    rtt_ms: float | None = None
+    min_rtt_ms: float | None = None
+    retrans_per_s: float | None = None
+    send_queue_bytes: int | None = None
 
     @property
     def remote_host(self) -> str:
@@ -221,6 +228,12 @@ class RankView:
     # The launcher its agent saw, and how the agent knew the rank ("env:RANK", "mp.spawn:start-order").
     launcher: str | None = None
     identified_by: str | None = None
+    # CPU time denied to it, in percent of wall time, as levels like ``cpu_level_percent`` (the median
+    # over the same window): its main thread runnable in a run queue, waiting for a core (a
+    # neighbour on its cores), and its cgroup throttled by a CPU quota. None until measured.
+    run_queue_wait_level_percent: float | None = None
+    cpu_throttled_level_percent: float | None = None
+    cgroup: str | None = None
 
     def env_value(self, name: str) -> str | None:
         return dict(self.env).get(name)
@@ -312,6 +325,21 @@ class NcclComm:
 
 
 @dataclass(frozen=True)
+class PaceView:
+    """The job's pace against its own best (monitor.ingest.pace): seconds per progress event now and at
+    its best settled stretch of the last hour, their ratio (> 1: slower), since when it has been
+    slow (SLOW_RATIO times the baseline or more), and goodput (progress made over what the baseline
+    pace makes in the same time, since the baseline settled; 1 at pace, 0 stalled)."""
+
+    baseline_s: float
+    now_s: float
+    ratio: float
+    slow_since: float | None = None
+    goodput: float | None = None
+    settled_at: float | None = None
+
+
+@dataclass(frozen=True)
 class JobView:
     job_id: str
     world_size: int
@@ -361,6 +389,8 @@ class JobView:
     pauses_by_site: tuple[tuple[str, float], ...] = ()
     # Seconds per step from the job-level log's numbered steps (the recent median), when known.
     job_step_time_s: float | None = None
+    # The job's pace against its own history; None until a baseline settled.
+    pace: PaceView | None = None
 
 
 RankState = Literal[

@@ -10,10 +10,9 @@ from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S, BlockedIo
 from monitor.ingest.job_track import JobTrack
 from monitor.engine.nccl_views import job_nccl
 from monitor.ingest.tracks import LauncherTrack, NodeTrack, RankTrack, SocketKey, is_fresh
-from monitor.ingest.wire import BlockedIoReport, HostReport
+from monitor.ingest.wire import BlockedIoReport, HostReport, SocketReport
 
 T = TypeVar("T")
-
 
 
 def rank_view(track: RankTrack) -> RankView:
@@ -43,6 +42,7 @@ def _build_rank_view(track: RankTrack) -> RankView:
     gpu = [g.utilization_percent for g in rr.gpus if g.utilization_percent is not None]
     # Ingest replaces these containers when they change (never edits them in place).
     sockets_since, env, log_errors = track.sockets_since, track.env, track.log_errors
+    reports = track.socket_reports  # replaced together with sockets_since
     return RankView(
         rank=track.rank,
         node=track.node,
@@ -54,7 +54,7 @@ def _build_rank_view(track: RankTrack) -> RankView:
         proc_state=track.proc_state,
         state_since=track.state_since,
         cpu_percent=rr.cpu_percent,
-        cpu_level_percent=track.cpu_level,
+        cpu_level_percent=track.cpu.value,
         idle_since=track.idle_since,
         write_bytes_per_s=rr.write_bytes_per_s,
         moved_at=track.moved_at,
@@ -66,7 +66,7 @@ def _build_rank_view(track: RankTrack) -> RankView:
         log_phase=track.log_phase,
         log_errors=_part(track, "log_errors", log_errors, lambda: tuple(log_errors)),
         env=_part(track, "env", env, lambda: tuple(sorted(env.items()))),
-        sockets=_part(track, "sockets", sockets_since, lambda: sockets_view(sockets_since)),
+        sockets=_part(track, "sockets", reports, lambda: sockets_view(sockets_since, reports)),
         error_file_message=track.error_file_message,
         compute_dtype=track.compute_dtype,
         compute_dtype_line=track.compute_dtype_line,
@@ -83,6 +83,9 @@ def _build_rank_view(track: RankTrack) -> RankView:
                               lambda: tuple(track.progress_points)),
         launcher=rr.launcher,
         identified_by=rr.identified_by,
+        run_queue_wait_level_percent=track.run_queue_wait.value,
+        cpu_throttled_level_percent=track.cpu_throttled.value,
+        cgroup=track.cgroup,
     )
 
 
@@ -135,8 +138,18 @@ def launcher_view(track: LauncherTrack) -> LauncherView:
     )
 
 
-def sockets_view(since: Mapping[SocketKey, float]) -> tuple[Socket, ...]:
-    return tuple(Socket(local, remote, state, at) for (local, remote, state), at in since.items())
+def sockets_view(since: Mapping[SocketKey, float],
+                 reports: Mapping[SocketKey, SocketReport] | None = None) -> tuple[Socket, ...]:
+    return tuple(_socket(key, at, reports.get(key) if reports else None) for key, at in since.items())
+
+
+def _socket(key: SocketKey, since: float, report: SocketReport | None) -> Socket:
+    local, remote, state = key
+    tcp = report.tcp if report is not None else None
+    if tcp is None:
+        return Socket(local, remote, state, since, send_queue_bytes=report.tx_queue if report is not None else None)
+    return Socket(local, remote, state, since, rtt_ms=tcp.rtt_ms, min_rtt_ms=tcp.min_rtt_ms,
+                  retrans_per_s=tcp.retrans_per_s, send_queue_bytes=report.tx_queue)
 
 
 def host_facts(host: HostReport) -> HostFacts:
@@ -201,6 +214,7 @@ def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float,
         longest_pause_s=job.longest_pause_s,
         pauses_by_site=tuple(job.pauses_by_site.items()),
         job_step_time_s=seconds_per_step(job.progress_points),
+        pace=job.pace.view(now),
     )
 
 

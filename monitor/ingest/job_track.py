@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from monitor.ingest.pace import JobPace
 from monitor.ingest.tracks import (
     PROGRESS_HISTORY,
     PROGRESS_POINTS_KEPT,
@@ -78,6 +79,8 @@ class JobTrack:
     nodes_by_world: dict[int, set[str]] = field(default_factory=dict)
     # When each node first brought a rank of the job (monitor/engine/attribution.py: a node that joined late).
     node_joined_at: dict[str, float] = field(default_factory=dict)
+    # The job's pace against its own history (monitor.ingest.pace).
+    pace: JobPace = field(default_factory=lambda: JobPace())
 
     def note_pause(self, site: str, seconds: float) -> None:
         """A rank came back from a pause of ``seconds`` at ``site`` ("" where no stack saw it)."""

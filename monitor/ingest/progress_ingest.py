@@ -25,6 +25,9 @@ def apply_progress(
     changed = cursor.events is not None and p.events != cursor.events
     first_sight = cursor.events is None
     cursor.events = p.events
+    if changed or first_sight:
+        source = ("job", node, p.source) if p.scope == "job" else ("rank", str(track.rank))
+        job.pace.note(source, received_at, p.events)
     points = [(t, step) for t, step in p.recent if cursor.mark is None or t > cursor.mark]
     new = [t for t, _ in points]
     if not new and (changed or (first_sight and p.events > 0)):

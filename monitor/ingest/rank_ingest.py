@@ -20,7 +20,7 @@ from monitor.ingest.flight_recorder_views import flight_record
 from monitor.ingest.job_track import JobTrack
 from monitor.ingest.progress_ingest import apply_progress
 from monitor.ingest.tracks import LauncherTrack, RankTrack, SocketKey
-from monitor.ingest.wire import ExitReport, LauncherReport, RankReport, SocketReport, StackReport
+from monitor.ingest.wire import ExitReport, LauncherReport, RankReport, SchedReport, SocketReport, StackReport
 
 _Reported = TypeVar("_Reported", RankReport, LauncherReport)
 
@@ -97,8 +97,10 @@ def apply_rank(
     main_cpu = rr.threads.main_cpu_percent if rr.threads is not None else None
     if main_cpu is not None and main_cpu > 0:
         track.main_moved_at = received_at
+    if rr.sched is not None:
+        _apply_sched(track, rr.sched, received_at, cpu_level_window_s)
     if rr.cpu_percent is not None:
-        track.add_cpu_sample(received_at, rr.cpu_percent, cpu_level_window_s)
+        track.cpu.add(received_at, rr.cpu_percent, cpu_level_window_s)
         # Idle is neither computing nor moving data: a rank sending over a slow link or
         # writing a checkpoint at low CPU is at work.
         if rr.cpu_percent < IDLE_CPU_PERCENT and not moving:
@@ -146,6 +148,7 @@ def apply_rank(
         _note_held(job, track, site)
     if rr.sockets is not None:  # None: a delta report, sockets unchanged
         track.sockets_since = _sockets_since(track.sockets_since, rr.sockets, received_at)
+        track.socket_reports = {(s.local, s.remote, s.state): s for s in rr.sockets}
     if rr.env:
         track.env = dict(rr.env)
     if rr.error_file is not None and rr.error_file.message:
@@ -168,6 +171,16 @@ def apply_rank(
         track.flight_recorder = flight_record(rr.flight_recorder, offset)
     if rr.progress is not None:
         apply_progress(job, track, node, rr.progress, received_at, offset)
+
+
+def _apply_sched(track: RankTrack, sched: SchedReport, received_at: float, window_s: float) -> None:
+    """The CPU denied to the rank over the agent's last interval, into its levels."""
+    if sched.run_queue_wait_percent is not None:
+        track.run_queue_wait.add(received_at, sched.run_queue_wait_percent, window_s)
+    if sched.cpu_throttled_percent is not None:
+        track.cpu_throttled.add(received_at, sched.cpu_throttled_percent, window_s)
+    if sched.cgroup:
+        track.cgroup = sched.cgroup
 
 
 def _note_held(job: JobTrack, track: RankTrack, site: str | None) -> None:

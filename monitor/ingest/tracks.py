@@ -23,6 +23,7 @@ from monitor.ingest.wire import (
     NcclRasReport,
     OrphanReport,
     RankReport,
+    SocketReport,
 )
 
 PROGRESS_HISTORY = 64
@@ -32,8 +33,8 @@ PROGRESS_POINTS_KEPT = 120
 WAIT_SAMPLES_KEPT = 1024
 WAIT_SHARE_WINDOW_S = 600.0
 WAIT_SHARE_MIN_SAMPLES = 5
-# Per-report CPU samples kept per rank for its steady level (monitor.diagnosis.slow_rank).
-CPU_SAMPLES_KEPT = 120
+# Per-report samples kept per rank for each steady level (monitor.diagnosis.slow_rank).
+LEVEL_SAMPLES_KEPT = 120
 
 RankKey = tuple[str, int]
 # A launcher on one node: (job_id, pid).
@@ -51,6 +52,34 @@ class ProgressCursor:
 
     events: int | None = None
     mark: float | None = None
+
+
+@dataclass
+class Level:
+    """A rank's steady level of a per-report figure: the median of its samples over a window,
+    worked out again once a sixth of the window has passed, from at least half a window's samples
+    spanning two thirds of it (one report a second: 15 samples over 20 s of the default half-minute).
+    None until the window holds enough (monitor.diagnosis.slow_rank)."""
+
+    # Made at the first sample: most ranks of most agents never send some of the figures.
+    samples: deque[tuple[float, float]] | None = None
+    value: float | None = None
+    at: float | None = None
+
+    def add(self, at: float, sample: float, window_s: float = CPU_LEVEL_WINDOW_S) -> None:
+        samples = self.samples
+        if samples is None:
+            samples = self.samples = deque(maxlen=LEVEL_SAMPLES_KEPT)
+        samples.append((at, sample))
+        while samples[0][0] < at - window_s:
+            samples.popleft()
+        if self.at is not None and at - self.at < window_s * CPU_LEVEL_EVERY:
+            return
+        self.at = at
+        if len(samples) < window_s * CPU_LEVEL_MIN_SAMPLES or at - samples[0][0] < window_s * CPU_LEVEL_MIN_SPAN:
+            self.value = None
+            return
+        self.value = median(p for _, p in samples)
 
 
 @dataclass
@@ -124,27 +153,14 @@ class RankTrack:
 
     # How many of ``wait_samples`` waited: kept with them, so the share costs nothing per pass.
     wait_samples_waiting: int = 0
-    # (monitor time, CPU percent) per report, and the median over CPU_LEVEL_WINDOW_S, worked out at
-    # cpu_level_at (None until the window holds enough samples).
-    cpu_samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=CPU_SAMPLES_KEPT))
-    cpu_level: float | None = None
-    cpu_level_at: float | None = None
-
-    def add_cpu_sample(self, at: float, percent: float, window_s: float = CPU_LEVEL_WINDOW_S) -> None:
-        """One report's CPU; the level (the median over ``window_s``) is worked out again once a sixth
-        of the window has passed, from at least half a window's samples spanning two thirds of it
-        (one report a second: 15 samples over 20 s of the default half-minute)."""
-        samples = self.cpu_samples
-        samples.append((at, percent))
-        while samples[0][0] < at - window_s:
-            samples.popleft()
-        if self.cpu_level_at is not None and at - self.cpu_level_at < window_s * CPU_LEVEL_EVERY:
-            return
-        self.cpu_level_at = at
-        if len(samples) < window_s * CPU_LEVEL_MIN_SAMPLES or at - samples[0][0] < window_s * CPU_LEVEL_MIN_SPAN:
-            self.cpu_level = None
-            return
-        self.cpu_level = median(p for _, p in samples)
+    # Per-report levels (medians over the straggler window): the CPU it used, and the CPU denied to
+    # it (its main thread waiting in a run queue; its cgroup throttled by a quota).
+    cpu: Level = field(default_factory=lambda: Level())
+    run_queue_wait: Level = field(default_factory=lambda: Level())
+    cpu_throttled: Level = field(default_factory=lambda: Level())
+    cgroup: str | None = None
+    # The latest full list of its sockets, by key (a delta report leaves it as it was).
+    socket_reports: dict[SocketKey, SocketReport] = field(default_factory=dict)
 
     def add_wait_sample(self, taken_at: float, waiting: bool) -> None:
         """One more stack sample; samples older than the window before it are dropped."""

@@ -101,30 +101,30 @@ def _track() -> RankTrack:
 def test_a_rank_level_is_the_median_of_a_full_enough_window_worked_out_every_few_seconds() -> None:
     track = _track()
     for t in range(20):
-        track.add_cpu_sample(float(t), 50.0)
-    assert track.cpu_level is None  # 20 samples, but over 19 s: the window is not full enough
-    track.add_cpu_sample(20.0, 50.0)
-    assert track.cpu_level == 50.0
+        track.cpu.add(float(t), 50.0)
+    assert track.cpu.value is None  # 20 samples, but over 19 s: the window is not full enough
+    track.cpu.add(20.0, 50.0)
+    assert track.cpu.value == 50.0
     # A burst on rank 0 (a log flush, a short evaluation) under half the window leaves the level.
     for t in range(21, 31):
-        track.add_cpu_sample(float(t), 100.0)
-    assert track.cpu_level == 50.0
+        track.cpu.add(float(t), 100.0)
+    assert track.cpu.value == 50.0
     # Once the busy stretch fills most of the window, the level follows it.
     for t in range(31, 51):
-        track.add_cpu_sample(float(t), 100.0)
-    assert track.cpu_level == 100.0
+        track.cpu.add(float(t), 100.0)
+    assert track.cpu.value == 100.0
     # Samples older than the window are dropped; the level is redone at most every 5 s.
-    assert track.cpu_samples[0][0] >= 50 - CPU_LEVEL_WINDOW_S
-    level_at = track.cpu_level_at
-    track.add_cpu_sample(51.0, 0.0)
-    assert track.cpu_level_at == level_at
+    assert track.cpu.samples[0][0] >= 50 - CPU_LEVEL_WINDOW_S
+    level_at = track.cpu.at
+    track.cpu.add(51.0, 0.0)
+    assert track.cpu.at == level_at
 
 
 def test_a_shorter_window_gives_levels_sooner_and_judges_steadiness_over_itself() -> None:
     track = _track()
     for t in range(9):
-        track.add_cpu_sample(float(t), 50.0, window_s=12.0)
-    assert track.cpu_level == 50.0  # 6 samples over 8 s: two thirds of a 12-s window
+        track.cpu.add(float(t), 50.0, window_s=12.0)
+    assert track.cpu.value == 50.0  # 6 samples over 8 s: two thirds of a 12-s window
     # The rule looks for steady steps over the job's own window: a 20-s silence that ended 15 s ago
     # spoils a 30-s window but not a 12-s one.
     resumed = tuple(sorted(steps(NOW - 35, 1.0, count=10) + steps(NOW - 0.5, 1.0, count=15)))
