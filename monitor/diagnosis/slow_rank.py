@@ -14,8 +14,9 @@ The rule reads levels only while they mean work per step:
   checkpoint or an evaluation inside it puts one rank's busy stretch against the others' wait;
 - no rank with GPUs: NCCL ranks spin at 100% CPU while they wait, so CPU cannot rank them (the
   GPUs' own utilisation counts the NCCL kernel's wait as busy too);
-- a rank starved of CPU time (a cgroup quota, a neighbour on its core) is slow at the same CPU
-  level as the peers that wait for it: this rule cannot see it (its run-queue delay could);
+- a rank starved of CPU time (a cgroup quota, a neighbour on its core) is slow at a lower CPU level
+  than the peers that wait for it: the kernel's count of the time it was denied names it
+  (diagnosis.denied_cpu), and while ranks are denied unevenly CPU levels are not compared at all;
 - the named ranks must stand clear of the rest (MIN_RATIO and MIN_MARGIN_PERCENT above the others'
   median, and well outside their spread) and be few (at most one rank in MAX_SHARE_DENOMINATOR):
   a pipeline's busiest stage or a job split into two halves is a shape, not a straggler.
@@ -26,6 +27,7 @@ from __future__ import annotations
 from statistics import median, median_low
 
 from monitor.diagnosis.context import Context, ranks_text
+from monitor.diagnosis.denied_cpu import starved_ranks, uneven
 from monitor.diagnosis.model import Diagnosis
 
 # A rank's level (monitor.ingest.tracks keeps it): the median of its per-report CPU over a window
@@ -59,6 +61,9 @@ def slow_ranks(ctx: Context) -> Diagnosis | None:
     """``straggler`` naming the ranks that set the pace of a job that still steps, or None."""
     if not _steady(ctx):
         return None
+    starved = starved_ranks(ctx)
+    if starved is not None or uneven(ctx):
+        return starved  # a rank denied CPU does less work a second than it needs: levels do not compare
     live = ctx.live()
     if any(a.rank.gpu_utilization_percent is not None for a in live):
         return None

@@ -11,6 +11,7 @@ from monitor.diagnosis.held import phase_void, stuck_in_io, stuck_io_text
 from monitor.diagnosis.model import Diagnosis, WaitGroup
 from monitor.diagnosis.nccl import with_nccl
 from monitor.diagnosis.phases import fresh_log_phase, phase_grace_s
+from monitor.diagnosis.slow_network import slow_communication
 from monitor.diagnosis.stacks import REGULAR_COLLECTIVES
 
 BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
@@ -266,12 +267,8 @@ def _stall(ctx: Context, since: float | None) -> Diagnosis:
             ],
         )
     if waiting and any(a.kind == "sending" for a in waiting):
-        return ctx.diagnosis(
-            "stalled", (), since,
-            "no progress, but ranks in collectives are still sending data: slow communication, not a deadlock",
-            evidence,
-            ["Check the links between nodes (bandwidth, packet loss); set GLOO_SOCKET_IFNAME to the fast NIC."],
-        )
+        # Bytes still move: the network carries the step slowly; nothing is hung.
+        return slow_communication(ctx, since, evidence)
     if waiting and not unknown:
         return _deadlock(ctx, since, waiting, idle, evidence)
     if idle and not waiting and not busy and not unknown:

@@ -20,6 +20,7 @@ from monitor.diagnosis.lifecycle import ended_ranks, stopped_ranks
 from monitor.diagnosis.model import Diagnosis, JobView
 from monitor.diagnosis.rendezvous import launch_failed, launcher_waiting, rendezvous
 from monitor.diagnosis.silence import agents_silent, replays_arriving
+from monitor.diagnosis.slow_network import slow_network, slower_than_usual
 from monitor.diagnosis.slow_rank import slow_ranks
 from monitor.diagnosis.stall import comm_share_text, stall
 from monitor.diagnosis.verdict_catalogue import ALARMS
@@ -126,6 +127,10 @@ def _healthy(ctx: Context) -> Diagnosis:
     if share:
         summary += f"; {share}"
         evidence.append(share)
+    slower = slower_than_usual(ctx)
+    if slower:
+        summary += f"; {slower}"
+        evidence.append(slower)
     states = {a.rank.rank: "running" for a in ctx.live() if a.kind in ("computing", "unknown", "idle")}
     return ctx.diagnosis("healthy", (), None, summary, evidence, states=states)
 
@@ -148,7 +153,7 @@ def diagnose(job: JobView) -> Diagnosis:
         # state may say otherwise (diagnosis.held), and outranks it.
         held = held_stall(job, _held_floor(ctx))
         if held is None:
-            return slow_ranks(ctx) or _healthy(ctx)
+            return slow_ranks(ctx) or slow_network(ctx) or _healthy(ctx)
         ctx = _discounted(ctx, held)
         stalled, since = True, held.since
     if _still_gathering(ctx, held):

@@ -71,6 +71,9 @@ CATALOGUE: tuple[VerdictEntry, ...] = (
     # The monitor cannot tell: the agent of a node running the job has gone silent (or the
     # monitor has just restarted and waits for fresh reports).
     VerdictEntry("unknown", "warning", "unknown", None, False, "agent-silent"),
+    # Still stepping, at a third of its own pace or less, its ranks waiting on the network: confirmed
+    # over several slow readings, since a single slow step is no trend.
+    VerdictEntry("slow_network", "warning", "slow network", 10.0, True, "slow-network"),
 )
 
 BY_NAME: dict[str, VerdictEntry] = {v.name: v for v in CATALOGUE}

@@ -119,8 +119,10 @@ class JobPace:
             return None
         baseline = self.candidates[0][1]
         last_at = self.samples[-1][0]
-        # Silence since the last event is a step at least that long: a fall shows before it ends.
-        now_s = max(self.measures[-1], now - last_at)
+        # Silence since the last event is a step at least that long, once it is as long as a measure:
+        # a fall shows before its first slow step ends. (A shorter one is the agent's reading rhythm.)
+        silent = now - last_at
+        now_s = max(self.measures[-1], silent) if silent >= MEASURE_SPAN_S else self.measures[-1]
         ratio = now_s / baseline if baseline > 0 else 1.0
         if ratio >= SLOW_RATIO:
             if self.slow_since is None:

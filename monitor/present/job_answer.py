@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from monitor.diagnosis import Frame, LauncherView, OrphanView, RankDiagnosis, RankView, Stack
-from monitor.diagnosis.model import FlightRecord
+from monitor.diagnosis.model import FlightRecord, PaceView
 from monitor.diagnosis.stacks import memo
 from monitor.diagnosis.verdict_catalogue import QUIET
 from monitor.present.grouping import group_ranks
@@ -48,6 +48,21 @@ def job_head(result: JobResult) -> dict[str, Any]:
         "culprit_ranks": list(d.culprit_ranks),
         "since": d.since,
         "summary": d.summary,
+        # The job's pace against its own best (monitor/ingest/pace.py); null until it settled.
+        "pace": pace_dict(result.view.pace),
+    }
+
+
+def pace_dict(pace: PaceView | None) -> dict[str, Any] | None:
+    if pace is None:
+        return None
+    return {
+        "ratio": round(pace.ratio, 3),
+        "now_s": round(pace.now_s, 4),
+        "baseline_s": round(pace.baseline_s, 4),
+        "goodput": round(pace.goodput, 3) if pace.goodput is not None else None,
+        "slow_since": pace.slow_since,
+        "settled_at": pace.settled_at,
     }
 
 
@@ -224,6 +239,9 @@ def rank_dict(
         "collective_wait_share": r.collective_wait_share,
         "compute_dtype": r.compute_dtype,
         "gpu_utilization_percent": r.gpu_utilization_percent,
+        # CPU denied to it (medians over the straggler window): waiting in a run queue, throttled by a quota.
+        "run_queue_wait_percent": r.run_queue_wait_level_percent,
+        "cpu_throttled_percent": r.cpu_throttled_level_percent,
         # Recent [time, step] points (monitor clock), oldest first, for the page's chart.
         "progress": list(progress),
         "flight_recorder": flight_recorder_dict(r.flight_recorder),

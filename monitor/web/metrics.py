@@ -66,6 +66,15 @@ def render_metrics(results: Sequence[JobResult], figures: MonitorFigures, suspec
     lost_gpu = Family("hangwatch_job_lost_gpu_seconds",
                       "GPU-seconds the job lost under each alarm verdict (its live ranks with GPUs known)", "counter")
     culprit = Family("hangwatch_rank_culprit", "1 if the diagnosis names this rank as a culprit; node: where it runs")
+    pace_ratio = Family("hangwatch_job_pace_ratio",
+                        "The job's time per progress line now over its best settled pace of the last hour "
+                        "(1 at pace, 3 at a third of it); absent until the pace settled")
+    goodput = Family("hangwatch_job_goodput_ratio",
+                     "Progress the job made over what its best pace makes in the same time, since its pace "
+                     "settled (the last hour at most): 1 at pace, 0 stalled")
+    step_seconds = Family("hangwatch_job_progress_interval_seconds",
+                          "Seconds per progress line: pace=\"now\" (the last 10 s or more), pace=\"baseline\" "
+                          "(the job's best settled pace of the last hour)")
     for result in results:
         view, d = result.view, result.diagnosis
         job = view.job_id
@@ -83,6 +92,12 @@ def render_metrics(results: Sequence[JobResult], figures: MonitorFigures, suspec
         for word, seconds in sorted(result.lost_gpu_seconds.items()):
             lost_gpu.add(labels(("job_id", "verdict"), (job, word)), seconds)
         world.add(job_l, float(view.world_size))
+        if view.pace is not None:
+            pace_ratio.add(job_l, view.pace.ratio)
+            step_seconds.add(labels(("job_id", "pace"), (job, "now")), view.pace.now_s)
+            step_seconds.add(labels(("job_id", "pace"), (job, "baseline")), view.pace.baseline_s)
+            if view.pace.goodput is not None:
+                goodput.add(job_l, view.pace.goodput)
         job_last = view.job_progress_times[-1] if view.job_progress_times else None
         states = {rd.rank: rd.state for rd in d.ranks}
         by_state = Counter(states.values())
@@ -145,7 +160,8 @@ def render_metrics(results: Sequence[JobResult], figures: MonitorFigures, suspec
     for reason, count in figures.rejected:
         rejected.add(labels(("reason",), (reason,)), float(count))
 
-    families = [build_info(), verdict, info, last_progress, culprits, lost_rank, lost_gpu, world, ranks_by_state, cpu_total, cpu_ratio, step, up,
+    families = [build_info(), verdict, info, last_progress, culprits, lost_rank, lost_gpu, world, pace_ratio, goodput,
+                step_seconds, ranks_by_state, cpu_total, cpu_ratio, step, up,
                 rank_progress, wait_ratio, rank_state, culprit, last_report, collector_up, collector_errors,
                 dump_failures, agent_cpu, agent_memory, reports, rejected]
     return render([*families, *own_families(figures, suspects, load), *http, *process_families()])

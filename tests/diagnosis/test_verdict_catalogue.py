@@ -134,10 +134,11 @@ def _readme_verdicts() -> dict[str, str]:
 
 
 def _readme_alarms() -> tuple[frozenset[str], set[float]]:
-    found = re.search(r"An alarm \(([^)]*)\) is published only once the raw readings have named it for ([\d.]+) s",
-                      (ROOT / "README.md").read_text())
+    found = re.search(r"An alarm \(([^)]*)\) is published only once the raw readings have named it for ([\d.]+) s"
+                      r"(?:\s+over\s+two\s+readings\s+\(([\d.]+) s for `\w+`)?", (ROOT / "README.md").read_text())
     assert found
-    return frozenset(re.findall(r"`(\w+)`", found.group(1))), {float(found.group(2))}
+    return (frozenset(re.findall(r"`(\w+)`", found.group(1))),
+            {float(g) for g in found.group(2, 3) if g is not None})
 
 
 def _runbook_anchors() -> set[str]:
