@@ -63,6 +63,29 @@ local lib = import 'lib.libsonnet';
                      'Job %s has made no progress%s and no more specific diagnosis fits (often: no stacks, because the agent cannot ptrace the ranks).'
                      % [job, h.stalledFor(' for ')],
                    ]),
+          jobAlert('HangwatchSlowNetwork', 'slow_network', '5m',
+                   'Training job %s runs slow on its network' % job, [
+                     'Job %s still steps, at a third of its own best pace or less%s, its ranks waiting in collectives: a link between its nodes queues or loses packets (the evidence names the node pair, with round trips and retransmits).'
+                     % [job, '{{ with %s | query }} (1/{{ . | first | value | printf "%%.1f" }} of it){{ end }}' % h.jobQuery('max(hangwatch_job_pace_ratio{SEL})')],
+                     'Nothing is hung: the job burns its time waiting on the network.',
+                   ]),
+          {
+            // Whatever the cause: a job at half its best pace or slower, for long (the pace, not a verdict).
+            alert: 'HangwatchJobSlow',
+            expr: 'max by (%s) (hangwatch_job_pace_ratio%s) >= %g' % [h.by(['job_id']), h.sel(), cfg.slowPaceRatio],
+            'for': cfg.slowPaceFor,
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'Training job %s runs at 1/{{ $value | printf "%%.1f" }} of its usual pace' % job + h.inCluster,
+              description: std.join('\n', [
+                'Each step of job %s takes {{ $value | printf "%%.1f" }} times as long as at its best settled pace of the last hour, for %s now.' % [job, cfg.slowPaceFor],
+                'The verdict names a cause when one is visible (slow_network, straggler, slow_compute); otherwise its summary says what was checked.',
+                'Evidence and stacks: ' + h.diagnoseURL,
+              ]),
+              diagnose_url: h.diagnoseURL,
+              runbook_url: h.runbook('slow-network'),
+            },
+          },
           jobAlert('HangwatchJobUnknown', 'unknown', '5m',
                    'hangwatch cannot see training job %s' % job, [
                      'The agent on a node running job %s has stopped reporting, so the monitor gives no verdict from its old data.' % job,

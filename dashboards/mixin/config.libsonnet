@@ -24,6 +24,10 @@
     // HangwatchNodeCulpritInManyJobs: a node named as a culprit in incidents of this many distinct
     // jobs within the monitor's suspect window (HANGWATCH_SUSPECT_WINDOW_S, 7 days) is a drain candidate.
     suspectNodeJobs: 3,
+    // HangwatchJobSlow: a job whose time per step is this many times its best settled pace of the
+    // last hour (hangwatch_job_pace_ratio), for this long, whatever the cause.
+    slowPaceRatio: 2,
+    slowPaceFor: '30m',
     // Culprits named in one alert at most; the rest are counted.
     culpritsNamed: 10,
 

@@ -70,5 +70,12 @@
     "severity": "warning",
     "colour": "orange",
     "runbook": "agent-silent"
+  },
+  {
+    "name": "slow_network",
+    "label": "slow network",
+    "severity": "warning",
+    "colour": "orange",
+    "runbook": "slow-network"
   }
 ]

@@ -20,7 +20,7 @@ from monitor.web.settings import Settings
 from monitor.storage.store import VerdictChange, open_store
 from hangwatch.demo.harness import LOOPBACK, Reaper, free_port, wait_until_ready
 from tests.monitor.monitor_reports import progress, rank, report, stack
-from tests.monitor.monitor_testkit import TestClient
+from tests.monitor.monitor_testkit import FakeClock, TestClient
 from tests.monitor.real_monitor import running_monitor
 from tests.ops.promserver import PROMTOOL, RECORDING_RULES, RULES, TEST_FOR, rules_for_test, start_prometheus
 
@@ -117,12 +117,18 @@ def test_rules_use_only_metrics_the_monitor_exports(tmp_path: Path) -> None:
     store = open_store(settings)
     # An incident in the history that named node-a (hangwatch_node_culprit_jobs is read from it).
     store.add_verdict(VerdictChange("earlier-job", time.time() - 60, "deadlock", (1,), "stuck", ("node-a",)))
+    clock = FakeClock(time.time())
     try:
-        with TestClient(create_app(settings, store)) as client:
-            body = report(ranks=[rank(rank=0, progress=progress(1, 10, [(time.time(), 10)]),
-                                      stack=stack(time.time())), rank(rank=1)],
-                          collectors=[{"name": "stacks", "ok": True}])
-            assert client.post("/api/v1/reports", json=body).status_code == 202
+        with TestClient(create_app(settings, store, clock=clock)) as client:
+            # Half a minute of steps, a report a second: the job's pace settles (its pace series).
+            for second in range(30):
+                now = clock()
+                body = report(ranks=[rank(rank=0, progress=progress(1 + 5 * second, 10 + 5 * second,
+                                                                    [(now, 10 + 5 * second)]),
+                                          stack=stack(now)), rank(rank=1)],
+                              collectors=[{"name": "stacks", "ok": True}], sent_at=now)
+                assert client.post("/api/v1/reports", json=body).status_code == 202
+                clock.advance(1.0)
             scrape = client.get("/metrics").text
     finally:
         store.close()
