@@ -481,6 +481,15 @@ function linksRow(job, links) {
       rel: "noopener noreferrer", target: "_blank" }, section ? `runbook: ${verdictLabel(job.verdict)}` : "runbook") : null);
 }
 
+// The job's pace against its own best (monitor/ingest/pace.py): null until it settled.
+function paceLine(pace) {
+  if (!pace) return null;
+  const ratio = pace.ratio >= 1.1 ? `1/${pace.ratio.toFixed(1)} of its best` : "at its best";
+  const goodput = pace.goodput === null ? "" : ` · goodput ${(100 * pace.goodput).toFixed(0)}%`;
+  return el("div", { key: "pace", class: pace.ratio >= 3 ? "meta pace slow" : "meta pace" },
+    `pace: ${ratio} (progress every ${pace.now_s.toFixed(2)}s, at best ${pace.baseline_s.toFixed(2)}s)${goodput}`);
+}
+
 function jobCard(job, links) {
   const tone = toneOf(job.verdict);
   const since = job.since === null ? null : el("span", { key: "since", class: "meta" }, `since ${clock(job.since)}`);
@@ -489,6 +498,7 @@ function jobCard(job, links) {
     `world size ${job.world_size ?? "?"} · ${job.ranks_total ?? job.ranks.length} ranks seen · last report ${clock(job.last_report_at)}`);
   const culprits = job.culprit_ranks.length
     ? el("div", { key: "culprits", class: "meta" }, `culprit ranks: ${job.culprit_ranks.join(", ")}`) : null;
+  const pace = paceLine(job.pace);
   const stacks = job.stacks_unavailable_reason
     ? el("div", { key: "no-stacks", class: "meta" }, `stacks unavailable: ${job.stacks_unavailable_reason}`) : null;
   const troubled = job.verdict !== "healthy";
@@ -496,7 +506,7 @@ function jobCard(job, links) {
     el("h2", {}, verdictBadge(job.verdict), el("span", { key: "id" }, job.job_id), known, since, meta),
     linksRow(job, links),
     el("p", { class: "summary" }, job.summary),
-    culprits, stacks,
+    culprits, pace, stacks,
     el("div", { class: "lists" }, listBlock("Evidence", job.evidence), listBlock("Hints", job.hints),
       launcherBlock(job), orphanBlock(job)),
     el("div", { class: "over-time" }, progressChart(job), historyBlock(job)),
