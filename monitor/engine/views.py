@@ -214,7 +214,7 @@ def job_view(job: JobTrack, nodes: Mapping[str, NodeTrack], now: float,
         longest_pause_s=job.longest_pause_s,
         pauses_by_site=tuple(job.pauses_by_site.items()),
         job_step_time_s=seconds_per_step(job.progress_points),
-        pace=job.pace.view(now),
+        pace=job.pace.view(now) if job.pace is not None else None,
     )
 
 

@@ -79,8 +79,9 @@ class JobTrack:
     nodes_by_world: dict[int, set[str]] = field(default_factory=dict)
     # When each node first brought a rank of the job (monitor/engine/attribution.py: a node that joined late).
     node_joined_at: dict[str, float] = field(default_factory=dict)
-    # The job's pace against its own history (monitor.ingest.pace).
-    pace: JobPace = field(default_factory=lambda: JobPace())
+    # The job's pace against its own history (monitor.ingest.pace); made at its first progress (a
+    # job that never logs one, junk included, keeps none).
+    pace: JobPace | None = None
 
     def note_pause(self, site: str, seconds: float) -> None:
         """A rank came back from a pause of ``seconds`` at ``site`` ("" where no stack saw it)."""

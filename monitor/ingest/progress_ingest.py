@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from monitor.ingest.job_track import JobTrack
+from monitor.ingest.pace import JobPace
 from monitor.ingest.tracks import ProgressCursor, RankTrack
 from monitor.ingest.wire import ProgressReport
 
@@ -27,6 +28,8 @@ def apply_progress(
     cursor.events = p.events
     if changed or first_sight:
         source = ("job", node, p.source) if p.scope == "job" else ("rank", str(track.rank))
+        if job.pace is None:
+            job.pace = JobPace()
         job.pace.note(source, received_at, p.events)
     points = [(t, step) for t, step in p.recent if cursor.mark is None or t > cursor.mark]
     new = [t for t, _ in points]
