@@ -207,6 +207,11 @@ class RankView:
     compute_dtype_line: str | None = None
     # Mean utilisation of the rank's GPUs (0-100), when the node has NVML.
     gpu_utilization_percent: float | None = None
+    # Its slowest GPU's SM clock and that GPU's maximum (MHz), and why NVML says any of its GPUs' clocks
+    # are held down now (the reasons that slow work: thermal, power, hardware slowdown).
+    gpu_sm_clock_mhz: int | None = None
+    gpu_max_sm_clock_mhz: int | None = None
+    gpu_slowdown_reasons: tuple[str, ...] = ()
     # Share (0-1) of this rank's recent stack samples that were waiting in a collective:
     # how communication-bound the job is. None until enough samples.
     collective_wait_share: float | None = None

@@ -13,7 +13,8 @@ The rule reads levels only while they mean work per step:
 - the job must be past its warm-up and stepping steadily through the whole window: a stall, a
   checkpoint or an evaluation inside it puts one rank's busy stretch against the others' wait;
 - no rank with GPUs: NCCL ranks spin at 100% CPU while they wait, so CPU cannot rank them (the
-  GPUs' own utilisation counts the NCCL kernel's wait as busy too);
+  GPUs' own utilisation counts the NCCL kernel's wait as busy too); their GPUs' clocks and NVML's
+  reasons for holding them down can (diagnosis.gpu_clocks);
 - a rank starved of CPU time (a cgroup quota, a neighbour on its core) is slow at a lower CPU level
   than the peers that wait for it: the kernel's count of the time it was denied names it
   (diagnosis.denied_cpu), and while ranks are denied unevenly CPU levels are not compared at all;
@@ -28,6 +29,7 @@ from statistics import median, median_low
 
 from monitor.diagnosis.context import Context, ranks_text
 from monitor.diagnosis.denied_cpu import starved_ranks, uneven
+from monitor.diagnosis.gpu_clocks import throttled_gpus
 from monitor.diagnosis.model import Diagnosis
 
 # A rank's level (monitor.ingest.tracks keeps it): the median of its per-report CPU over a window
@@ -66,7 +68,7 @@ def slow_ranks(ctx: Context) -> Diagnosis | None:
         return starved  # a rank denied CPU does less work a second than it needs: levels do not compare
     live = ctx.live()
     if any(a.rank.gpu_utilization_percent is not None for a in live):
-        return None
+        return throttled_gpus(ctx)  # CPU cannot rank GPU ranks; their GPUs' clocks can
     levels = {a.rank.rank: a.rank.cpu_level_percent for a in live if a.rank.cpu_level_percent is not None}
     if len(levels) < 2 or len(levels) < MEASURED_SHARE * len(live):
         return None

@@ -6,11 +6,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from monitor.diagnosis import HostFacts, Interface, JobView, LauncherView, OrphanView, RankView, Socket
+from monitor.diagnosis.gpu_clocks import SLOWDOWN_REASONS
 from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S, BlockedIo
 from monitor.ingest.job_track import JobTrack
 from monitor.engine.nccl_views import job_nccl
 from monitor.ingest.tracks import LauncherTrack, NodeTrack, RankTrack, SocketKey, is_fresh
-from monitor.ingest.wire import BlockedIoReport, HostReport, SocketReport
+from monitor.ingest.wire import BlockedIoReport, GpuReport, HostReport, SocketReport
 
 T = TypeVar("T")
 
@@ -71,6 +72,7 @@ def _build_rank_view(track: RankTrack) -> RankView:
         compute_dtype=track.compute_dtype,
         compute_dtype_line=track.compute_dtype_line,
         gpu_utilization_percent=sum(gpu) / len(gpu) if gpu else None,
+        **_part(track, "gpu_clocks", rr.gpus, lambda: gpu_clocks(rr.gpus)),
         # As of the rank's latest report (not the pass's time), so the view stays valid until it reports.
         collective_wait_share=track.wait_share(track.observed_at),
         flight_recorder=track.flight_recorder,
@@ -87,6 +89,18 @@ def _build_rank_view(track: RankTrack) -> RankView:
         cpu_throttled_level_percent=track.cpu_throttled.value,
         cgroup=track.cgroup,
     )
+
+
+def gpu_clocks(gpus: Iterable[GpuReport]) -> dict[str, object]:
+    """The rank's slowest GPU by its SM clock, and the slowing reasons any of its GPUs gives."""
+    clocked = [g for g in gpus if g.sm_clock_mhz is not None]
+    slowest = min(clocked, key=lambda g: g.sm_clock_mhz or 0, default=None)
+    reasons = sorted({r for g in gpus for r in g.clock_event_reasons if r in SLOWDOWN_REASONS})
+    return {
+        "gpu_sm_clock_mhz": slowest.sm_clock_mhz if slowest is not None else None,
+        "gpu_max_sm_clock_mhz": slowest.max_sm_clock_mhz if slowest is not None else None,
+        "gpu_slowdown_reasons": tuple(reasons),
+    }
 
 
 def held_since(track: RankTrack) -> float | None:

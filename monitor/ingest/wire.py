@@ -168,6 +168,12 @@ class GpuReport(_Strict):
     utilization_percent: Float | None = None
     memory_used_bytes: Int | None = None
     name: ShortStr = ""
+    # The SM clock now and its maximum (NVML), and why the clocks are held down now, by NVML's names
+    # ("hw_slowdown", "sw_thermal_slowdown", "sw_power_cap", ...): a GPU slower than its peers says why.
+    sm_clock_mhz: Annotated[Int, Field(ge=0, le=100_000)] | None = None
+    max_sm_clock_mhz: Annotated[Int, Field(ge=0, le=100_000)] | None = None
+    clock_event_reasons: Annotated[list[Annotated[str, Field(max_length=40, pattern=r"^[a-z_]+$")]],
+                                   Field(max_length=16)] = []
 
 
 class FlightRecorderEntryReport(_Strict):

@@ -136,3 +136,37 @@ def test_uneven_denial_keeps_cpu_levels_from_naming_the_waiting_rank() -> None:
     assert found.verdict == "healthy", found.summary
     by_cpu_alone = diagnose(starved([(40.0, None), (26.0, None)]))
     assert (by_cpu_alone.verdict, by_cpu_alone.culprit_ranks) == ("straggler", (0,))
+
+
+def gpu_ranks(*gpus: tuple[int, tuple[str, ...]]) -> JobView:
+    """GPU ranks stepping (their CPU spins in NCCL), each with (SM clock, NVML slowdown reasons)."""
+    ranks = [rank(r, cpu=100.0, cpu_level_percent=100.0, frames=computing(), active=True, state="R",
+                  gpu_utilization_percent=99.0, gpu_sm_clock_mhz=mhz, gpu_max_sm_clock_mhz=1980,
+                  gpu_slowdown_reasons=reasons, node=f"gpu-node-{r // 8}") for r, (mhz, reasons) in enumerate(gpus)]
+    return job(*ranks, progress=FAST_STEPS)
+
+
+FULL = (1980, ())
+GPU_CASES: list[tuple[str, JobView, str, tuple[int, ...]]] = [
+    ("one GPU of eight held down by a thermal slowdown", gpu_ranks(*[FULL] * 3, (1050, ("hw_thermal_slowdown",)),
+                                                                   *[FULL] * 4), "straggler", (3,)),
+    ("a GPU at a lower clock with no slowing reason (its own boost table): not named",
+     gpu_ranks(*[FULL] * 7, (1500, ())), "healthy", ()),
+    ("every GPU power-capped alike: the room, not a rank",
+     gpu_ranks(*[(1400, ("sw_power_cap",))] * 8), "healthy", ()),
+    ("a GPU held down a little (within 15% of its peers)", gpu_ranks(*[FULL] * 7, (1800, ("sw_power_cap",))),
+     "healthy", ()),
+]
+
+
+@pytest.mark.parametrize(("name", "view", "verdict", "culprits"), GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_gpu_clocks_table(name: str, view: JobView, verdict: str, culprits: tuple[int, ...]) -> None:
+    found = diagnose(view)
+    assert (found.verdict, found.culprit_ranks) == (verdict, culprits), found.summary
+
+
+def test_a_throttled_gpu_is_told_by_its_clock_and_nvmls_reason() -> None:
+    found = diagnose(gpu_ranks(*[FULL] * 3, (1050, ("hw_thermal_slowdown", "sw_power_cap")), *[FULL] * 4))
+    assert found.summary == "rank 3 sets the job's pace: its GPU held down to 1050 MHz against 1980 MHz on the others"
+    assert found.evidence[0] == ("rank 3 on gpu-node-0: its GPU at 1050 MHz of 1980 MHz, held down by NVML's "
+                                 "hardware thermal slowdown, power cap")
