@@ -14,6 +14,9 @@ the smallest report that leaves the monitor with the same picture:
   when the job writes a new one); ``env`` and ``cmdline`` are empty when unchanged (the monitor
   keeps the last non-empty one).
 
+Rates over the interval (``cpu_percent``, ``write_bytes_per_s``, ``sched``: the CPU a rank was
+denied) are sent in every report, changed or not: they say what the last interval was like.
+
 The baseline moves only on delivery, and every delta is taken against the last report the
 monitor acknowledged: it carries everything that changed since, so it is right whether or not
 the posts in between landed (the monitor drops stacks and progress points it already has).

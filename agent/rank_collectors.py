@@ -13,6 +13,7 @@ from agent.exits import ExitWatcher, exit_from_stat
 from agent.logs import LogFollower
 from agent.procio import WriteRateSampler
 from agent.procstat import CpuSampler, start_time
+from agent.sched import SchedSampler
 from agent.sockets import SocketReader
 from agent.stacks import LOW_CPU_PERCENT
 from agent.tick import Tick, Tracked
@@ -85,6 +86,19 @@ class ProcStat:
         elif sample.cpu_percent is not None:
             t.low_cpu_since = None
             t.worked = True
+
+
+class Sched:
+    """CPU the ranks were denied (agent/sched.py): a rate over each interval, so read every tick."""
+
+    def __init__(self, sched: SchedSampler):
+        self.sched = sched
+
+    def collect(self, tick: Tick) -> str | None:
+        def sample(t: Tracked) -> None:
+            t.sched = self.sched.sample(t.proc.pid, tick.now)
+
+        return per_rank(tick.alive, sample)
 
 
 class Exits:
@@ -179,6 +193,7 @@ def register(registry: Registry) -> None:
     signals that follow from those (the logs judge who looks stuck for blocked I/O and sockets)."""
     registry.register("discovery", lambda a: Discover(a.discovery, a.exits, a.boot_time, a.forget))
     registry.register("procstat", lambda a: ProcStat(a.cpu, a.exits, a.config.proc_root))
+    registry.register("sched", lambda a: Sched(a.sched))
     registry.register("exits", lambda a: Exits(a.exits))
     registry.register("procio", lambda a: ProcIo(a.io))
     registry.register("logs", lambda a: Logs(a.logs, a.exits))

@@ -47,6 +47,8 @@ class RankSignals:
     flight_recorder: dict | None = None
     # The file-system call the main thread is blocked in, while the rank looks stuck (agent/blocked_io.py).
     blocked_io: dict | None = None
+    # CPU the rank was denied over the last interval (agent/sched.py); None: not read yet.
+    sched: dict | None = None
 
 
 def rank_report(proc, signals: RankSignals) -> dict:
@@ -84,6 +86,7 @@ def rank_report(proc, signals: RankSignals) -> dict:
         "gpus": list(s.gpus)[:16],
         "flight_recorder": s.flight_recorder,
         "blocked_io": s.blocked_io,
+        "sched": s.sched if s.alive else None,
     }
     if s.sample is not None:
         out.update(

@@ -29,6 +29,7 @@ from agent.procio import WriteRateSampler
 from agent.procstat import CLOCK_TICKS, CpuSampler, boot_time
 from agent.redact import make_redactor
 from agent.report import RankSignals, build_report, rank_report
+from agent.sched import SchedSampler
 from agent.selfwatch import (
     DEFAULT_MAX_CPU_PERCENT,
     DEFAULT_MAX_RSS_MB,
@@ -40,6 +41,7 @@ from agent.signal_orders import RankTarget, SignalOrders
 from agent.sockets import SocketReader
 from agent.stacks import StackError, StackSampler, find_py_spy
 from agent.targets import Dumper
+from agent.tcp_info import TcpInfoReader
 from agent.tick import NodeFindings, Tick, Tracked
 from agent.torch_worker_server import WorkerServerFinder
 
@@ -115,6 +117,7 @@ class Agent:
             redactor=make_redactor(config.redact_patterns, config.default_redaction),
         )
         self.cpu = CpuSampler(root)
+        self.sched = SchedSampler(root)
         self.io = WriteRateSampler(root)
         self.exits = ExitWatcher(root, clock)
         self.logs = LogFollower(root, config.logs, config.step_regex)
@@ -132,7 +135,7 @@ class Agent:
         ))
         self.exit_status = 0  # what the loop ended with: EXIT_OVER_MEMORY past --max-rss-mb
         self.boot_time = boot_time(root)
-        self.sockets = SocketReader(root)
+        self.sockets = SocketReader(root, tcp_info=TcpInfoReader())
         self.gpus = gpus if gpus is not None else GpuCollector()
         self.launchers = LauncherTracker(
             root, self.exits, self.sockets, self.stacks, self.boot_time, CLOCK_TICKS, config.jobs
@@ -161,6 +164,7 @@ class Agent:
         self.exits.stop()
         self.logs.close()
         self.launchers.close()
+        self.sockets.close()
         if self.stacks:
             self.stacks.close()
 
@@ -202,6 +206,7 @@ class Agent:
     def forget(self, pid: int) -> None:
         self.tracked.pop(pid, None)
         self.cpu.forget(pid)
+        self.sched.forget(pid)
         self.io.forget(pid)
         self.exits.forget(pid)
         self.logs.forget(pid)
@@ -308,6 +313,7 @@ class Agent:
             gpus=t.gpus if t.alive else [],
             flight_recorder=self.flight_recorder.latest(pid) if self.flight_recorder else None,
             blocked_io=t.blocked_io if t.alive else None,
+            sched=t.sched,
         )
 
     # --- the loop --------------------------------------------------------------------

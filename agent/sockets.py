@@ -4,7 +4,8 @@ psutil's net_connections() reads the caller's network namespace only; a rank in
 another namespace (a container, a simulated node) shows its own through
 /proc/PID/net/. Its sockets are the entries whose inode one of its fds names
 (``socket:[INODE]``). A namespace's tables are read once per sweep, however
-many ranks share it.
+many ranks share it. Established connections carry the kernel's tcp_info
+(agent/tcp_info.py) where the reader is given one.
 
 Addresses: IPv4 as "a.b.c.d:port", IPv6 as "[addr]:port"; v4-mapped IPv6
 (``::ffff:127.0.0.1``, what a dual-stack listener's peers look like) as plain
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from agent.tcp_info import TcpInfoReader
 
 MAX_SOCKETS = 256
 
@@ -69,6 +72,8 @@ class TcpEntry:
     local_port: int
     tx_queue: int
     rx_queue: int
+    # The TcpInfoReport dict, established connections only (agent/tcp_info.py); None: not read.
+    tcp: dict | None = field(default=None, compare=False)
 
     def report(self) -> dict:
         return {
@@ -77,6 +82,7 @@ class TcpEntry:
             "state": self.state,
             "tx_queue": self.tx_queue,
             "rx_queue": self.rx_queue,
+            "tcp": self.tcp,
         }
 
 
@@ -141,20 +147,31 @@ class SocketReader:
     """Reads sockets of many processes; each network namespace's tables once per sweep."""
 
     proc_root: str = "/proc"
+    # Established connections' tcp_info (sock_diag); None: sockets without it (the discovery's own reader).
+    tcp_info: TcpInfoReader | None = None
     _tables: dict[str, dict[int, TcpEntry]] = field(default_factory=dict)
 
     def new_sweep(self) -> None:
         self._tables.clear()
+        if self.tcp_info is not None:
+            self.tcp_info.new_sweep()
+
+    def close(self) -> None:
+        if self.tcp_info is not None:
+            self.tcp_info.close()
 
     def table_of(self, pid: int) -> dict[int, TcpEntry]:
         """inode -> entry for the network namespace of ``pid`` (read once per sweep)."""
         return self._table(pid)
 
-    def _table(self, pid: int) -> dict[int, TcpEntry]:
+    def _netns(self, pid: int) -> str | None:
         try:
-            netns = os.readlink(f"{self.proc_root}/{pid}/ns/net")
+            return os.readlink(f"{self.proc_root}/{pid}/ns/net")
         except OSError:
-            netns = f"pid:{pid}"  # no ns link (old kernel, other proc root): read per process
+            return None
+
+    def _table(self, pid: int) -> dict[int, TcpEntry]:
+        netns = self._netns(pid) or f"pid:{pid}"  # no ns link (old kernel, other proc root): read per process
         table = self._tables.get(netns)
         if table is None:
             table = {}
@@ -172,7 +189,18 @@ class SocketReader:
         if not inodes:
             return []
         table = self._table(pid)
-        return select_sockets([table[i] for i in inodes if i in table], cap)
+        chosen = select_sockets([table[i] for i in inodes if i in table], cap)
+        return self._with_tcp_info(pid, chosen)
+
+    def _with_tcp_info(self, pid: int, entries: list[TcpEntry]) -> list[TcpEntry]:
+        """Only where an established connection is there to describe: a listener's namespace is not dumped."""
+        netns = self._netns(pid)
+        if self.tcp_info is None or netns is None or not any(e.state == "ESTABLISHED" for e in entries):
+            return entries
+        infos = self.tcp_info.reports(netns, f"{self.proc_root}/{pid}/ns/net")
+        if not infos:
+            return entries
+        return [replace(e, tcp=infos.get(e.inode)) if e.state == "ESTABLISHED" else e for e in entries]
 
 
 def listening_ports(entries: list[TcpEntry]) -> list[int]:

@@ -22,6 +22,7 @@ class Tracked:
     alive: bool = True
     ended_at: float | None = None
     sample: ProcessSample | None = None
+    sched: dict | None = None  # the SchedReport dict (agent/sched.py); None before a second sample
     wchar: int | None = None
     write_rate: float | None = None
     low_cpu_since: float | None = None

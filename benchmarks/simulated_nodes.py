@@ -134,11 +134,23 @@ class SimulatedNode:
                     "GLOO_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "8"},
             "sockets": [{"local": f"10.2.{self.index // 250}.{self.index % 250}:{40_000 + local}",
                          "remote": f"{self.job_id.rsplit(':', 1)[0]}:29500", "state": "ESTABLISHED",
-                         "tx_queue": 0, "rx_queue": 0}] + [
+                         "tx_queue": 0, "rx_queue": 0, "tcp": self._tcp(now, 0)}] + [
                         {"local": f"10.2.{self.index // 250}.{self.index % 250}:{41_000 + local * 8 + j}",
-                         "remote": f"10.2.0.{j}:{42_000 + j}", "state": "ESTABLISHED", "tx_queue": 0, "rx_queue": 0}
+                         "remote": f"10.2.0.{j}:{42_000 + j}", "state": "ESTABLISHED", "tx_queue": 0, "rx_queue": 0,
+                         "tcp": self._tcp(now, j + 1)}
                         for j in range(3)],
+            # The CPU denied to the rank, every report (agent/sched.py).
+            "sched": {"run_queue_wait_percent": round(random.uniform(0, 3), 1), "cpu_throttled_percent": 0.0,
+                      "cgroup": f"/kubepods/burstable/pod-{self.index}"},
         }
+
+    @staticmethod
+    def _tcp(now: float, j: int) -> dict:
+        """tcp_info as the agent sends it: read every SOCKETS_EVERY_S (5 s), so it changes that often."""
+        tick = int(now // 5)
+        return {"rtt_ms": 0.2 + (tick + j) % 7 / 100, "min_rtt_ms": 0.05, "total_retrans": tick % 3,
+                "retrans_per_s": 0.0, "lost": 0, "unacked": 0, "notsent_bytes": 0,
+                "delivery_rate_bps": 1.2e9, "bytes_acked_per_s": 3.0e8}
 
     def _maybe_dump(self, rank: int, now: float, stuck: bool, culprit: bool) -> None:
         due = self._next_dump.get(rank)

@@ -118,6 +118,14 @@ def test_what_a_delta_always_keeps():
     assert kept["progress"]["events"] == 3 and kept["progress"]["step"] == 3
 
 
+def test_the_cpu_a_rank_was_denied_is_sent_every_time_even_unchanged():
+    """A rate over the last interval, like cpu_percent: its null means "not read", never "unchanged"."""
+    sched = {"run_queue_wait_percent": 62.5, "cpu_throttled_percent": 0.0, "cgroup": "/job"}
+    sent, _ = acknowledged(node_report(rank_of(sched=sched))).compact(node_report(rank_of(sched=dict(sched))))
+    assert sent["delta"] is True and only_rank(sent)["sched"] == sched
+    Report.model_validate(sent)
+
+
 NEW_HOST = {"hostname": "node-a", "cpu_count": 16, "cpu_flags": [], "cpu_model": "Other CPU"}
 NEW_SOCKETS = [socket("10.0.0.2:40001", "10.0.0.1:29500", state="SYN_SENT")]
 NEW_ENV = dict(ENV, MASTER_PORT="29501")

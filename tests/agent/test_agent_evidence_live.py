@@ -102,6 +102,11 @@ def test_sockets_listen_and_established_with_addresses_and_queues(tmp_path):
             (f"127.0.0.1:{listen_port}", f"127.0.0.1:{client_port}", "ESTABLISHED", 100),
         }
         assert rank["sockets"][0]["state"] == "LISTEN"  # most telling first
+        # The kernel's tcp_info on established connections only, with rates from the first tick's reading.
+        assert rank["sockets"][0]["tcp"] is None
+        assert all(s["tcp"]["rtt_ms"] is not None and s["tcp"]["bytes_acked_per_s"] is not None
+                   for s in rank["sockets"] if s["state"] == "ESTABLISHED")
+        assert rank["sched"]["run_queue_wait_percent"] is not None  # from the two ticks' schedstat
         assert rank["env"] == {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         lo = next(i for i in report["host"]["interfaces"] if i["name"] == "lo")
         assert lo["up"] and "127.0.0.1" in lo["addresses"]

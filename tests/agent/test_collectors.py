@@ -111,7 +111,7 @@ def test_the_agent_reports_the_host_first_then_each_enabled_collector() -> None:
 def test_the_default_registry_in_tick_order_and_what_the_settings_turn_off() -> None:
     registry = default_registry()
     assert list(registry.defaults()) == [
-        "discovery", "procstat", "exits", "procio", "logs", "blocked_io", "sockets", "errorfiles",
+        "discovery", "procstat", "sched", "exits", "procio", "logs", "blocked_io", "sockets", "errorfiles",
         "launchers", "orphans", "gpus", "interfaces", "stacks", "nccl_ras", "flight_recorder",
     ]
     assert set(enabled_collectors(Config())) <= set(registry.defaults())
