@@ -22,6 +22,24 @@ log = logging.getLogger(__name__)
 NVIDIA_DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
 
 MAX_GPUS_PER_RANK = 16
+NVML_CLOCK_SM = 1
+# nvmlClocksEventReason* bits (nvml.h), by the names the monitor reads (monitor/diagnosis/gpu_clocks.py).
+CLOCK_EVENT_REASONS = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
+
+def clock_event_reasons(mask: int) -> list[str]:
+    """NVML's reasons for holding the clocks down, by name, from its bit mask."""
+    return [name for bit, name in CLOCK_EVENT_REASONS if mask & bit]
 
 
 def load_nvml():
@@ -108,6 +126,7 @@ class GpuCollector:
         procs: dict[int, dict[int, int | None]] = {}  # index -> {pid: used bytes}
         util: dict[int, float | None] = {}
         memory: dict[int, int | None] = {}
+        clocks: dict[int, dict] = {}
         for index in range(count):
             handle = self._handle(str(index))
             try:
@@ -127,6 +146,7 @@ class GpuCollector:
                     memory[index] = int(n.nvmlDeviceGetMemoryInfo(handle).used)
                 except Exception:  # noqa: BLE001
                     memory[index] = None
+                clocks[index] = self._clocks(handle)
             return util[index], memory[index]
 
         out = {}
@@ -145,8 +165,30 @@ class GpuCollector:
                     "utilization_percent": utilization,
                     "memory_used_bytes": used,
                     "name": self._names.get(id(self._handle(str(index))), ""),
+                    **clocks[index],
                 })
             out[proc.pid] = gpus
+        return out
+
+    def _clocks(self, handle) -> dict:
+        """The SM clock, its maximum and why it is held down (a GPU slower than its peers says why)."""
+        n = self.nvml
+        out: dict = {"sm_clock_mhz": None, "max_sm_clock_mhz": None, "clock_event_reasons": []}
+        for key, call in (("sm_clock_mhz", "nvmlDeviceGetClockInfo"), ("max_sm_clock_mhz", "nvmlDeviceGetMaxClockInfo")):
+            try:
+                out[key] = int(getattr(n, call)(handle, NVML_CLOCK_SM))
+            except Exception:  # noqa: BLE001 -- not supported on some devices (MIG, vGPU)
+                pass
+        # Renamed in NVML 12.2 ("throttle" became "clocks event"); older bindings have only the old name.
+        for call in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+            reasons = getattr(n, call, None)
+            if reasons is None:
+                continue
+            try:
+                out["clock_event_reasons"] = clock_event_reasons(int(reasons(handle)))
+            except Exception:  # noqa: BLE001
+                pass
+            break
         return out
 
     def _indices_from_env(self, proc, count: int) -> list[int]:

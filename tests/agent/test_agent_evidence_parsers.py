@@ -11,6 +11,7 @@ import pytest
 
 from agent.discovery import allowlisted_env, launcher_kind
 from agent.errorfile import parse_error_file, read_error_file
+from monitor.ingest.wire import GpuReport
 from agent.gpus import GpuCollector, parse_visible_devices
 from agent.host import interface_reports
 from agent.launchers import LauncherArgs, launcher_error, launcher_job_id, parse_launcher_args, wants_stack
@@ -347,14 +348,31 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802
         return SimpleNamespace(used=h["used"], total=80 << 30, free=0)
 
+    def nvmlDeviceGetClockInfo(self, h, clock):  # noqa: N802 -- a device without clocks: NVML_ERROR_NOT_SUPPORTED
+        assert clock == 1  # NVML_CLOCK_SM
+        return h["clocks"][0]
+
+    def nvmlDeviceGetMaxClockInfo(self, h, clock):  # noqa: N802
+        assert clock == 1
+        return h["clocks"][1]
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):  # noqa: N802
+        return h["clocks"][2]
+
 
 def _rank(pid, local_rank, **env):
     return SimpleNamespace(pid=pid, env=env, identity=SimpleNamespace(local_rank=local_rank))
 
 
+# GPU 0 held down by a hardware thermal slowdown and its power cap (0x40 | 0x4), GPU 1 idle at full clocks
+# (0x1), the others without clocks (NVML_ERROR_NOT_SUPPORTED, as on MIG slices).
+CLOCKS = {0: (1050, 1980, 0x44), 1: (1980, 1980, 0x1)}
+
+
 def _devices():
     return [
-        {"uuid": f"GPU-{i}", "name": "NVIDIA H100", "util": u, "used": (i + 1) << 30, "procs": procs}
+        {"uuid": f"GPU-{i}", "name": "NVIDIA H100", "util": u, "used": (i + 1) << 30, "procs": procs,
+         "clocks": CLOCKS.get(i, {})}
         for i, (u, procs) in enumerate([(100, {101: 5 << 30}), (0, {}), (37, {}), (0, {})])
     ]
 
@@ -374,9 +392,15 @@ def test_gpus_from_process_list_env_and_local_rank():
             _rank(107, 0, CUDA_VISIBLE_DEVICES="GPU-unknown"),
         ]
     )
-    assert out[101] == [{"index": 0, "utilization_percent": 100.0, "memory_used_bytes": 5 << 30, "name": "NVIDIA H100"}]
-    assert out[102] == [{"index": 1, "utilization_percent": 0.0, "memory_used_bytes": 2 << 30, "name": "NVIDIA H100"}]
+    assert out[101] == [{"index": 0, "utilization_percent": 100.0, "memory_used_bytes": 5 << 30, "name": "NVIDIA H100",
+                         "sm_clock_mhz": 1050, "max_sm_clock_mhz": 1980,
+                         "clock_event_reasons": ["sw_power_cap", "hw_thermal_slowdown"]}]
+    assert out[102] == [{"index": 1, "utilization_percent": 0.0, "memory_used_bytes": 2 << 30, "name": "NVIDIA H100",
+                         "sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "clock_event_reasons": ["gpu_idle"]}]
     assert [g["index"] for g in out[103]] == [2] and out[103][0]["utilization_percent"] == 37.0
+    assert out[103][0]["sm_clock_mhz"] is None and out[103][0]["clock_event_reasons"] == []
+    for gpu in (*out[101], *out[102], *out[103]):
+        GpuReport.model_validate(gpu)  # what the monitor takes
     assert [g["index"] for g in out[104]] == [2]
     assert out[105] == out[106] == out[107] == []
     assert sorted(nvml.calls) == ["util0", "util1", "util2"]  # one query per device per sweep
