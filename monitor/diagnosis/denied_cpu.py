@@ -19,9 +19,15 @@ from monitor.diagnosis.model import Diagnosis, RankView
 # A starved rank is denied at least this share of the time (a quarter: one core shared four ways
 # leaves each three quarters of it in the run queue) ...
 MIN_DENIED_PERCENT = 25.0
-# ... at least twice the others' median and this many points above it.
-MIN_RATIO = 2.0
-MIN_MARGIN_PERCENT = 20.0
+# ... at least this many times the others' median and this many points above it (on a busy 2-core
+# machine the peers of a rank squeezed four to a core wait 20-30% themselves, it 50-55%) ...
+MIN_RATIO = 1.5
+MIN_MARGIN_PERCENT = 15.0
+# ... while the job runs this much slower than its best: denial that costs the job nothing (a slow
+# start, a node busy alike from the first step) is no straggler.
+MIN_PACE_RATIO = 1.5
+# Ranks denied CPU this unevenly have CPU levels that do not measure their work.
+UNEVEN_PERCENT = 20.0
 # At most one rank in this many may be named (as for CPU levels): more is the node's load.
 MAX_SHARE_DENOMINATOR = 8
 MEASURED_SHARE = 0.9
@@ -36,12 +42,15 @@ def denied_percent(rank: RankView) -> float | None:
 def uneven(ctx: Context) -> bool:
     """Some ranks are denied CPU far more than others: their CPU levels do not measure their work."""
     levels = [d for a in ctx.live() if (d := denied_percent(a.rank)) is not None]
-    return bool(levels) and max(levels) - min(levels) >= MIN_MARGIN_PERCENT
+    return bool(levels) and max(levels) - min(levels) >= UNEVEN_PERCENT
 
 
 def starved_ranks(ctx: Context) -> Diagnosis | None:
     """``straggler`` naming the few ranks denied CPU far more than their peers, or None. The caller
     checked that the job steps steadily through the window."""
+    pace = ctx.job.pace
+    if pace is None or pace.ratio < MIN_PACE_RATIO:
+        return None
     live = ctx.live()
     levels = {a.rank.rank: d for a in live if (d := denied_percent(a.rank)) is not None}
     if len(levels) < 2 or len(levels) < MEASURED_SHARE * len(live):

@@ -41,7 +41,7 @@ def waiting_job(pace: PaceView | None = SLOW, sockets=(THROTTLED, THROTTLED_B), 
     return job(*ranks, pace=pace, hosts=HOSTS, **kw)
 
 
-def starved(values: list[tuple[float, float | None]], pace: PaceView | None = None, **extra) -> JobView:
+def starved(values: list[tuple[float, float | None]], pace: PaceView | None = SLOWER, **extra) -> JobView:
     """Ranks computing every step, with (CPU level, run-queue wait level) each."""
     ranks = [rank(r, cpu=cpu, cpu_level_percent=cpu, run_queue_wait_level_percent=runq, frames=computing(),
                   active=True, state="R", **extra) for r, (cpu, runq) in enumerate(values)]
@@ -74,6 +74,12 @@ CASES: list[tuple[str, JobView, str, tuple[int, ...]]] = [
      starved([(40.0, 55.0), (41.0, 58.0), (40.0, 57.0), (39.0, 60.0)]), "healthy", ()),
     ("a little run-queue wait on a busy machine: no straggler",
      starved([(45.0, 8.0), (44.0, 21.0)]), "healthy", ()),
+    ("squeezed beside other busy work: its peer waits 29%, it 52%",
+     starved([(37.0, 29.0), (24.0, 52.0)]), "straggler", (1,)),
+    ("squeezed, but the job at its usual pace (denied from the start): no straggler",
+     starved([(37.0, 2.0), (25.0, 72.0)], pace=STEADY), "healthy", ()),
+    ("no settled pace: no straggler by denial",
+     starved([(37.0, 2.0), (25.0, 72.0)], pace=None), "healthy", ()),
 ]
 
 
