@@ -393,7 +393,8 @@ def test_agent_puts_injected_nvml_gpus_into_rank_reports(ranks):
     r1 = ranks.start(1, "sleep", CUDA_VISIBLE_DEVICES="1")
     ranks.wait_for_line(1, "step 1")
     nvml = FakeNvml([
-        {"uuid": "GPU-0", "name": "NVIDIA H100", "util": 0, "used": 1 << 30, "procs": {r0.pid: 3 << 30}},
+        {"uuid": "GPU-0", "name": "NVIDIA H100", "util": 0, "used": 1 << 30, "procs": {r0.pid: 3 << 30},
+         "clocks": (1980, 1980, 0x1)},
         {"uuid": "GPU-1", "name": "NVIDIA H100", "util": 98, "used": 7 << 30, "procs": {}},
     ])
     agent = Agent(Config(stacks=False, jobs=frozenset({ranks.job})), gpus=GpuCollector(nvml=nvml))
@@ -407,7 +408,8 @@ def test_agent_puts_injected_nvml_gpus_into_rank_reports(ranks):
     Report.model_validate(report)
     by_pid = {r["pid"]: r for r in report["ranks"]}
     assert by_pid[r0.pid]["gpus"] == [
-        {"index": 0, "utilization_percent": 0.0, "memory_used_bytes": 3 << 30, "name": "NVIDIA H100"}
+        {"index": 0, "utilization_percent": 0.0, "memory_used_bytes": 3 << 30, "name": "NVIDIA H100",
+         "sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "clock_event_reasons": ["gpu_idle"]}
     ]
     assert [(g["index"], g["utilization_percent"]) for g in by_pid[r1.pid]["gpus"]] == [(1, 98.0)]
     assert by_pid[r1.pid]["env"]["CUDA_VISIBLE_DEVICES"] == "1"
