@@ -210,6 +210,8 @@ def slower_than_usual(ctx: Context) -> str | None:
     pace = ctx.job.pace
     if pace is None or pace.ratio < PACE_NOTE_RATIO:
         return None
+    waiting = ("most ranks wait in collectives (slow_network from a third of the pace)"
+               if waiting_in_collectives(ctx, None) else "the ranks are not mostly waiting in collectives")
     return (f"slower than usual ({pace_text(pace)}); no rank stands out by CPU, run-queue wait or "
-            "throttling, and the ranks are not mostly waiting on the network")
+            f"throttling; {waiting}")
 
