@@ -207,6 +207,9 @@ def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, 
             elif kind == "stall":
                 what = "the job has ended" if case.expect == "finished" else "the workload reports the failure started"
                 _say(t0, what)
+            elif kind == "change" and not payload.get("ranks"):
+                # Only the launcher so far: no verdict worth reading about ranks that have not started.
+                _say(t0, "the launcher is seen; waiting for its ranks to start")
             elif kind == "change":
                 culprits = payload.get("culprit_ranks") or []
                 _say(t0, f"verdict now: {payload['verdict']}" + (f" culprits {culprits}" if culprits else ""))

@@ -647,7 +647,9 @@ def _observe(client: MonitorClient, job: Job, run: CaseRun, last_key, emit: Call
     run.observations.append(Observation(now, j and j.get("verdict"),
                                         tuple(j.get("culprit_ranks", ())) if j else ()))
     if j is not None:
-        key = (j.get("verdict"), tuple(j.get("culprit_ranks", ())))
+        # Whether any rank is seen yet: a launcher alone is a job too (verdict healthy, "waiting for
+        # its workers"), and its first ranks are worth announcing as a change of their own.
+        key = (j.get("verdict"), tuple(j.get("culprit_ranks", ())), bool(j.get("ranks")))
         if key != last_key:
             last_key = key
             emit("change", j)

@@ -82,8 +82,8 @@ def _bf16_findings(ctx: Context, busy: list[Activity]) -> tuple[list[str], list[
     if slow_nodes:
         hints.append(
             f"Train in float32 on {', '.join(slow_nodes)}: its CPU has no native bf16. If the dtype was "
-            "auto-detected from a GPU that this CPU run does not use (torch.cuda.is_available()), set it "
-            "explicitly (e.g. NANOCHAT_DTYPE=float32)."
+            "auto-detected from a GPU that this CPU run does not use (torch.cuda.is_available()), choose it "
+            "from the device the run uses instead (your training script's dtype option or autocast setting)."
         )
     return evidence, hints
 

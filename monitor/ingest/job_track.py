@@ -144,8 +144,9 @@ class JobTrack:
 
 
 def launcher_world_size(lr: LauncherReport) -> int | None:
-    """nnodes x nproc_per_node when both are integers ("1:4" counts as 4); else None."""
-    nnodes, nproc = _max_int(lr.nnodes), _max_int(lr.nproc_per_node)
+    """nnodes x nproc_per_node when both are integers ("1:4" counts as 4; no --nnodes is torchrun's
+    default, 1); else None."""
+    nnodes, nproc = _max_int(lr.nnodes or "1"), _max_int(lr.nproc_per_node)
     return nnodes * nproc if nnodes and nproc else None
 
 

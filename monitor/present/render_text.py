@@ -45,7 +45,11 @@ def render_job(job: dict[str, Any], now: float) -> str:
         lines.append(f"  culprits: {_ranks_word(culprits)} (marked * below)")
     nodes = one_line(", ".join(job.get("nodes", [])))
     total = job.get("ranks_total", len(job["ranks"]))
-    lines.append(f"  world size {job['world_size']}, {total} ranks seen" + (f" on {nodes}" if nodes else ""))
+    if total:
+        lines.append(f"  world size {job['world_size']}, {total} ranks seen" + (f" on {nodes}" if nodes else ""))
+    else:  # a launcher alone: no world size is known yet (the ranks carry it)
+        expected = f", world size {job['world_size']} by its launcher's options" if job["world_size"] > 1 else ""
+        lines.append(f"  no rank seen yet{expected}" + (f"; the launcher runs on {nodes}" if nodes else ""))
     display = (job.get("names") or {}).get("display")
     if display:
         lines.append(f"  known as {one_line(display)}")

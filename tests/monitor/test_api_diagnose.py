@@ -299,7 +299,7 @@ def test_a_launcher_only_job_is_reported(client: TestClient, clock: FakeClock) -
     assert (job["job_id"], job["world_size"], job["ranks"], job["stack_groups"]) == ("job-a", 8, [], [])
     assert [lj["pid"] for lj in job["launchers"]] == [900]
     text = client.get("/diagnose").text
-    assert "world size 8, 0 ranks seen on node-a" in text
+    assert "no rank seen yet, world size 8 by its launcher's options; the launcher runs on node-a" in text
     assert "no rank has started yet" in text and "RANK" not in text
 
 

@@ -1,7 +1,7 @@
 """Every per-rank family carries the same labels: job_id, rank and node (a table, one row per family).
 
 Before, ``node`` was on some per-rank families and not on others, so a query could group CPU by node
-but not steps. The table here is the contract; the README's series table must say the same.
+but not steps. The table here is the contract; docs/operations.md's series table must say the same.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.web.metrics import RANK_LABELS
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SERIES_DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 COMMON = ("job_id", "rank", "node")
 # Every per-rank family as scraped (sample name) -> the labels it has beyond the common ones.
 PER_RANK = {
@@ -73,7 +73,7 @@ def test_every_per_rank_family_is_in_the_table(scraped: dict[str, list[dict[str,
     assert {name for name in scraped if name.startswith("hangwatch_rank_")} == set(PER_RANK)
 
 
-def test_readme_series_table_says_the_same() -> None:
-    rows = re.findall(r"^\| `(hangwatch_rank_\w+)` \| ([^|]+) \|", README.read_text(), re.MULTILINE)
+def test_the_documented_series_table_says_the_same() -> None:
+    rows = re.findall(r"^\| `(hangwatch_rank_\w+)` \| ([^|]+) \|", SERIES_DOC.read_text(), re.MULTILINE)
     documented = {name: tuple(re.findall(r"`(\w+)`", cell)) for name, cell in rows}
     assert documented == {name: (*COMMON, *extra) for name, extra in PER_RANK.items()}

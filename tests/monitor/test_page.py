@@ -191,7 +191,7 @@ def test_history_timeline_shows_the_verdict_changes(
     assert "/api/v1/jobs/job-a/history" in shown["fetched"]
     assert shown["fetched"].count("/api/v1/jobs/job-a/history") == 1  # once per change, not on every poll
     card = shown["cards"]["job-a"]
-    assert "Verdict history (2 changes)" in card["history"]
+    assert "Verdict history (2 changes, as named)" in card["history"]
     assert card["history_segments"] == ["seg ok", "seg bad"]
     # Newest first, with culprits and summary.
     history = card["history"]

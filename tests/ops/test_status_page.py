@@ -223,6 +223,14 @@ def test_times_carry_their_zone(live_hang: LiveHang, browser) -> None:
                            timeout=10).json()
         since = answer["jobs"][0]["since"]
         assert f"since {time.strftime('%H:%M:%S', time.gmtime(since + 5.5 * 3600))} {zone}" in heading, (heading, since)
+        # The heading's two times of the change: when it began (since) and when it was named, the
+        # time the verdict history gives the same change (one person's question: which is right?).
+        card.locator("h2", has_text="named").wait_for(timeout=SHOW_TIMEOUT_MS)
+        heading = card.locator("h2").inner_text()
+        newest = card.locator(".history li").first
+        assert newest.locator(".verdict").inner_text() == "DEADLOCK"
+        named = newest.locator(".meta").first.inner_text()
+        assert f"named {named}" in heading, (heading, named)
     finally:
         context.close()
 

@@ -308,6 +308,14 @@ async function fetchSide(cache, jobId, entry, url) {
   if (lastData && cache.get(jobId) === entry) render(lastData.summary, lastData.detailed);
 }
 
+// When the job's current verdict was published: its newest history change, if that is this verdict.
+function namedAt(job) {
+  const entry = histories.get(job.job_id);
+  const changes = (entry && entry.data && entry.data.history) || [];
+  const last = changes[changes.length - 1];
+  return last && last.verdict === job.verdict ? last.at : null;
+}
+
 // A bar of verdict spans (widths by duration) and the latest changes, newest first.
 function historyBlock(job) {
   const entry = histories.get(job.job_id);
@@ -326,7 +334,8 @@ function historyBlock(job) {
     c.culprit_ranks.length ? el("span", {}, ranksText(c.culprit_ranks)) : null,
     el("span", { class: "meta change-summary", title: c.summary }, c.summary)));
   return el("div", { key: "history", class: "history" },
-    el("h3", {}, `Verdict history (${changes.length} ${changes.length === 1 ? "change" : "changes"})`),
+    el("h3", { title: "each change at the time the monitor named it" },
+      `Verdict history (${changes.length} ${changes.length === 1 ? "change" : "changes"}, as named)`),
     el("div", { class: "bar" }, ...segments), el("ol", { class: "changes" }, ...recent),
     capturesList(entry.data.captures || []), actionsList(entry.data.actions || []));
 }
@@ -492,7 +501,12 @@ function paceLine(pace) {
 
 function jobCard(job, links) {
   const tone = toneOf(job.verdict);
-  const since = job.since === null ? null : el("span", { key: "since", class: "meta" }, `since ${clock(job.since)}`);
+  // Two times of one change: "since" is when the evidence says the state began (the stall's
+  // start), "named" when the monitor published it, the time its verdict history records.
+  const named = namedAt(job);
+  const since = job.since === null ? null : el("span", {
+    key: "since", class: "meta", title: "since: when the evidence says it began; named: when the monitor said so (the verdict history's time)",
+  }, `since ${clock(job.since)}` + (named !== null && Math.abs(named - job.since) >= 1 ? ` · named ${clock(named)}` : ""));
   const known = job.names && job.names.display ? el("span", { key: "names", class: "names" }, job.names.display) : null;
   const meta = el("span", { key: "meta", class: "meta" },
     `world size ${job.world_size ?? "?"} · ${job.ranks_total ?? job.ranks.length} ranks seen · last report ${clock(job.last_report_at)}`);
