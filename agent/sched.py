@@ -128,12 +128,16 @@ class SchedSampler:
     mounts: CgroupMounts | None = None  # None: read from the agent's own mountinfo on first use
     _prev: dict[int, _Counters] = field(default_factory=dict)
     _cgroups: dict[int, tuple[str, str] | None] = field(default_factory=dict)  # pid -> (path, cpu.stat)
+    # cpu.stat read once per sample time and file: the ranks of one job mostly share one cgroup,
+    # and a node of 8 ranks would otherwise read the same file 8 times a tick.
+    _stats_at: float | None = None
+    _stats: dict[str, str | None] = field(default_factory=dict)
 
     def sample(self, pid: int, now: float) -> dict | None:
         """The SchedReport dict over the interval since the previous sample; None on the first."""
         text = _read(f"{self.proc_root}/{pid}/schedstat")
         cgroup = self._cgroup(pid)
-        throttled_text = _read(cgroup[1]) if cgroup else None
+        throttled_text = self._cpu_stat(cgroup[1], now) if cgroup else None
         current = _Counters(now, parse_schedstat(text) if text else None,
                             parse_throttled_ns(throttled_text) if throttled_text else None)
         before = self._prev.get(pid)
@@ -150,6 +154,13 @@ class SchedSampler:
             "cpu_throttled_percent": share(current.throttled_ns, before.throttled_ns),
             "cgroup": cgroup[0] if cgroup else "",
         }
+
+    def _cpu_stat(self, path: str, now: float) -> str | None:
+        if now != self._stats_at:
+            self._stats_at, self._stats = now, {}
+        if path not in self._stats:
+            self._stats[path] = _read(path)
+        return self._stats[path]
 
     def _cgroup(self, pid: int) -> tuple[str, str] | None:
         if pid not in self._cgroups:
