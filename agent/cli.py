@@ -28,6 +28,7 @@ from agent.selfwatch import lower_priority
 from agent.sender import ShardedSender
 from agent.settings import AgentSettings
 from hangwatch_common.env_names import unknown_variables_warning
+from hangwatch_common.logs import configure_logging
 from hangwatch_common.settings import add_flags, declared, given, load
 from hangwatch_common.token_file import TokenFileError, TokenSource
 
@@ -40,7 +41,7 @@ NCCL_RAS_ONCE_WAIT_S = 2.0
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="hangwatch-agent", formatter_class=DefaultsHelpFormatter,
                       description=DESCRIPTION + " Each setting but --monitor is also read from its HANGWATCH_* "
-                      "variable; the option wins.")
+                      "variable, and each from the --config file; the option wins, then the variable, then the file.")
     add_version_option(p)
     add_flags(p, AgentSettings)
     add_refused_token_option(p)
@@ -57,7 +58,10 @@ def parse_config(
     settings = load(AgentSettings, args, os.environ if environ is None else environ)
     if not settings.monitor and not args.once:
         raise UsageError("--monitor URL is required (unless --once)")
-    args.verbose = settings.verbose  # for main's logging
+    # For main's logging; -v is the older spelling of --log-level debug.
+    args.log_level = "debug" if settings.verbose else settings.log_level
+    args.log_format = settings.log_format
+    args.config_file = settings.config
     same_named = {f.name: getattr(settings, f.name) for f in dataclasses.fields(Config) if hasattr(settings, f.name)}
     config = Config(**{**same_named, "node": settings.node or default_node_name(),
                        "monitors": tuple(dict.fromkeys(settings.monitor)), "logs": settings.log,
@@ -114,11 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"hangwatch-agent: error: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s hangwatch-agent %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(args.log_level, args.log_format)
+    if args.config_file:
+        log.info("settings from %s (and the flags and variables given)", args.config_file)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per report
     # A misspelt setting (TOKEN_FLE for TOKEN_FILE) is otherwise ignored without a word.
     unknown = unknown_variables_warning(os.environ)

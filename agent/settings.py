@@ -7,13 +7,14 @@ import math
 import os
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from agent.logpatterns import compile_user_pattern
 from agent.nccl_ras import parse_address
 from agent.report import NODE_NAME
 from agent.selfwatch import DEFAULT_MAX_CPU_PERCENT, DEFAULT_MAX_RSS_MB, EXIT_OVER_MEMORY, MIN_NICE
-from hangwatch_common.settings import setting
+from hangwatch_common.settings import DaemonSettings, setting
 
 
 def _monitor_url(text: str) -> str:
@@ -81,7 +82,8 @@ def _directory(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class AgentSettings:
+class AgentSettings(DaemonSettings):
+    config_table: ClassVar[str] = "agent"
     # HANGWATCH_MONITOR is not read: it is the monitor the hangwatch command asks, and an agent run
     # with --once in a shell that sets it would post its report there.
     monitor: tuple[str, ...] = setting((), parse=_monitor_url, metavar="URL", env=False, shown_default="none: "
@@ -144,4 +146,5 @@ class AgentSettings:
                                          "still delivers it; unset: kept in memory")
     allow_signals: bool = setting(False, help="let the monitor's opt-in actions signal this node's culprit ranks "
                                   "(SIGTERM, SIGABRT, ...; only live ranks this agent tracks); off: refused")
-    verbose: bool = setting(False, aliases=("-v",), help="debug logging")
+    # The agent's older spelling, kept working.
+    verbose: bool = setting(False, aliases=("-v",), help="the same as --log-level debug (whatever that says)")

@@ -3,11 +3,12 @@ command line and the environment alike).
 
 A daemon's settings are a frozen dataclass whose fields are ``setting(default, help=...)``. From that
 one declaration come the flag (``--name``, ``_`` as ``-``, a trailing ``_s`` left to its SECONDS),
-the environment variable (``HANGWATCH_<NAME>``), the entry in ``--help`` with the default and the
-variable, the bounds checked at start, the names the misspelling warning knows
-(hangwatch_common/declared_names.py) and the README's settings table (both written by
-scripts/settings-docs.py). A value comes from the flag, else the variable (an empty one is unset),
-else the default; a bad one stops the daemon at start with one line naming the flag or variable
+the environment variable (``HANGWATCH_<NAME>``), the key in the config file
+(hangwatch_common/config_file.py), the entry in ``--help`` with the default and the variable, the
+bounds checked at start, the names the misspelling warning knows (hangwatch_common/declared_names.py)
+and the settings tables of docs/configuration.md (both written by scripts/settings-docs.py). A value
+comes from the flag, else the variable (an empty one is unset), else the config file, else the
+default; a bad one stops the daemon at start with one line naming the flag, variable or file key
 that gave it.
 """
 
@@ -21,9 +22,11 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hangwatch_common.cli_common import UsageError
+from hangwatch_common.config_file import CONFIG_KEY, ConfigFileError, file_settings, read_document
+from hangwatch_common.logs import LOG_FORMATS, LOG_LEVELS
 
 PREFIX = "HANGWATCH_"
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -147,6 +150,21 @@ def _kind(hint: Any) -> tuple[Any, bool]:
     return typing.get_origin(hint) or hint, False
 
 
+@dataclass(frozen=True)
+class DaemonSettings:
+    """What every daemon takes: a config file, and how much it logs and how."""
+
+    # The config file's table of this daemon's own settings (config_file.DAEMON_TABLES).
+    config_table: ClassVar[str] = ""
+    config: Path | None = setting(None, metavar="FILE", help="a TOML file of settings, keyed by the settings' names "
+                                  "(port = 8787); the flags and variables win over it (docs/configuration.md)")
+    log_level: str = setting("info", choices=LOG_LEVELS, help="how much the daemon logs; at debug and trace the "
+                             "monitor and the relay log each HTTP request (trace: uvicorn's protocol events too; to "
+                             "the agent it is debug)")
+    log_format: str = setting("text", choices=LOG_FORMATS, help="text: TIME LEVEL LOGGER: MESSAGE lines; json: one "
+                              "JSON object a line (time, level, logger, message), uvicorn's lines too")
+
+
 # --- the command line ---
 
 class _Flag(argparse.Action):
@@ -191,7 +209,8 @@ def given(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
 def gather(cls: type, values: Mapping[str, Any], env: Mapping[str, str],
            typed: Mapping[str, str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """(setting -> raw value, setting -> what gave it): ``values`` (None is not given; ``typed`` says
-    how each was spelt), else the variable (empty is unset). A setting given neither is left out."""
+    how each was spelt), else the variable (empty is unset), else the config file that one of them
+    names (``config``). A setting given by none is left out."""
     raw, sources = {}, {}
     for item in declared(cls):
         if values.get(item.name) is not None:
@@ -200,7 +219,26 @@ def gather(cls: type, values: Mapping[str, Any], env: Mapping[str, str],
         elif item.env and env.get(item.env, "") != "":
             raw[item.name] = env[item.env]
             sources[item.name] = item.env
+    if CONFIG_KEY in raw:
+        for name, (value, named) in _from_file(cls, raw[CONFIG_KEY], sources[CONFIG_KEY]).items():
+            if name not in raw:
+                raw[name], sources[name] = value, named
     return raw, sources
+
+
+def _from_file(cls: type, given: Any, named: str) -> dict[str, tuple[Any, str]]:
+    """The settings the config file ``given`` (as ``named`` gave it) holds for ``cls``'s daemon."""
+    known = {item.name: item for item in declared(cls)}
+    path = convert(known[CONFIG_KEY], given, named)
+    try:
+        document = read_document(path)
+    except ConfigFileError as exc:
+        raise SettingsError(f"{named} {exc}") from None
+    try:
+        return file_settings(document, getattr(cls, "config_table", ""),
+                             {name: item.repeated for name, item in known.items()}, str(path))
+    except ConfigFileError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def build(cls: type, raw: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> Any:
@@ -307,8 +345,9 @@ def env_names(cls: type) -> frozenset[str]:
 
 
 def markdown_rows(cls: type) -> Iterator[str]:
-    """The README's table rows of ``cls``'s settings: flag, variable, default, help."""
+    """docs/configuration.md's table rows of ``cls``'s settings: flag, variable, file key, default, help."""
     for item in declared(cls):
         flags = " / ".join(f"`{f}`" for f in item.option_strings)
-        cells = (flags, f"`{item.env}`" if item.env else "none", item.shown_default, item.described)
+        key = "none" if item.name == CONFIG_KEY else f"`{item.name}`"
+        cells = (flags, f"`{item.env}`" if item.env else "none", key, item.shown_default, item.described)
         yield "| " + " | ".join(cell.replace("|", "\\|").replace("<", "&lt;") for cell in cells) + " |"

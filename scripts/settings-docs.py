@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Write what is derived from the daemons' settings declarations: the README's settings tables and
-the variable names the misspelling warning knows (hangwatch_common/declared_names.py).
+"""Write what is derived from the daemons' settings declarations: the settings tables of
+docs/configuration.md and the variable names the misspelling warning knows
+(hangwatch_common/declared_names.py).
 
     .venv/bin/python scripts/settings-docs.py            # rewrite them
     .venv/bin/python scripts/settings-docs.py --check    # exit 1 if either differs (tests/test_settings_declared.py)
@@ -23,9 +24,9 @@ from hangwatch_common.settings import env_names, markdown_rows  # noqa: E402
 from monitor.relay.cli import RelaySettings  # noqa: E402
 from monitor.web.settings import Settings  # noqa: E402
 
-# program -> its settings, in the order the README shows them.
+# program -> its settings, in the order docs/configuration.md shows them.
 DAEMONS = {"hangwatch-monitor": Settings, "hangwatch-relay": RelaySettings, "hangwatch-agent": AgentSettings}
-README = ROOT / "README.md"
+DOC = ROOT / "docs" / "configuration.md"
 NAMES = ROOT / "hangwatch_common" / "declared_names.py"
 BEGIN = "<!-- settings: written by scripts/settings-docs.py from the declarations; edit those, not this table -->"
 END = "<!-- /settings -->"
@@ -34,16 +35,17 @@ END = "<!-- /settings -->"
 def tables() -> str:
     parts = []
     for program, cls in DAEMONS.items():
-        parts += [f"`{program}`:", "", "| option | variable | default | what it does |", "|---|---|---|---|",
+        parts += [f"### `{program}`", "", "| option | variable | file key | default | what it does |",
+                  "|---|---|---|---|---|",
                   *markdown_rows(cls), ""]
     return "\n".join(parts)
 
 
-def readme(text: str) -> str:
+def doc(text: str) -> str:
     head, begin, rest = text.partition(BEGIN)
     _, end, tail = rest.partition(END)
     if not begin or not end:
-        raise SystemExit(f"{README.name}: no {BEGIN!r} ... {END!r} block")
+        raise SystemExit(f"{DOC.relative_to(ROOT)}: no {BEGIN!r} ... {END!r} block")
     return f"{head}{BEGIN}\n{tables()}\n{END}{tail}"
 
 
@@ -61,7 +63,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if an output differs from what would be written")
     args = parser.parse_args()
     stale = []
-    for path, make in ((README, lambda: readme(README.read_text())), (NAMES, names)):
+    for path, make in ((DOC, lambda: doc(DOC.read_text())), (NAMES, names)):
         text = make()
         if path.exists() and path.read_text() == text:
             continue

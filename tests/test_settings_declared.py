@@ -1,13 +1,15 @@
 """One declaration per setting (hangwatch_common/settings.py): for the monitor, the relay and the
 agent alike, every setting has a flag, a HANGWATCH_* variable and an entry in --help with its
-default; the README's tables and the warning's known names are what the declarations make; a value
+default; docs/configuration.md's tables and the warning's known names are what the declarations make; a value
 comes from the flag, else the variable, else the default. (Spells unknown HANGWATCH_* names on
 purpose: tests/monitor/test_env_names.py leaves it out of its scan.)"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -57,6 +59,22 @@ def test_every_setting_has_a_flag_a_variable_and_an_entry_in_help(program: str, 
     assert (f"; env {item.env})" in entry) if item.env else "env HANGWATCH_" not in entry, entry
 
 
+@pytest.mark.live
+def test_each_installed_daemons_help_names_every_setting_and_its_variable() -> None:
+    """The real programs, as a person runs them: every flag and HANGWATCH_* variable in --help."""
+    wide = {**os.environ, "COLUMNS": "200"}
+    helps = {program: subprocess.Popen([shutil.which(program) or str(Path(sys.executable).parent / program), "--help"],
+                                       stdout=subprocess.PIPE, text=True, env=wide)
+             for program in DAEMONS}  # all three at once: each is a second of imports
+    for program, proc in helps.items():
+        text, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, program
+        cls, _ = DAEMONS[program]
+        missing = [name for item in declared(cls) for name in (item.flags[0], item.env) if name and name not in text]
+        assert not missing, (program, missing)
+        assert "HANGWATCH_CONFIG" in text and "--log-format" in text and "--log-level" in text
+
+
 def test_settings_in_several_daemons_mean_the_same_variable() -> None:
     """A variable shared by daemons (one environment file for all) is the same setting in each."""
     named = {}
@@ -67,15 +85,15 @@ def test_settings_in_several_daemons_mean_the_same_variable() -> None:
     assert all(len(names) == 1 for names in named.values()), named
 
 
-def test_readme_tables_and_known_names_are_what_the_declarations_make() -> None:
+def test_the_docs_tables_and_known_names_are_what_the_declarations_make() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "settings-docs.py"), "--check"],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr
-    readme = (ROOT / "README.md").read_text()
+    doc = (ROOT / "docs" / "configuration.md").read_text()
     for program, (cls, _) in DAEMONS.items():
-        assert f"`{program}`:" in readme
+        assert f"### `{program}`" in doc
         for item in declared(cls):
-            assert f"| `{item.flags[0]}`" in readme
+            assert f"| `{item.flags[0]}`" in doc
 
 
 # --- where a value comes from ---

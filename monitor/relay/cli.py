@@ -19,12 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import ClassVar, NoReturn
 
 import uvicorn
 
 from hangwatch_common.cli_common import add_version_option
-from hangwatch_common.settings import SettingsError, add_flags, load, setting
+from hangwatch_common.env_names import unknown_variables_warning
+from hangwatch_common.logs import configure_logging, uvicorn_log_options
+from hangwatch_common.settings import DaemonSettings, SettingsError, add_flags, load, setting
 from hangwatch_common.token_file import TokenSource
 from hangwatch_common.watched_file import SecretFileError
 from monitor.web.auth import INGEST, METRICS, AuthLayer, TokenFile
@@ -44,7 +46,8 @@ def _web_address(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class RelaySettings(ConnectionLimits):
+class RelaySettings(ConnectionLimits, DaemonSettings):
+    config_table: ClassVar[str] = "relay"
     monitor: str | None = setting(None, parse=_web_address, help="the monitor's base URL", shown_default="none: "
                                   "required")
     host: str = setting("127.0.0.1", help="address to listen on")
@@ -64,8 +67,6 @@ class RelaySettings(ConnectionLimits):
                                   "monitor's own limit, which also bounds each batch (its limit plus the batch's "
                                   "framing)")
     flush_ms: float = setting(FLUSH_S * 1000, at_least=0, help="how long a batch gathers reports before it is sent")
-    log_level: str = setting("info", help="how much the relay logs", choices=("critical", "error", "warning", "info",
-                                                                              "debug"))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,7 +77,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Forward a share of the nodes' reports to the hangwatch monitor "
                                             "in batches (one giant job's first level of ingest). Each setting is "
-                                            "also read from its HANGWATCH_* variable; the option wins.")
+                                            "also read from its HANGWATCH_* variable and from the --config file; "
+                                            "the option wins, then the variable, then the file.")
     add_version_option(parser)
     add_flags(parser, RelaySettings)
     return parser
@@ -103,8 +105,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bool(settings.ssl_certfile) != bool(settings.ssl_keyfile):
         print(f"{PROG}: error: --ssl-certfile and --ssl-keyfile go together", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
+    if settings.config:
+        logging.getLogger("hangwatch.relay").info("settings from %s (and the flags and variables given)",
+                                                  settings.config)
     signal.signal(signal.SIGTERM, _quiet_exit)
+    unknown = unknown_variables_warning(os.environ)  # a misspelt setting otherwise changes nothing, silently
+    if unknown:
+        logging.getLogger("hangwatch.relay").warning("%s", unknown)
     if settings.relay_token_file and not settings.token_file:
         # The monitor has tokens (else why a relay token): an open relay would post anyone's reports with its own.
         print(f"{PROG}: error: --relay-token-file without --token-file would forward anyone's reports with the "
@@ -135,9 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     limits = settings  # RelaySettings inherits ConnectionLimits
     limit_repeated_logs()
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
+        uvicorn.run(app, host=settings.host, port=settings.port,
                     http=guarded_protocol(limits, connection_cap(limits, raise_open_file_limit()), stats),
-                    lifespan="on", ssl_certfile=settings.ssl_certfile, ssl_keyfile=settings.ssl_keyfile)
+                    lifespan="on", ssl_certfile=settings.ssl_certfile, ssl_keyfile=settings.ssl_keyfile,
+                    **uvicorn_log_options(settings.log_level, settings.log_format))
     except KeyboardInterrupt:
         pass
     return 0

@@ -15,6 +15,7 @@ import uvicorn
 
 from hangwatch_common.cli_common import add_version_option
 from hangwatch_common.env_names import unknown_variables_warning
+from hangwatch_common.logs import configure_logging, uvicorn_log_options
 from hangwatch_common.settings import add_flags, given
 from monitor.web.app import create_app
 from monitor.web.auth import TokenFileError
@@ -35,7 +36,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Central hang-detection monitor for distributed PyTorch training. "
-                     "Each setting is also read from its HANGWATCH_* variable; the option wins.")
+                     "Each setting is also read from its HANGWATCH_* variable and from the --config file; "
+                     "the option wins, then the variable, then the file.")
     add_version_option(parser)
     add_flags(parser, Settings)
     return parser
@@ -57,8 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    logging.basicConfig(level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
+    if settings.config:
+        logging.getLogger("hangwatch.monitor").info("settings from %s (and the flags and variables given)",
+                                                    settings.config)
     signal.signal(signal.SIGTERM, _quiet_exit)
     # A misspelt setting (TOKEN_FLE for TOKEN_FILE) is otherwise ignored without a word.
     unknown = unknown_variables_warning(os.environ)
@@ -78,9 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         limit_repeated_logs()
         ssl = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)} \
             if settings.ssl_certfile else {}
-        # No access log below debug: 1,250 posts a second would be as many log lines.
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, workers=1,
-                    access_log=settings.log_level in ("debug", "trace"), http=protocol, **ssl)
+        uvicorn.run(app, host=settings.host, port=settings.port, workers=1, http=protocol, **ssl,
+                    **uvicorn_log_options(settings.log_level, settings.log_format))
     except KeyboardInterrupt:
         pass
     finally:

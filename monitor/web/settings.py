@@ -1,4 +1,5 @@
-"""Monitor settings: built once at start-up from defaults, ``HANGWATCH_*`` and the command line.
+"""Monitor settings: built once at start-up from defaults, the config file, ``HANGWATCH_*`` and the
+command line.
 
 Each setting is declared once, below (hangwatch_common/settings.py makes its flag, variable and
 ``--help`` entry from it); the limits on what one monitor takes in are declared with the checks
@@ -14,9 +15,9 @@ import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from hangwatch_common.settings import PREFIX, SettingsError, build, gather, setting
+from hangwatch_common.settings import PREFIX, DaemonSettings, SettingsError, build, gather, setting
 from monitor.engine.engine_settings import MIN_STRAGGLER_WINDOW_S, EngineSettings
 from monitor.storage.store import StoreSettings
 from monitor.web.http_guard import ConnectionLimits
@@ -24,7 +25,6 @@ from monitor.web.load import ShedSettings
 from monitor.storage.capture_store import MAX_TOTAL_BYTES as CAPTURE_MAX_BYTES, RETENTION_S as CAPTURE_RETENTION_S
 
 ENV_PREFIX = PREFIX
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def _named_as(sources: Mapping[str, str]) -> Callable[[str], str]:
@@ -50,14 +50,14 @@ def _web_address(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class Settings(EngineSettings, StoreSettings, ConnectionLimits, ShedSettings):
+class Settings(EngineSettings, StoreSettings, ConnectionLimits, ShedSettings, DaemonSettings):
+    config_table: ClassVar[str] = "monitor"
     host: str = setting("127.0.0.1", help="address to listen on")
     port: int = setting(8787, help="port to listen on", at_least=1, at_most=65535)
     state_dir: Path | None = setting(None, help="the directory of the default database (monitor.db in it)",
                                      metavar="DIR", shown_default="$XDG_STATE_HOME/hangwatch, else ~/.local/state/hangwatch")
     db: Path = setting(factory=default_db_path, help="the SQLite file of the monitor's history",
                        shown_default="monitor.db in the state directory")
-    log_level: str = setting("info", help="how much the monitor logs", choices=LOG_LEVELS)
     # Bodies above this are refused with 413 (checked on Content-Length and while streaming).
     max_body_bytes: int = setting(8 * 1024 * 1024, help="largest accepted report (413 past it)", at_least=1024)
     # monitor/engine/actions/config.py
@@ -93,7 +93,8 @@ class Settings(EngineSettings, StoreSettings, ConnectionLimits, ShedSettings):
         cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
         option_names: Mapping[str, str] | None = None,
     ) -> Settings:
-        """Defaults, then ``HANGWATCH_<NAME>`` variables, then ``overrides`` (None values skipped).
+        """Defaults, then the config file (``config``), then ``HANGWATCH_<NAME>`` variables, then
+        ``overrides`` (None values skipped).
 
         ``option_names``: setting -> the command-line option that gives it (``--port``), so that
         an error names what the person typed; a value from a variable is named by the variable.

@@ -31,7 +31,8 @@ SOURCES = ("agent", "monitor", "hangwatch", "hangwatch_common", "deploy", "scrip
            "dashboards", ".ci", "Dockerfile", "README.md", "pyproject.toml")
 # These spell unknown names on purpose.
 TYPO_TESTS = {Path(__file__).resolve(), ROOT / "tests" / "agent" / "test_env_warning.py",
-              ROOT / "tests" / "test_settings_declared.py"}
+              ROOT / "tests" / "test_settings_declared.py", ROOT / "tests" / "test_config_file.py",
+              ROOT / "tests" / "test_log_format.py"}
 # A name, not a pattern in prose (HANGWATCH_SSL_*) nor a placeholder (HANGWATCH_<SETTING>).
 NAME = re.compile(r"\bHANGWATCH_[A-Z0-9_]+\b(?!\*)")
 
