@@ -29,6 +29,11 @@ IDENTITY_KEYS = ("slurm_job", "k8s_namespace", "torchelastic_run_id")
 LATE_JOIN_S = 30.0
 
 
+# How a node without a token of its own is said to report (the refusal node-bound tokens fix;
+# monitor/engine/actions/would.py offers that fix when it reads this).
+SHARED_TOKEN = "reports with a shared token (or none)"
+
+
 def why_unattributed(job: JobTrack, culprit_ranks: Collection[int], nodes: Mapping[str, NodeTrack],
                      now: float) -> str | None:
     """Why the job's verdict cannot be acted on (None: it can)."""
@@ -40,7 +45,7 @@ def why_unattributed(job: JobTrack, culprit_ranks: Collection[int], nodes: Mappi
     unbound = sorted(n for n in job.nodes if n in nodes and not nodes[n].attributed)
     if unbound:
         return (f"node {unbound[0]}{f' and {len(unbound) - 1} more' if len(unbound) > 1 else ''} "
-                "reports with a shared token (or none): another client could have spoken for it")
+                f"{SHARED_TOKEN}: another client could have spoken for it")
     return identity_disagreement(job) or late_culprit(job, culprit_ranks)
 
 

@@ -12,8 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from monitor.engine.actions.config import ActionRule
+from monitor.engine.actions.config import ActionConfig, ActionRule
+from monitor.engine.actions.engine import ActionEngine
 from monitor.engine.actions.execute import NotRun, command_line, payload, post_webhook, run_command
+from monitor.engine.actions.orders import AgentOrders
 from monitor.engine.actions.policy import ACT, Culprit, Decision, JobFacts
 
 RULE = ActionRule("cancel", frozenset({"deadlock"}), 1.0, "command", command=("scancel", "{slurm_job}", "--signal={rule}"))
@@ -164,3 +166,23 @@ def test_a_webhook_that_refuses_or_is_down_is_a_failed_outcome(hook_factory) -> 
     hook.server.server_close()
     ok, detail = asyncio.run(_post(hook.url))
     assert not ok and detail.startswith("ConnectError"), detail
+
+
+def test_an_unattributed_job_is_never_acted_on_but_its_audit_entry_says_what_would_run(store, clock, tmp_path) -> None:
+    """dry_run off and a real command: the refusal holds, the audit entry carries the filled command."""
+    mark = tmp_path / "ran"
+    rule = ActionRule("cancel", frozenset({"deadlock"}), 0.0, "command",
+                      command=(sys.executable, "-c", f"open({str(mark)!r}, 'w')", "{slurm_job}"))
+    engine = ActionEngine(ActionConfig((rule,), dry_run=False), store, AgentOrders(), clock=clock)
+    why = "node node-b reports with a shared token (or none): another client could have spoken for it"
+    engine.observe(JobFacts("job-a", "deadlock", "", (Culprit(1, "node-b", 4242),), {"slurm_job": "77"}, why), clock())
+
+    async def run() -> None:
+        async with httpx.AsyncClient() as client:
+            await engine.run_pending(client)
+    asyncio.run(run())
+    assert not mark.exists()
+    [entry] = [engine.as_json(r) for r in engine.audit("job-a")]
+    assert (entry["outcome"], entry["ran"]) == ("unattributed", False), entry
+    assert entry["target"] == f"{sys.executable} -c open({str(mark)!r}, 'w') 77", entry
+    assert entry["detail"].startswith(f"not run: {why}. The rule would run: {entry['target']}."), entry

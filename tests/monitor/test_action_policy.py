@@ -6,6 +6,7 @@ import pytest
 
 from monitor.engine.actions.config import ActionConfig, ActionRule
 from monitor.engine.actions.policy import ACT, DRY_RUN, RATE_LIMITED, UNATTRIBUTED, ActionPolicy, Culprit, JobFacts
+from monitor.engine.actions.would import UNBOUND_FIX, not_carried_out
 
 CANCEL = ActionRule("cancel", frozenset({"deadlock", "stalled"}), 10.0, "command", command=("scancel", "{slurm_job}"))
 SIGNAL = ActionRule("restart", frozenset({"deadlock"}), 5.0, "signal", signal="SIGTERM")
@@ -82,3 +83,62 @@ def test_a_forgotten_job_starts_a_new_incident() -> None:
     policy.keep_only(set())
     assert policy.incident_started_at("job-a") is None
     assert run(policy, [(20, facts("deadlock")), (30, facts("deadlock"))]) == [(30, "job-a", "cancel", ACT)]
+
+
+# What an unattributed decision's audit entry says the rule would have done: the would-be command
+# filled through the placeholder checks (monitor/engine/actions/would.py), never run.
+SHARED = "node node-b reports with a shared token (or none): another client could have spoken for it"
+CLAIMED = "node node-c claimed rank 1, which node node-b holds: the job's evidence may not come from the nodes it names"
+HOOK = ActionRule("chat", frozenset({"deadlock"}), 0.0, "webhook", webhook="https://chat.example/hook")
+DOUBTED = (Culprit(1, "node-b", 4242, 100.0, pid_conflict="node node-b reports pid 4242 as two ranks"),)
+
+
+@pytest.mark.parametrize(("name", "cfg", "names", "why", "culprits", "expected"), [
+    ("unattributed, dry run (the first week on a set-up without node-bound tokens): the filled command it would run",
+     config(CANCEL, dry_run=True), {"slurm_job": "77"}, SHARED, CULPRIT,
+     (UNATTRIBUTED, "scancel 77", f"not run: {SHARED}. The rule would run: scancel 77. {UNBOUND_FIX}")),
+    ("... the same with dry_run off: the refusal is the decision",
+     config(CANCEL), {"slurm_job": "77"}, SHARED, CULPRIT,
+     (UNATTRIBUTED, "scancel 77", f"not run: {SHARED}. The rule would run: scancel 77. {UNBOUND_FIX}")),
+    ("a hostile placeholder value still refuses: no command line is shown",
+     config(CANCEL, dry_run=True), {"slurm_job": "--user=root"}, SHARED, CULPRIT,
+     (UNATTRIBUTED, "scancel {slurm_job}", f"not run: {SHARED}. The rule would be refused: {{slurm_job}} is "
+      "'--user=root', not a Slurm job id (digits, _task, .step): refused (a placeholder is data, never an option). "
+      f"{UNBOUND_FIX}")),
+    ("a job with no value for a placeholder: it would skip",
+     config(CANCEL, dry_run=True), {}, SHARED, CULPRIT,
+     (UNATTRIBUTED, "scancel {slurm_job}", f"not run: {SHARED}. The rule would skip: the job has no slurm_job for "
+      f"'{{slurm_job}}'. {UNBOUND_FIX}")),
+    ("a signal: the ranks it would be sent to",
+     config(SIGNAL, dry_run=True), {}, SHARED, CULPRIT,
+     (UNATTRIBUTED, "SIGTERM to rank 1 (pid 4242 on node-b)",
+      f"not run: {SHARED}. The rule would send SIGTERM to rank 1 (pid 4242 on node-b). {UNBOUND_FIX}")),
+    ("a signal on a pid its node doubts: it would order nothing",
+     config(SIGNAL, dry_run=True), {}, SHARED, DOUBTED,
+     (UNATTRIBUTED, "SIGTERM to the culprit ranks", f"not run: {SHARED}. The rule would order nothing: no SIGTERM "
+      f"ordered: node node-b reports pid 4242 as two ranks. {UNBOUND_FIX}")),
+    ("a webhook: where it would POST",
+     config(HOOK, dry_run=True), {}, SHARED, CULPRIT,
+     (UNATTRIBUTED, "https://chat.example/hook",
+      f"not run: {SHARED}. The rule would POST to https://chat.example/hook. {UNBOUND_FIX}")),
+    ("a claimed rank is no token matter: no token fix offered",
+     config(CANCEL, dry_run=True), {"slurm_job": "77"}, CLAIMED, CULPRIT,
+     (UNATTRIBUTED, "scancel 77", f"not run: {CLAIMED}. The rule would run: scancel 77.")),
+    ("attributed, dry run: what would run",
+     config(CANCEL, dry_run=True), {"slurm_job": "77"}, None, CULPRIT, (DRY_RUN, "scancel 77", "would run: scancel 77")),
+    ("attributed, dry run, hostile value: refused",
+     config(CANCEL, dry_run=True), {"slurm_job": "--user=root"}, None, CULPRIT,
+     ("refused", "scancel {slurm_job}", "{slurm_job} is '--user=root', not a Slurm job id (digits, _task, .step): "
+      "refused (a placeholder is data, never an option)")),
+    ("a signal's own check keeps its line",
+     config(SIGNAL, dry_run=True), {}, None, DOUBTED,
+     (UNATTRIBUTED, "SIGTERM to the culprit ranks", "no SIGTERM ordered: node node-b reports pid 4242 as two ranks")),
+])
+def test_what_a_decision_that_runs_nothing_records(name: str, cfg: ActionConfig, names: dict, why: str | None,
+                                                   culprits, expected: tuple[str, str, str]) -> None:
+    job = JobFacts("job-a", "deadlock", "a deadlock", culprits, names, why)
+    policy = ActionPolicy(cfg)
+    [decision] = [d for now in (0, 60) for d in policy.observe(job, now)]
+    assert decision.outcome != ACT, name
+    entry = not_carried_out(decision, None)
+    assert (entry.outcome, entry.target, entry.detail) == expected, name

@@ -16,11 +16,13 @@ pytestmark = pytest.mark.live
 REPORTS = "/api/v1/reports"
 NODE_A, NODE_B = "node-a-token-0123456789abcdef", "node-b-token-0123456789abcdef"
 RULE = '[[rule]]\nname = "stop-culprits"\nverdicts = ["rank_stopped"]\nafter_s = 0\nsignal = "SIGTERM"\n'
+CANCEL = '[[rule]]\nname = "cancel"\nverdicts = ["rank_stopped"]\nafter_s = 0\ncommand = ["scancel", "--", "{slurm_job}"]\n'
 
 
-def _files(tmp_path: Path, dry_run: bool, bound: bool = True) -> list[str]:
+def _files(tmp_path: Path, dry_run: bool | None, bound: bool = True, rules: str = RULE) -> list[str]:
+    """The actions file (``dry_run`` None: left to its default) and the agents' token file."""
     actions = tmp_path / "actions.toml"
-    actions.write_text(f"dry_run = {str(dry_run).lower()}\n{RULE}")
+    actions.write_text(("" if dry_run is None else f"dry_run = {str(dry_run).lower()}\n") + rules)
     tokens = tmp_path / "agents.tokens"
     tokens.write_text(f"node-a {NODE_A}\nnode-b {NODE_B}\n" if bound else f"{NODE_A}\n")
     tokens.chmod(0o600)
@@ -35,15 +37,16 @@ def _post(base: str, node: str, token: str, ranks: list[dict], **fields) -> dict
 
 
 def _ranks(state: str) -> list[dict]:
-    return [rank(job_id="job-s", rank=0, pid=2000, cpu_percent=0.0),
-            rank(job_id="job-s", rank=1, pid=2001, state=state, cpu_percent=0.0, started_at=123.0)]
+    env = {"SLURM_JOB_ID": "77"}
+    return [rank(job_id="job-s", rank=0, pid=2000, cpu_percent=0.0, env=env),
+            rank(job_id="job-s", rank=1, pid=2001, state=state, cpu_percent=0.0, started_at=123.0, env=env)]
 
 
-def _audit(base: str, timeout: float = 15) -> list[dict]:
+def _audit(base: str, timeout: float = 15, entries: int = 1) -> list[dict]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = httpx.get(base + "/api/v1/actions", params={"job": "job-s"}, timeout=5).json()["actions"]
-        if found:
+        if len(found) >= entries:
             return found
         time.sleep(0.2)
     raise AssertionError("no audit entry")
@@ -91,11 +94,25 @@ def test_dry_run_records_what_it_would_do_and_orders_nothing(tmp_path: Path) -> 
         assert body["enabled"] and body["dry_run"] and body["rules"][0]["name"] == "stop-culprits"
 
 
-def test_no_action_on_reports_sent_with_a_shared_token(tmp_path: Path) -> None:
-    with running_monitor(tmp_path, *_files(tmp_path, dry_run=False, bound=False)) as monitor:
+def test_a_default_set_up_audits_unattributed_with_what_each_rule_would_have_done(tmp_path: Path) -> None:
+    """No node-bound token and the default dry run (the recommended first week): nothing acts, and the
+    audit log, where users read it, says what each rule would have done, why it did not, and the fix."""
+    files = _files(tmp_path, dry_run=None, bound=False, rules=RULE + CANCEL)
+    with running_monitor(tmp_path, *files) as monitor:
         assert _stop_rank_1(monitor.base) == []
-        [entry] = _audit(monitor.base)
-        assert entry["outcome"] == "unattributed" and "shared token" in entry["detail"], entry
+        entries = {e["rule"]: e for e in _audit(monitor.base, entries=2)}
+        why = "not run: node node-a reports with a shared token (or none): another client could have spoken for it."
+        cancel, stop = entries["cancel"], entries["stop-culprits"]
+        assert (cancel["outcome"], cancel["ran"], cancel["target"]) == ("unattributed", False, "scancel -- 77"), cancel
+        assert cancel["detail"].startswith(f"{why} The rule would run: scancel -- 77. To let it act: give each node "
+                                           "its own token"), cancel
+        assert (stop["outcome"], stop["target"]) == ("unattributed", "SIGTERM to rank 1 (pid 2001 on node-a)"), stop
+        assert f"{why} The rule would send SIGTERM to rank 1 (pid 2001 on node-a)." in stop["detail"], stop
+        # The job's history answer (what the page shows under the job) carries the same entries.
+        history = httpx.get(monitor.base + "/api/v1/jobs/job-s/history", timeout=5).json()
+        assert {a["rule"]: a["detail"] for a in history["actions"]} == \
+            {rule: e["detail"] for rule, e in entries.items()}, history["actions"]
+        assert httpx.get(monitor.base + "/api/v1/actions", timeout=5).json()["dry_run"] is True
 
 
 def test_no_action_while_another_node_claims_a_rank_of_the_job(tmp_path: Path) -> None:

@@ -447,7 +447,10 @@ def test_history_lists_the_incidents_captures_and_actions(
     history["actions"] = [{"at": clock.now, "rule": "restart-culprits", "kind": "signal", "outcome": "ok",
                            "detail": "sent SIGTERM to rank 1 (pid 1001)"},
                           {"at": clock.now, "rule": "cancel", "kind": "command", "outcome": "dry_run",
-                           "detail": "would run: scancel 77"}]
+                           "detail": "would run: scancel 77"},
+                          {"at": clock.now, "rule": "requeue", "kind": "command", "outcome": "unattributed",
+                           "ran": False, "target": "scontrol requeue -- 77",
+                           "detail": "not run: node node-a reports with a shared token (or none)"}]
     card = run_page(tmp_path, data, routes)["cards"]["job-a"]
     assert "evidence captured" in card["history"] and "deadlock: 1/2 nodes, 4 KiB" in card["history"]
     [capture_link] = [link for link in card["links"] if link["href"].startswith("/api/v1/captures/")]
@@ -455,3 +458,6 @@ def test_history_lists_the_incidents_captures_and_actions(
     assert "action restart-culprits (signal): ok" in card["history"]
     assert "sent SIGTERM to rank 1 (pid 1001)" in card["history"]
     assert card["history"].index("action cancel (command): dry run") < card["history"].index("restart-culprits")
+    # An unattributed decision shows the command it would have run, though it ran nothing.
+    assert "action requeue (command): unattributed" in card["history"]
+    assert "scontrol requeue -- 77" in card["history"]

@@ -17,10 +17,12 @@ import httpx
 from monitor.engine.actions.config import ActionConfig
 from monitor.engine.actions.execute import NotRun, command_line, payload, post_webhook, run_command
 from monitor.engine.actions.orders import AgentOrders
-from monitor.engine.actions.policy import ACT, DRY_RUN, ActionPolicy, Decision, JobFacts
+from monitor.engine.actions.policy import ACT, ActionPolicy, Decision, JobFacts
+from monitor.engine.actions.would import not_carried_out
 from monitor.storage.store import ActionRecord, Store
 
 log = logging.getLogger("hangwatch.actions")
+RAN = ("ok", "failed")  # the outcomes of an action carried out
 RECENT_KEPT = 256  # audit entries kept in memory too (the database may be failing)
 
 
@@ -45,22 +47,21 @@ class ActionEngine:
     def observe(self, facts: JobFacts, now: float) -> None:
         """A published, live verdict (cheap unless a rule acts on it now)."""
         for decision in self.policy.observe(facts, now):
+            if decision.outcome != ACT:
+                entry = not_carried_out(decision, self._evidence_url(facts.job_id))
+                self._record(decision, entry.outcome, entry.detail, target=entry.target)
+                continue
             refused = self._refused_command(decision)
             if refused is not None:
                 self._record(decision, refused.outcome, refused.detail)
-            elif decision.outcome == ACT:
-                self._queue.append(decision)
             else:
-                self._record(decision, decision.outcome, self._would(decision) if decision.outcome == DRY_RUN
-                             else decision.detail)
+                self._queue.append(decision)
 
     def _refused_command(self, decision: Decision) -> NotRun | None:
-        """A command whose placeholders are not data of their kinds: refused, in a dry run too
-        (it says what would happen), before it is queued."""
-        if decision.rule.kind != "command" or decision.outcome not in (ACT, DRY_RUN):
+        """A command whose placeholders are not data of their kinds: refused before it is queued."""
+        if decision.rule.kind != "command":
             return None
-        argv = command_line(decision.rule, payload(decision, self._evidence_url(decision.facts.job_id),
-                                                   dry_run=decision.outcome == DRY_RUN))
+        argv = command_line(decision.rule, payload(decision, self._evidence_url(decision.facts.job_id), dry_run=False))
         return argv if isinstance(argv, NotRun) and argv.outcome == "refused" else None
 
     def keep_only(self, job_ids: set[str]) -> None:
@@ -99,16 +100,6 @@ class ActionEngine:
             f"rank {rank} (pid {pid} on {node})" for node, _, rank, pid, _ in targets))
         self.orders.order(key, decision.rule.signal, targets, self.clock())
 
-    def _would(self, decision: Decision) -> str:
-        rule = decision.rule
-        if rule.kind == "command":
-            argv = command_line(rule, payload(decision, None, dry_run=True))
-            return f"would run: {' '.join(argv)}" if isinstance(argv, list) else f"would skip: {argv.detail}"
-        if rule.kind == "webhook":
-            return f"would POST to {rule.webhook}"
-        ranks = ", ".join(f"rank {c.rank} (pid {c.pid} on {c.node})" for c in decision.facts.culprits if c.pid)
-        return f"would send {rule.signal} to {ranks}"
-
     def _evidence_url(self, job_id: str) -> str | None:
         template = self.config.evidence_url or (self.page_url and f"{self.page_url.rstrip('/')}/?job={{job}}")
         return template.replace("{job}", job_id) if template else None
@@ -138,4 +129,6 @@ class ActionEngine:
         return {"at": record.at, "job_id": record.job_id, "incident_started_at": record.incident_started_at,
                 "rule": record.rule, "kind": record.kind, "verdict": record.verdict,
                 "culprit_ranks": list(record.culprit_ranks), "culprit_nodes": list(record.culprit_nodes),
-                "target": record.target, "outcome": record.outcome, "detail": record.detail}
+                "target": record.target, "outcome": record.outcome, "detail": record.detail,
+                # Whether it ran at all: a dry run, a refusal or a held-back decision only says what it would do.
+                "ran": record.outcome in RAN}

@@ -57,6 +57,10 @@ class Decision:
     # ACT, DRY_RUN (record what would run), RATE_LIMITED or UNATTRIBUTED (recorded, not run)
     outcome: str
     detail: str = ""
+    # UNATTRIBUTED because the job's evidence cannot be attributed to its nodes (``facts.unattributed``),
+    # not a signal's own check: the audit log then says what the rule would have done
+    # (monitor/engine/actions/would.py), so a dry run on a set-up without node-bound tokens still shows it.
+    evidence_unattributed: bool = False
 
 
 @dataclass
@@ -104,22 +108,19 @@ class ActionPolicy:
         return decisions
 
     def _decide(self, rule: ActionRule, facts: JobFacts, incident: _Incident, held_s: float, now: float) -> Decision:
-        def decision(outcome: str, detail: str = "") -> Decision:
-            return Decision(rule, facts, incident.started_at, held_s, outcome, detail)
+        def decision(outcome: str, detail: str = "", evidence_unattributed: bool = False) -> Decision:
+            return Decision(rule, facts, incident.started_at, held_s, outcome, detail, evidence_unattributed)
 
         if facts.unattributed is not None and not self.config.trust_unbound_nodes:
-            return decision(UNATTRIBUTED, facts.unattributed)
+            return decision(UNATTRIBUTED, facts.unattributed, evidence_unattributed=True)
         while self._recent and self._recent[0] <= now - self.config.per_seconds:
             self._recent.popleft()
         if len(self._recent) >= self.config.max_actions:
             return decision(RATE_LIMITED, f"{len(self._recent)} actions in the last {self.config.per_seconds:.0f}s "
                                           f"(max_actions {self.config.max_actions})")
-        if rule.kind == "signal" and not any(c.pid for c in facts.culprits):
-            return decision(UNATTRIBUTED, "no culprit rank with a known process to signal")
-        doubted = next((c.pid_conflict for c in facts.culprits if c.pid and c.pid_conflict), None)
-        if rule.kind == "signal" and doubted is not None:
-            # A node that lies about which process a rank is could aim the signal at another job's rank.
-            return decision(UNATTRIBUTED, f"no {rule.signal} ordered: {doubted}")
+        unsignalled = signal_refusal(rule, facts)
+        if unsignalled is not None:
+            return decision(UNATTRIBUTED, unsignalled)
         return decision(DRY_RUN if self.config.dry_run else ACT)
 
     def keep_only(self, job_ids: set[str]) -> None:
@@ -130,3 +131,16 @@ class ActionPolicy:
     def incident_started_at(self, job_id: str) -> float | None:
         incident = self._incidents.get(job_id)
         return incident.started_at if incident else None
+
+
+def signal_refusal(rule: ActionRule, facts: JobFacts) -> str | None:
+    """Why a signal rule orders nothing on these culprits (None: it may, or the rule is no signal)."""
+    if rule.kind != "signal":
+        return None
+    if not any(c.pid for c in facts.culprits):
+        return "no culprit rank with a known process to signal"
+    doubted = next((c.pid_conflict for c in facts.culprits if c.pid and c.pid_conflict), None)
+    if doubted is not None:
+        # A node that lies about which process a rank is could aim the signal at another job's rank.
+        return f"no {rule.signal} ordered: {doubted}"
+    return None

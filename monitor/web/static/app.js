@@ -357,8 +357,11 @@ function actionsList(actions) {
   return el("ul", { key: "actions", class: "actions" }, ...actions.slice(-HISTORY_SHOWN).reverse().map((a, i) =>
     el("li", { key: `${a.at}-${i}` },
       el("span", { class: "meta" }, clock(a.at)),
-      el("span", { class: `outcome ${a.outcome === "ok" || a.outcome === "dry_run" ? "" : "bad"}` },
+      // Only what went wrong is marked: a dry run, an unattributed job's or a rate-limited decision
+      // ran nothing on purpose, and says what it would have done (its target).
+      el("span", { class: `outcome ${a.outcome === "failed" || a.outcome === "refused" ? "bad" : ""}` },
         ` action ${a.rule} (${a.kind}): ${a.outcome.replace("_", " ")} `),
+      a.ran === false && a.target ? el("code", { class: "would", title: "not run" }, a.target) : null,
       el("span", { class: "meta", title: a.detail }, a.detail))));
 }
 
