@@ -10,9 +10,11 @@ the main loops call it unconditionally::
     while running:
         ...
         notifier.tick()                          # WATCHDOG=1 when half the watchdog interval has passed
+        notifier.status_on_change(readiness)     # STATUS=..., sent only when the text changes
     notifier.stopping()
 
-``tick`` is cheap (a clock read) and may be called more often than the watchdog needs.
+``tick`` and ``status_on_change`` are cheap (a clock read, a comparison) and may be called more often
+than the watchdog needs.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Notifier:
         self._clock = clock
         self._last_ping: float | None = None
         self._sock: socket.socket | None = None
+        self._status: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, clock: Callable[[], float] = time.monotonic) -> Notifier:
@@ -76,12 +79,20 @@ class Notifier:
         lines = ["READY=1", f"MAINPID={os.getpid()}"]
         if status:
             lines.append(f"STATUS={status}")
+            self._status = status
         sent = self.notify(*lines)
         self._last_ping = self._clock()
         return sent
 
     def status(self, text: str) -> bool:
+        self._status = text
         return self.notify(f"STATUS={text}")
+
+    def status_on_change(self, text: str) -> bool:
+        """STATUS=text unless it is what systemd was last told; True when sent."""
+        if not self.enabled or text == self._status:
+            return False
+        return self.status(text)
 
     def tick(self) -> bool:
         """WATCHDOG=1 if a watchdog is set and half its interval has passed since the last one."""

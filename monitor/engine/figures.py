@@ -30,4 +30,5 @@ def capture_figures(captures: CaptureRequests | None) -> CaptureFigures | None:
     if captures is None:
         return None
     store = captures.store
-    return CaptureFigures(captures.requested, store.parts_received, store.parts_refused, store.total_bytes)
+    return CaptureFigures(captures.requested, store.parts_received, store.parts_refused, store.total_bytes,
+                          tuple(sorted(store.refusals.items())))

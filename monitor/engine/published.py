@@ -14,6 +14,7 @@ from typing import Any
 
 from monitor.diagnosis import Diagnosis, JobView
 from monitor.engine.job_names import job_names
+from monitor.engine.readiness import Readiness
 from monitor.storage.store import StoreFigures
 
 
@@ -71,6 +72,8 @@ class CaptureFigures:
     parts_received: int
     parts_refused: int
     total_bytes: int
+    # Refused parts by reason (monitor/storage/capture_store.py REFUSAL_REASONS).
+    refusals: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class MonitorFigures:
     # None: actions (or captures) are off on this monitor.
     action_counts: tuple[tuple[tuple[str, str, str], int], ...] | None = None
     captures: CaptureFigures | None = None
+    readiness: Readiness | None = None
 
 
 @dataclass(frozen=True)

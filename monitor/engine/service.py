@@ -30,6 +30,7 @@ from monitor.engine.published import (JobResult, MonitorFigures, MonitorStatus, 
                                        TimelineSpans)
 from monitor.engine.engine_settings import EngineSettings
 from monitor.engine.figures import capture_figures, node_summaries
+from monitor.engine.readiness import Readiness, RebuildProgress, decide
 from monitor.engine.rank_timeline import RankTimeline
 from monitor.engine.verdict_ledger import VerdictLedger
 from monitor.ingest.state import MonitorState
@@ -113,11 +114,13 @@ class Monitor:
         actions: ActionEngine | None = None,
         captures: CaptureRequests | None = None,
         after_giant_diagnosis: Callable[[JobResult], Callable[[], None] | None] | None = None,
+        overloaded: Callable[[], bool] | None = None,
         **tuning: Any,
     ) -> None:
         """``settings``: the monitor's, as declared (monitor/engine/engine_settings.py). Built bare (unit
         tests, benchmarks) no background pass drives it (``tick_interval_s`` 0): every read diagnoses
-        anew. ``tuning``: settings of those names replaced (``confirm_alarms=False``)."""
+        anew. ``overloaded``: whether the web face sheds reports now (monitor/web/load.py), for readiness.
+        ``tuning``: settings of those names replaced (``confirm_alarms=False``)."""
         settings = settings if settings is not None else EngineSettings(tick_interval_s=0.0)
         if tuning:
             settings = dataclasses.replace(settings, **tuning)
@@ -171,6 +174,10 @@ class Monitor:
         self.actions = actions
         # Evidence captured per incident (monitor/engine/capture_requests.py): unless off.
         self.captures = captures
+        self._overloaded = overloaded
+        # The nodes replay() restored, and those of them not heard from in full since (monitor/engine/readiness.py).
+        self._restored_nodes = 0
+        self._awaiting_restored: set[str] = set()
 
     # --- ingest ---
 
@@ -201,6 +208,7 @@ class Monitor:
             snapshot_due = due is None or received_at >= due
             if not report.delta:
                 self._full_seen.add(node)
+                self._awaiting_restored.discard(node)
                 self.full_reports_total += 1
                 if snapshot_due:
                     self.store.add_snapshot(node, received_at, msgspec.json.encode(report))
@@ -306,7 +314,9 @@ class Monitor:
                     continue
                 self._state.apply(report, stored.received_at)
                 self._snapshot_due[stored.node] = stored.received_at + self.settings.snapshot_interval_s * _spread(stored.node)
+                self._awaiting_restored.add(stored.node)
                 count += 1
+            self._restored_nodes = len(self._awaiting_restored)
             for job_id, change in self.store.latest_verdicts().items():
                 self._ledger.restore(job_id, (change.verdict, change.culprit_ranks))
                 if change.verdict in ALARMS:
@@ -589,6 +599,29 @@ class Monitor:
             return TimelineSpans(now, self._timeline.window_s, len(kept), tuple(
                 (rank, tuple((run.start, run.end, run.state) for run in runs)) for rank, runs in spans.items()))
 
+    def _rebuild_progress(self, now: float | None = None) -> RebuildProgress | None:
+        """How far the rebuild after a restart is; None once every restored node sent a full report, or
+        ``job_room_silent_s`` after the start (the time silence means nothing after a restart, ``refusal``)."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            if not self._awaiting_restored:
+                return None
+            left = self.started_at + self.limits.job_room_silent_s - now
+            if left <= 0:
+                self._awaiting_restored.clear()  # a node that never came back holds nothing up
+                return None
+            return RebuildProgress(self._restored_nodes, len(self._awaiting_restored), left)
+
+    def readiness(self) -> Readiness:
+        """Whether the monitor is ready for traffic, and if not why (monitor/engine/readiness.py): read for
+        /readyz, /metrics and systemd's status. Two statvfs calls and a few lookups."""
+        volumes = [self.store.volume()]
+        if self.captures is not None:
+            volumes.append(self.captures.store.volume())
+        health = self.store.health
+        return decide(None if health.ok else (health.problem or "failing"), [v for v in volumes if v is not None],
+                      self._overloaded is not None and self._overloaded(), self._rebuild_progress())
+
     def status(self) -> MonitorStatus:
         with self._lock:
             return MonitorStatus(self.clock(), len(self._state.nodes), len(self._state.jobs), self.last_pass_at,
@@ -596,6 +629,7 @@ class Monitor:
 
     def figures(self) -> MonitorFigures:
         """The monitor's own counters, copied at one moment (/metrics renders them on a worker thread)."""
+        readiness = self.readiness()  # before the lock: it reads the volumes
         with self._lock:
             state, actions = self._state, self.actions
             return MonitorFigures(
@@ -618,6 +652,7 @@ class Monitor:
                 store=self.store.figures(),
                 action_counts=None if actions is None else tuple(sorted(dict(actions.counts).items())),
                 captures=capture_figures(self.captures),
+                readiness=readiness,
             )
 
     def knows_job(self, job_id: str) -> bool:

@@ -1,8 +1,13 @@
 """The relay's ASGI app: agents' reports in (checked as the monitor checks them), batches out.
 
 Paths: ``POST /api/v1/reports`` (agents), ``POST /api/v1/capture-uploads/...`` (agents' evidence,
-passed to the monitor as it came, token and all), ``/healthz``, ``/metrics``. Anything else is a
-404 that says where the monitor is: people read the monitor, never a relay.
+passed to the monitor as it came, token and all), ``/healthz``, ``/readyz``, ``/metrics``. Anything
+else is a 404 that says where the monitor is: people read the monitor, never a relay.
+
+A relay is ready while the monitor behind it answers its ``/healthz``: a relay cut off from the
+monitor (a partition, a wrong address or certificate) is taken out of its Service, and agents
+reach another one. The monitor's own readiness is not asked: a monitor that is not ready (a
+rebuild after a restart, a full volume) still wants every report.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ UPLOAD_TIMEOUT_S = 60.0
 # What the relay itself refuses, by the monitor's reason names (hangwatch_reports_rejected_total).
 REFUSALS = ("unauthorized", "content_type", "too_large", "invalid_json", "schema", "wrong_node", "disconnected")
 ANSWER_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# /readyz asks the monitor at most this often (probes in between get the last answer), waiting this long.
+READY_CHECK_EVERY_S = 2.0
+READY_TIMEOUT_S = 2.0
 
 
 class RelayApp:
@@ -47,6 +55,9 @@ class RelayApp:
                                        buckets=ANSWER_BUCKETS, registry=self.registry)
         forwarder.on_batch = self.batch_seconds.observe
         self.registry.register(_Counts(self))
+        # The last readiness check: (loop time, why not ready or None); one check at a time.
+        self._readiness: tuple[float, str | None] | None = None
+        self._readiness_lock: asyncio.Lock | None = None
 
     def reject(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
@@ -60,6 +71,11 @@ class RelayApp:
         path, method = scope["path"], scope["method"]
         if path == "/healthz":
             await _answer(send, 200, b"ok\n", b"text/plain; charset=utf-8")
+        elif path == "/readyz":
+            why = await self._not_ready()
+            reasons = [] if why is None else [{"reason": "monitor_unreachable", "detail": why}]
+            await _answer_json(send, Outcome(200 if why is None else 503, {"ready": why is None, "reasons": reasons},
+                                             {"cache-control": "no-store"}))
         elif path == "/metrics":
             await _answer(send, 200, generate_latest(self.registry), b"text/plain; version=0.0.4; charset=utf-8")
         elif path == INGEST_PATH and method != "POST":
@@ -79,6 +95,23 @@ class RelayApp:
         else:
             await _answer_json(send, Outcome(404, {"detail": f"a hangwatch relay takes agents' reports only: read "
                                                              f"the monitor at {self.forwarder.owner}"}))
+
+    async def _not_ready(self) -> str | None:
+        """Why the relay is not ready (the monitor does not answer its /healthz), None when it is."""
+        if self._readiness_lock is None:
+            self._readiness_lock = asyncio.Lock()
+        async with self._readiness_lock:  # probes that come together share one check
+            now = asyncio.get_running_loop().time()
+            if self._readiness is None or now - self._readiness[0] >= READY_CHECK_EVERY_S:
+                owner = self.forwarder.owner
+                try:
+                    response = await self.forwarder.client.get(owner + "/healthz", timeout=READY_TIMEOUT_S)
+                    why = None if response.status_code == 200 else \
+                        f"the monitor at {owner} answered /healthz with HTTP {response.status_code}"
+                except httpx.HTTPError as exc:
+                    why = f"the monitor at {owner} is unreachable ({type(exc).__name__})"
+                self._readiness = (asyncio.get_running_loop().time(), why)
+            return self._readiness[1]
 
     async def _relay_report(self, scope: Scope, receive: Receive) -> Outcome:
         body = await receive_body(scope, receive, self.max_body_bytes, self.reject)

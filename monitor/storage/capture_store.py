@@ -11,11 +11,14 @@ the monitor a file each. A bundle is a directory::
 
 Bounded: a part at most ``max_part_bytes`` (the upload is cut and the part dropped past it), a
 bundle at most ``max_bundle_bytes``, all bundles at most ``max_total_bytes`` and
-``retention_s`` old (the oldest go first). Downloaded as one tar of its files (``tar_stream``).
+``retention_s`` old (the oldest go first). No part is written while the volume has less than
+``min_free_bytes`` free, or would have once the part is in (monitor/storage/free_space.py): it is
+refused with 507, and the bundles kept stay. Downloaded as one tar of its files (``tar_stream``).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -24,9 +27,12 @@ import shutil
 import tarfile
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from monitor.storage.free_space import MIN_FREE_BYTES, FreeSpace, VolumeSpace, mib
 
 log = logging.getLogger("hangwatch.captures")
 
@@ -41,12 +47,17 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 BUNDLE_ID = re.compile(r"^[A-Za-z0-9._-]{1,160}$")
 
 
-class CaptureRefused(Exception):
-    """Why an upload is not taken: ``status`` is the HTTP answer (404, 409, 413)."""
+# Why a part was refused, a label of hangwatch_capture_parts_refused_total; "failed": the upload broke off.
+REFUSAL_REASONS = ("expired", "not_asked", "already_sent", "too_large", "low_space", "failed")
 
-    def __init__(self, status: int, detail: str) -> None:
+
+class CaptureRefused(Exception):
+    """Why an upload is not taken: ``status`` is the HTTP answer (404, 409, 413, 507), ``reason`` one
+    of REFUSAL_REASONS."""
+
+    def __init__(self, status: int, detail: str, reason: str) -> None:
         super().__init__(detail)
-        self.status, self.detail = status, detail
+        self.status, self.detail, self.reason = status, detail, reason
 
 
 @dataclass
@@ -79,7 +90,7 @@ def file_safe(text: str, limit: int = 80) -> str:
 class CaptureStore:
     def __init__(self, root: Path, max_part_bytes: int = MAX_PART_BYTES, max_bundle_bytes: int = MAX_BUNDLE_BYTES,
                  max_total_bytes: int = MAX_TOTAL_BYTES, retention_s: float = RETENTION_S,
-                 clock=time.time) -> None:
+                 clock=time.time, min_free_bytes: int = MIN_FREE_BYTES) -> None:
         self.root = root
         self.max_part_bytes, self.max_bundle_bytes = max_part_bytes, max_bundle_bytes
         self.max_total_bytes, self.retention_s = max_total_bytes, retention_s
@@ -89,6 +100,8 @@ class CaptureStore:
         self._total_bytes = 0
         self.parts_received = 0
         self.parts_refused = 0
+        self.refusals: Counter[str] = Counter()
+        self.free_space = FreeSpace("captures", root, min_free_bytes)
         self._load()
 
     # --- bundles ---
@@ -126,13 +139,13 @@ class CaptureStore:
             bundle = self._bundles.get(bundle_id)
             refusal = None
             if bundle is None:
-                refusal = CaptureRefused(404, f"no capture {bundle_id!r} (expired, or never asked)")
+                refusal = CaptureRefused(404, f"no capture {bundle_id!r} (expired, or never asked)", "expired")
             elif node not in bundle.nodes:
-                refusal = CaptureRefused(409, f"capture {bundle_id} did not ask node {node!r}")
+                refusal = CaptureRefused(409, f"capture {bundle_id} did not ask node {node!r}", "not_asked")
             elif node in bundle.received:
-                refusal = CaptureRefused(409, f"node {node!r} already sent its part of {bundle_id}")
+                refusal = CaptureRefused(409, f"node {node!r} already sent its part of {bundle_id}", "already_sent")
             if refusal is not None:
-                self.parts_refused += 1
+                self._count_refusal(refusal.reason)
                 raise refusal
             assert bundle is not None
             room = min(self.max_part_bytes, self.max_bundle_bytes - bundle.bytes)
@@ -140,21 +153,30 @@ class CaptureStore:
         partial = path.with_suffix(".partial")
         size = 0
         try:
+            # Read once before writing; the part's own bytes are counted against it as they come.
+            space = self.free_space.reading() if self.free_space.min_free_bytes > 0 else None
+            if space is not None and space.short:
+                raise self._low_space(space.free_bytes)
             with open(partial, "wb") as out:
                 async for chunk in chunks:
                     size += len(chunk)
                     if size > room:
-                        raise CaptureRefused(413, f"part over {room} bytes (the part or bundle limit)")
+                        raise CaptureRefused(413, f"part over {room} bytes (the part or bundle limit)", "too_large")
+                    if space is not None and space.free_bytes - size < space.min_free_bytes:
+                        raise self._low_space(space.free_bytes - size)
                     out.write(chunk)
             os.replace(partial, path)
         except BaseException as exc:
             partial.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                exc = self._low_space(0)
             with self._lock:
-                self.parts_refused += 1
+                self._count_refusal(exc.reason if isinstance(exc, CaptureRefused) else "failed")
                 if isinstance(exc, CaptureRefused):
                     bundle.refused[node] = exc.detail
-                    self._save(bundle)
-            raise
+                    if exc.reason != "low_space":  # a full volume: saved with the bundle's next write
+                        self._save(bundle)
+            raise exc
         with self._lock:
             bundle.received[node] = size
             bundle.bytes += size
@@ -166,6 +188,21 @@ class CaptureStore:
         if over:
             self.prune()
         return size
+
+    def _count_refusal(self, reason: str) -> None:
+        self.parts_refused += 1
+        self.refusals[reason] += 1
+
+    def _low_space(self, left_bytes: int) -> CaptureRefused:
+        """``left_bytes``: what the part would have left free."""
+        self.free_space.log_refusal("capture parts", left_bytes)
+        return CaptureRefused(507, f"the monitor's capture volume is nearly full (the part would leave "
+                                   f"{mib(max(left_bytes, 0))} free, under min_free_bytes "
+                                   f"{mib(self.free_space.min_free_bytes)}): part not kept", "low_space")
+
+    def volume(self) -> VolumeSpace | None:
+        """The captures' volume now (None: unreadable)."""
+        return self.free_space.reading()
 
     # --- the download: a tar of the bundle's files, read a chunk at a time ---
 

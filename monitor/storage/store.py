@@ -8,7 +8,9 @@ The database's size is thus bounded by configuration: snapshots take at most
 ``snapshot_budget_bytes`` (each node's at most snapshots per node x ``snapshot_max_bytes``, compressed;
 a larger one is not kept; past the budget only nodes that already have a snapshot may replace it, so
 junk sent under ever new node names cannot push out the real nodes'), plus the verdict changes
-and action records of the retention period.
+and action records of the retention period. No snapshot is written while the database's volume has
+less than ``min_free_bytes`` free (monitor/storage/free_space.py): the ones kept stay, and the room
+left goes to the verdict history.
 
 Writes go through one writer thread fed by a queue, so a slow disk never stalls
 the event loop and SQLite sees a single writer; whatever is queued is committed in one
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from hangwatch_common.settings import setting
+from monitor.storage.free_space import MIN_FREE_BYTES, FreeSpace, VolumeSpace
 from monitor.storage.store_schema import NewerSchema, migrate
 
 log = logging.getLogger("hangwatch.monitor.store")
@@ -121,6 +124,10 @@ class StoreSettings:
     snapshot_budget_bytes: int = setting(1024 * 1024 * 1024, help="all snapshots together at most", at_least=1024)
     verdict_retention_s: float = setting(30 * 86400.0, help="seconds verdict changes (each job's history) are kept",
                                          positive=True)
+    # monitor/storage/free_space.py: the expendable writes stop first, leaving room for the verdict history.
+    min_free_bytes: int = setting(MIN_FREE_BYTES, help="captures and snapshots are not written while their volume has "
+                                  "less free space than this (counted, logged, and /readyz says so); 0: never checked",
+                                  at_least=0)
 
 
 @dataclass
@@ -137,6 +144,7 @@ class StoreHealth:
     snapshots_dropped: int = 0  # the database failing or far behind
     snapshots_too_large: int = 0  # over snapshot_max_bytes compressed
     snapshots_over_budget: int = 0  # a new node's, while snapshots fill snapshot_budget_bytes
+    snapshots_low_space: int = 0  # the volume under min_free_bytes free
     unsaved_dropped: int = 0
 
 
@@ -152,6 +160,7 @@ class StoreFigures:
     snapshots_dropped: int
     snapshots_too_large: int
     snapshots_over_budget: int
+    snapshots_low_space: int
     snapshot_bytes: int | None
     backlog: int
     unsaved: int
@@ -200,6 +209,8 @@ class Store:
         self._last_attempt = 0.0
         self._last_failure_log = 0.0
         self._target: str = str(self.path)
+        # None: the database lives in memory, there is no volume to watch.
+        self.free_space: FreeSpace | None = FreeSpace("store", self.path.parent, settings.min_free_bytes)
         try:
             self._reader = self._connect(self._target, READ_BUSY_S)
             migrate(self._reader)
@@ -212,6 +223,7 @@ class Store:
             migrate(self._reader)
             self.health = StoreHealth(ok=False, problem=f"cannot open the database: {exc}", since=clock(),
                                       in_memory=True)
+            self.free_space = None
         self._reader_lock = threading.Lock()
         self._queue: queue.Queue[object] = queue.Queue()
         self._queued_snapshot_bytes = 0
@@ -248,6 +260,10 @@ class Store:
             blob = zlib.compress(raw, 1)
             if len(blob) > self.snapshot_max_bytes:
                 self.health.snapshots_too_large += 1
+                return
+            if self.free_space is not None and self.free_space.refuses("snapshots", len(blob)):
+                # The stored snapshots stay: a replay uses the ones already kept.
+                self.health.snapshots_low_space += 1
                 return
             total = self._stored_snapshot_bytes(c)
             if total + len(blob) > self.snapshot_budget_bytes:
@@ -294,7 +310,11 @@ class Store:
             write_failures=tuple(sorted(dict(health.write_failures).items())),
             snapshots_written=self.snapshots_written, snapshots_dropped=health.snapshots_dropped,
             snapshots_too_large=health.snapshots_too_large, snapshots_over_budget=health.snapshots_over_budget,
-            snapshot_bytes=self.snapshot_bytes, backlog=self.backlog, unsaved=self.unsaved)
+            snapshots_low_space=health.snapshots_low_space, snapshot_bytes=self.snapshot_bytes, backlog=self.backlog, unsaved=self.unsaved)
+
+    def volume(self) -> VolumeSpace | None:
+        """The database's volume now (None: in memory, or unreadable)."""
+        return self.free_space.reading() if self.free_space is not None else None
 
     @property
     def backlog(self) -> int:

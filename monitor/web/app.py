@@ -23,7 +23,7 @@ from monitor.storage.capture_store import CaptureStore
 from monitor.web.auth import INGEST, METRICS, READ, RELAY, AuthLayer, TokenFile
 from monitor.web.http_guard import HttpStats
 from monitor.web.load import LoadGuard
-from monitor.web.routes import actions, captures, diagnose, metrics, nodes, page
+from monitor.web.routes import actions, captures, diagnose, health, metrics, nodes, page
 from monitor.web.routes.ingest import IngestLayer
 from monitor.web.gc_tuning import GcTamer
 from monitor.web.heap_trim import HeapTrimmer
@@ -55,13 +55,14 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
     if settings.capture_after_s > 0:
         capture_store = CaptureStore(settings.capture_dir or settings.db.parent / "captures",
                                      max_total_bytes=settings.capture_max_bytes,
-                                     retention_s=settings.capture_retention_s, clock=clock)
+                                     retention_s=settings.capture_retention_s, clock=clock,
+                                     min_free_bytes=settings.min_free_bytes)
         capture_requests = CaptureRequests(capture_store, orders, settings.capture_after_s)
     # A watched giant job's answer is rendered as its diagnosis is published (monitor/present/answers.py).
     answers = AnswerCache(clock=clock)
-    monitor = Monitor(store, settings, clock=clock, orders=orders, actions=action_engine, captures=capture_requests,
-                      after_giant_diagnosis=answers.render_ahead)
     guard = LoadGuard(shed_lag_s=settings.shed_lag_s, shed_keep_s=settings.shed_keep_s)
+    monitor = Monitor(store, settings, clock=clock, orders=orders, actions=action_engine, captures=capture_requests,
+                      after_giant_diagnosis=answers.render_ahead, overloaded=lambda: guard.overloaded)
     replayed = monitor.replay()
     if replayed:
         log.info("replayed %d stored reports", replayed)
@@ -76,7 +77,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
             tasks.append(asyncio.create_task(_act_forever(monitor.actions)))
         notifier = Notifier.from_env()
         if notifier.enabled:
-            tasks.append(asyncio.create_task(_keep_watchdog_fed(notifier)))
+            tasks.append(asyncio.create_task(_keep_watchdog_fed(notifier, monitor)))
             notifier.ready(f"serving; {len(monitor.job_ids())} jobs replayed")
         try:
             yield
@@ -110,7 +111,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         app.add_middleware(AuthLayer, files=token_files, on_refused=refused)
     # Outermost of all: every answer, 401s included, carries the page's security headers.
     app.add_middleware(SecurityHeaders)
-    for module in (actions, captures, diagnose, metrics, nodes, page):
+    for module in (actions, captures, diagnose, health, metrics, nodes, page):
         app.include_router(module.router)
     return app
 
@@ -137,10 +138,12 @@ async def _act_forever(engine: ActionEngine) -> None:
             await asyncio.sleep(ACTIONS_POLL_S)
 
 
-async def _keep_watchdog_fed(notifier: Notifier) -> None:
-    # Runs on the event loop, so a blocked loop starves the watchdog and systemd restarts us.
+async def _keep_watchdog_fed(notifier: Notifier, monitor: Monitor) -> None:
+    # Runs on the event loop, so a blocked loop starves the watchdog and systemd restarts us. WATCHDOG=1 is
+    # liveness only; readiness (/readyz's reasons) goes to STATUS=, which `systemctl status` shows.
     while True:
         notifier.tick()
+        notifier.status_on_change(monitor.readiness().status_line())
         await asyncio.sleep(0.5)
 
 

@@ -14,11 +14,11 @@ Four kinds of request, each with its own optional token file:
   believes those checks (opt-in actions need them) only from a token of the relay file. Without
   a relay file, batches take an ingest token that is bound to no node, and vouch for nothing.
 
-A kind whose file is not configured is open. ``/healthz`` is always open: liveness probes carry
-no secrets. Files are re-read when they change (rotation without a restart); a file that turns
-unreadable or empty keeps the last good tokens and is logged, so a botched edit cannot lock
-every agent out. Tokens are looked up by their SHA-256 digest (no timing says how close a guess
-was) and never logged.
+A kind whose file is not configured is open. ``/healthz`` and ``/readyz`` are always open: liveness
+and readiness probes carry no secrets. Files are re-read when they change (rotation without a
+restart); a file that turns unreadable or empty keeps the last good tokens and is logged, so a
+botched edit cannot lock every agent out. Tokens are looked up by their SHA-256 digest (no timing
+says how close a guess was) and never logged.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ BATCH_PATH = "/api/v1/report-batches"
 BOUND_NODE_KEY = "hangwatch.bound_node"
 # Set when a batch came with a token of the relay file: its node checks are believed.
 RELAY_KEY = "hangwatch.relay"
+# Probes of liveness and readiness (monitor/web/routes/health.py): orchestrators' probes carry no secrets.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 # A file of many per-node tokens: 10,000 nodes at ~80 bytes a line.
 MAX_TOKEN_FILE_BYTES = 4 << 20
 
@@ -134,7 +136,7 @@ class TokenFile(WatchedFile[Tokens]):
 
 
 def request_kind(path: str) -> str:
-    if path == "/healthz":
+    if path in OPEN_PATHS:
         return OPEN
     if path == INGEST_PATH or path.startswith(CAPTURE_UPLOAD_PREFIX):
         return INGEST  # an agent's report, or its part of an evidence capture

@@ -24,6 +24,8 @@ from monitor.web.load import LAG_BUCKETS, LoadGuard
 from monitor.web.process_metrics import build_info, process_families
 from monitor.engine.incidents import SuspectNode
 from monitor.engine.published import JobResult, MonitorFigures
+from monitor.engine.readiness import REASONS, Readiness
+from monitor.storage.capture_store import REFUSAL_REASONS
 
 # hangwatch_job_info's labels, from monitor/engine/job_names.py (pods are left out: a job has many).
 JOB_INFO_LABELS = ("job_id", "slurm_job", "slurm_job_name", "k8s_namespace", "torchelastic_run_id", "display")
@@ -218,9 +220,11 @@ def own_families(figures: MonitorFigures, suspects: Sequence[SuspectNode], load:
     dropped.add("", float(store.snapshots_dropped))
     refused = Family("hangwatch_monitor_snapshots_refused",
                      "Node snapshots not kept, by reason: too_large (over snapshot_max_bytes compressed), "
-                     "over_budget (a new node's while snapshots fill snapshot_budget_bytes)", "counter")
+                     "over_budget (a new node's while snapshots fill snapshot_budget_bytes), low_space (the "
+                     "database's volume had less than min_free_bytes free)", "counter")
     refused.add(labels(("reason",), ("too_large",)), float(store.snapshots_too_large))
     refused.add(labels(("reason",), ("over_budget",)), float(store.snapshots_over_budget))
+    refused.add(labels(("reason",), ("low_space",)), float(store.snapshots_low_space))
     snapshot_bytes = Family("hangwatch_monitor_snapshot_bytes", "Compressed bytes the stored node snapshots take")
     if store.snapshot_bytes is not None:
         snapshot_bytes.add("", float(store.snapshot_bytes))
@@ -258,15 +262,37 @@ def own_families(figures: MonitorFigures, suspects: Sequence[SuspectNode], load:
                       "held past --capture-after), since the monitor started", "counter")
     parts = Family("hangwatch_capture_parts", "Agents' capture parts received or refused (too big, not asked, "
                    "a second time), since the monitor started", "counter")
+    parts_refused = Family("hangwatch_capture_parts_refused",
+                           "Agents' capture parts refused, by reason: expired (no such bundle), not_asked, "
+                           "already_sent, too_large, low_space (the captures' volume had less than min_free_bytes "
+                           "free), failed (the upload broke off), since the monitor started", "counter")
     kept = Family("hangwatch_capture_bytes", "Bytes of capture bundles kept on disk")
     if figures.captures is not None:
         captures.add("", float(figures.captures.requested))
         parts.add(labels(("outcome",), ("received",)), float(figures.captures.parts_received))
         parts.add(labels(("outcome",), ("refused",)), float(figures.captures.parts_refused))
+        refusals = dict(figures.captures.refusals)
+        for reason in REFUSAL_REASONS:
+            parts_refused.add(labels(("reason",), (reason,)), float(refusals.get(reason, 0)))
         kept.add("", float(figures.captures.total_bytes))
     return [full, *load, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
             in_memory, write_failures, unsaved, dropped, refused, snapshot_bytes, displaced, claims, incidents, node_lost, culprit_jobs, ranks, actions,
-            captures, parts, kept]
+            captures, parts, parts_refused, kept, *readiness_families(figures.readiness)]
+
+
+def readiness_families(readiness: Readiness | None) -> list[Family]:
+    """What /readyz says (monitor/engine/readiness.py). The volumes' free bytes are node_exporter's
+    (node_filesystem_avail_bytes) or the kubelet's (kubelet_volume_stats_available_bytes), not repeated here."""
+    ready = Family("hangwatch_monitor_ready", "1 while /readyz answers 200: the store takes writes, its volumes have "
+                   "min_free_bytes free, no load is shed and no rebuild after a restart is under way")
+    not_ready = Family("hangwatch_monitor_not_ready", "1 for each reason /readyz gives now: store_not_writable, "
+                       "volume_nearly_full, shedding_load, rebuilding")
+    if readiness is not None:
+        ready.add("", 1.0 if readiness.ready else 0.0)
+        now = {r.reason for r in readiness.reasons}
+        for reason in REASONS:
+            not_ready.add(labels(("reason",), (reason,)), 1.0 if reason in now else 0.0)
+    return [ready, not_ready]
 
 
 def lag_histogram(guard: LoadGuard) -> Family:

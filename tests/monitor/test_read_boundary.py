@@ -53,7 +53,7 @@ def test_what_a_monitor_shows_in_public_is_immutable_or_a_collaborator(tmp_path)
 # Every public member of Monitor, by what it is. A new one fails here until it is put in its place: a
 # read must return what ``_assert_detached`` accepts (checked below, on a job with every kind of data).
 READS = {"results", "status", "figures", "nodes", "rank_timeline", "job_ids", "node_ids", "resolve", "knows_job",
-         "history", "suspect_nodes", "cached_suspect_nodes"}
+         "history", "suspect_nodes", "cached_suspect_nodes", "readiness"}
 WRITES = {"ingest", "refusal", "make_room", "without_jobs", "reject", "replay", "tick", "tick_steps"}
 
 
@@ -100,7 +100,8 @@ def test_published_results_hold_no_live_record(tmp_path):
                             "rank_timeline": monitor.rank_timeline(job_id, 100.0, (1,), limit=4),
                             "resolve": monitor.resolve("10.0.0.1:29500"), "knows_job": monitor.knows_job(job_id),
                             "history": monitor.history(job_id), "suspect_nodes": monitor.suspect_nodes(60.0),
-                            "cached_suspect_nodes": monitor.cached_suspect_nodes()}.items():
+                            "cached_suspect_nodes": monitor.cached_suspect_nodes(),
+                            "readiness": monitor.readiness()}.items():
             _assert_detached(value, name, live=live)
         # A new report makes a new result; the one published before is left as it was.
         monitor.ingest(_report(node="node-a", host=_host("node-a", "10.0.0.1"), sent_at=101.0,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import Response
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -61,8 +61,3 @@ async def get_page(request: Request) -> Response:
 @router.get("/static/{name}", include_in_schema=False)
 async def get_static(request: Request, name: str) -> Response:
     return _serve(request, name)
-
-
-@router.get("/healthz")
-async def get_healthz() -> PlainTextResponse:
-    return PlainTextResponse("ok\n")
