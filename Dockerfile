@@ -1,4 +1,6 @@
-# hangwatch: one image, both daemons (docs/install.md).
+# hangwatch: one image, every daemon (docs/install.md). Built from the repository's root with
+#   podman build --format docker -t hangwatch:0.1.0 .      (or: docker build -t hangwatch:0.1.0 .)
+# which is the image the Helm chart (deploy/helm/hangwatch) and deploy/kubernetes/ run by default.
 #   monitor (the default command, uid 10001):
 #     docker run -d -p 8787:8787 -v hangwatch-state:/var/lib/hangwatch IMAGE
 #   agent (one per node; root, host PID namespace, ptrace for py-spy; the HEALTHCHECK is the monitor's):
@@ -33,7 +35,7 @@ LABEL org.opencontainers.image.title="hangwatch" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.documentation="docs/install.md"
 
-# A fixed uid/gid, the one deploy/kubernetes/monitor-deployment.yaml runs as (and owns the volume with).
+# A fixed uid/gid, the one the Helm chart's monitor and relays run as (and own the volume with).
 # (--no-log-init: a high uid would otherwise make useradd write a sparse multi-GB lastlog.)
 RUN groupadd --gid 10001 hangwatch \
  && useradd --no-log-init --uid 10001 --gid 10001 --home-dir /var/lib/hangwatch --no-create-home \

@@ -127,8 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         log.warning("%s", unknown)
     try:
+        # The sender first: an unusable token file or CA bundle is the one line a person sees, not
+        # the agent's own start-up lines before it. Orders reach the agent once it exists (they come
+        # only with the answers to its reports).
+        holder: list[Agent] = []
+        sender = make_sender(config, setting_names(args), lambda *order: holder[0].take_orders(*order)) \
+            if config.monitors else None
         agent = Agent(config)
-        sender = make_sender(config, setting_names(args), agent.take_orders) if config.monitors else None
+        holder.append(agent)
     except UsageError as e:
         print(f"hangwatch-agent: error: {e}", file=sys.stderr)
         return 2

@@ -8,7 +8,10 @@ verdict catalogue.
                                                        # a site's own selectors, cluster label, URLs
 
 ``--config`` names a jsonnet (or JSON) object merged into ``_config`` (see
-dashboards/mixin/config.libsonnet). The verdicts (names, labels, colours, alert severities, runbook
+dashboards/mixin/config.libsonnet). The Helm chart (deploy/helm/hangwatch) gets its own copies of the
+rules and the dashboard under files/, built with the same configuration but with the monitor's address
+and the runbook's as markers its templates replace with the release's values (its PrometheusRule and
+dashboard ConfigMap; scripts/render-deploy.py renders deploy/kubernetes/ from the chart). The verdicts (names, labels, colours, alert severities, runbook
 sections) come from monitor/diagnosis/verdict_catalogue.py: written into dashboards/mixin/verdicts.libsonnet
 for those who import the mixin, and handed to the build from the catalogue itself. Never edit the
 outputs by hand: tests/ops/test_mixin.py fails when they differ from what this script writes.
@@ -21,8 +24,14 @@ import json
 import sys
 from pathlib import Path
 
-import _jsonnet
 import yaml
+
+try:
+    import _jsonnet
+except ImportError:  # the quick start's venv (scripts/setup.sh demo) has no jsonnet
+    print("build-mixin.py: error: no jsonnet module in this Python; it comes with the test set-up "
+          "(scripts/setup.sh, not `setup.sh demo`; or: .venv/bin/pip install jsonnet)", file=sys.stderr)
+    sys.exit(2)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -38,8 +47,16 @@ OUTPUTS = {
     "dashboards/hangwatch-alerts.yml": "prometheusAlerts",
     "dashboards/hangwatch-rules.yml": "prometheusRules",
     "dashboards/hangwatch-grafana.json": "grafanaDashboards.hangwatch",
-    "deploy/kubernetes/prometheus-rule.yaml": "kubernetes.prometheusRule",
-    "deploy/kubernetes/service-monitor.yaml": "kubernetes.serviceMonitor",
+}
+# The chart's copies: what its PrometheusRule and dashboard ConfigMap hold, with markers for the
+# addresses that only the release knows (deploy/helm/hangwatch/templates/_helpers.tpl replaces them).
+CHART_FILES = "deploy/helm/hangwatch/files"
+MONITOR_URL_MARKER = "__HANGWATCH_MONITOR_URL__"
+RUNBOOK_URL_MARKER = "__HANGWATCH_RUNBOOK_URL__"
+CHART_CONFIG = f"{{ monitorURL: '{MONITOR_URL_MARKER}', runbookURLPattern: '{RUNBOOK_URL_MARKER}#%s' }}"
+CHART_OUTPUTS = {
+    f"{CHART_FILES}/prometheus-rules.yaml": "{ groups: m.prometheusAlerts.groups + m.prometheusRules.groups }",
+    f"{CHART_FILES}/grafana-dashboard.json": "m.grafanaDashboards.hangwatch",
 }
 # jsonnet writes keys sorted; YAML readers expect these first, in this order.
 KEY_ORDER = ("apiVersion", "kind", "metadata", "spec", "name", "namespace", "alert", "record", "expr", "for", "labels",
@@ -75,8 +92,9 @@ def verdicts() -> list[dict]:
              "runbook": v.runbook} for v in CATALOGUE]
 
 
-def evaluate(config: str = "{}") -> dict:
-    fields = ", ".join(f'"{path}": m.{field}' for path, field in OUTPUTS.items())
+def evaluate(config: str, outputs: dict[str, str]) -> dict:
+    """Each output's value: ``outputs`` maps its path to a jsonnet expression of the mixin ``m``."""
+    fields = ", ".join(f'"{path}": {expression}' for path, expression in outputs.items())
     catalogue = json.dumps(verdicts())
     snippet = (f"local m = (import 'mixin.libsonnet') + {{ _config+:: {config} }} + {{ _config+:: {{ verdicts:: {catalogue} }} }};"
                f" {{ {fields} }}")
@@ -93,7 +111,10 @@ def render(path: str, value: object) -> str:
 def build(config: str = "{}") -> dict[str, str]:
     """Every output's path (relative to the repository) and text."""
     built = {VERDICTS_PATH: VERDICTS_HEADER + json.dumps(verdicts(), indent=2) + "\n"}
-    return built | {path: render(path, value) for path, value in evaluate(config).items()}
+    site = evaluate(config, {path: f"m.{field}" for path, field in OUTPUTS.items()})
+    # The site's configuration, then the chart's markers over its two addresses.
+    chart = evaluate(f"({config}) + {CHART_CONFIG}", CHART_OUTPUTS)
+    return built | {path: render(path, value) for path, value in (site | chart).items()}
 
 
 def main(argv: list[str] | None = None) -> int:

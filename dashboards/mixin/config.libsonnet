@@ -9,13 +9,15 @@
     // '' for a single cluster without one. It must be on the scraped series (a target label), not
     // only in Prometheus' external_labels, which rule evaluation never sees.
     clusterLabel: 'cluster',
-    // This cluster's name: when set, the ServiceMonitor puts it in clusterLabel on every series it
-    // scrapes ('' leaves the label to the Prometheus or to no one).
-    clusterName: '',
-    // runbook_url of each alert; %s is the alert's section in docs/runbook.md.
+    // runbook_url of each alert; %s is the alert's section in docs/runbook.md (the project's copy by
+    // default; the Helm chart's runbookURL value replaces the part before '#').
     runbookURLPattern: 'https://github.com/hangwatch/hangwatch/blob/main/docs/runbook.md#%s',
     // The monitor as people reach it (not as Prometheus does): alerts link to its /diagnose?job=.
-    monitorURL: 'http://hangwatch-monitor.example.internal:8787',
+    // The default is the in-cluster Service that deploy/kubernetes/ and the Helm chart (release
+    // `hangwatch` in namespace `hangwatch`) create; the chart puts its own release's address (or
+    // its monitorURL value) into the rules it installs. Elsewhere, build with your address:
+    //   scripts/build-mixin.py --config site.jsonnet   (site.jsonnet: { monitorURL: 'https://...' })
+    monitorURL: 'http://hangwatch-monitor.hangwatch.svc:8787',
     // An agent that has not reported for this long is silent (it reports every second).
     agentSilentSeconds: 30,
     // HangwatchReportsShed: the share of agents' reports a monitor may refuse with 503 (shedding
@@ -34,17 +36,5 @@
     grafanaDashboardUID: 'hangwatch',
     grafanaDashboardTitle: 'hangwatch',
     grafanaRefresh: '10s',
-
-    // kube-prometheus-stack: where the PrometheusRule and ServiceMonitor live, the labels its
-    // Prometheus selects them by (the Helm release name by default), and how the monitor's
-    // Service is found.
-    namespace: 'hangwatch',
-    prometheusOperatorLabels: { release: 'kube-prometheus-stack' },
-    monitorServiceLabels: { 'app.kubernetes.io/name': 'hangwatch-monitor' },
-    monitorServicePort: 'http',
-    // The `job` label the ServiceMonitor gives the monitor's series: what hangwatchSelector matches.
-    scrapeJobName: 'hangwatch',
-    scrapeInterval: '5s',
-    scrapeTimeout: '4s',
   },
 }

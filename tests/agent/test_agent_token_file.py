@@ -48,6 +48,17 @@ def test_token_from_refused(text, mode, message):
         assert text.strip() not in str(e.value)  # the token is never in a message
 
 
+@pytest.fixture(autouse=True)
+def _logging_restored():
+    """main() sets up the process's logging (a stderr handler on the root logger, bound to this
+    test's captured stderr); the worker's next tests get the logging they had."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 def _token_file(path: Path, text: str, mode: int = 0o600) -> Path:
     path.write_text(text)
     os.chmod(path, mode)

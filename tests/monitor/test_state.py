@@ -492,17 +492,3 @@ def test_a_rank_at_work_or_never_seen_at_work_is_not_held() -> None:
     assert view(state).ranks[0].held_stacks == 0 and state.jobs["job-a"].held_ranks == set()
     assert dict(view(state).pauses_by_site) == {"all_reduce@train.py:50": 6.0}
 
-
-@pytest.mark.parametrize(("nnodes", "nproc_per_node", "world_size"), [
-    ("2", "4", 8),
-    (None, "2", 2),  # torchrun's default --nnodes is 1
-    ("1:4", "8", 32),  # an elastic range counts at its most
-    ("2", "gpu", None),  # a count torchrun works out on the node: unknown here
-    (None, None, None),
-])
-def test_a_launchers_options_give_the_world_size(nnodes, nproc_per_node, world_size) -> None:
-    from monitor.ingest.job_track import launcher_world_size
-    from monitor.ingest.wire import LauncherReport
-
-    lr = LauncherReport(pid=900, nnodes=nnodes, nproc_per_node=nproc_per_node)
-    assert launcher_world_size(lr) == world_size

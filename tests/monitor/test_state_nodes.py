@@ -28,7 +28,7 @@ def view(state: MonitorState, job: str = "job-a", now: float = T0 + 100):
 
 @pytest.mark.parametrize(
     ("nnodes", "nproc", "world"),
-    [("2", "2", 4), ("1:4", "8", 32), ("2", "auto", 1), (None, "2", 1), ("x:y", "2", 1)],
+    [("2", "2", 4), ("1:4", "8", 32), ("2", "auto", 1), (None, "2", 2), ("x:y", "2", 1)],  # no --nnodes: 1
 )
 def test_a_launcher_alone_creates_the_job_with_a_derived_world_size(
     nnodes: str | None, nproc: str, world: int

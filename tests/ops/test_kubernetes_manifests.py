@@ -1,7 +1,9 @@
 """deploy/kubernetes: the manifests parse and hold what the agent and monitor need.
 
-There is no cluster here: the checks are structural (what a broken hang detector would lack:
-hostPID, SYS_PTRACE, the node name, probes on a path the monitor serves, a volume for SQLite).
+They are the Helm chart rendered (scripts/render-deploy.py; tests/ops/test_helm_chart.py validates
+the chart against the Kubernetes schemas). There is no cluster here: these checks are what a broken
+hang detector would lack: hostPID, SYS_PTRACE, the node name, probes on paths the monitor serves,
+a volume for SQLite, command lines and config files the daemons' own parsers take.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 import httpx
+
+from monitor.web.cli import build_parser as monitor_parser
+from hangwatch_common.settings import given
+from monitor.web.settings import Settings
 
 from tests.ops.conftest import LiveHang
 
@@ -61,12 +67,11 @@ def test_agent_daemonset(k8s: dict) -> None:
     assert sc["appArmorProfile"]["type"] == "Unconfined"
     env = env_of(agent)
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert "--node=$(NODE_NAME)" in agent["args"] and "--monitor=$(HANGWATCH_MONITOR)" in agent["args"]
+    assert "--node=$(NODE_NAME)" in agent["args"]
     assert agent["command"] == ["hangwatch-agent"]
-    # The monitor URL comes from the ConfigMap, and names the monitor's Service and port.
-    ref = env["HANGWATCH_MONITOR"]["valueFrom"]["configMapKeyRef"]
-    cm = k8s[("ConfigMap", ref["name"])]
-    url = urlsplit(cm["data"][ref["key"]])
+    # The monitor URL names the monitor's Service and port.
+    (monitor,) = [a.removeprefix("--monitor=") for a in agent["args"] if a.startswith("--monitor=")]
+    url = urlsplit(monitor)
     svc = k8s[("Service", "hangwatch-monitor")]
     assert url.hostname == f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
     assert url.port == svc["spec"]["ports"][0]["port"]
@@ -76,23 +81,26 @@ def test_agent_daemonset(k8s: dict) -> None:
             assert arg.split("$(")[1].split(")")[0] in env, arg
 
 
-def test_agent_args_parse_with_the_agent_parser(k8s: dict) -> None:
+def with_config_file(container: dict, config_map: dict, tmp_path: Path) -> list[str]:
+    """The container's arguments, with its config file (the ConfigMap's one key) written under tmp_path."""
+    ((key, text),) = config_map["data"].items()
+    (tmp_path / key).write_text(text)
+    return [arg.replace(f"/etc/hangwatch/config/{key}", str(tmp_path / key)) for arg in container["args"]]
+
+
+def test_agent_args_parse_with_the_agent_parser(k8s: dict, tmp_path: Path) -> None:
     from agent.cli import parse_config
 
     ds = k8s[("DaemonSet", "hangwatch-agent")]
     (agent,) = ds["spec"]["template"]["spec"]["containers"]
-    cm = k8s[("ConfigMap", "hangwatch-agent")]["data"]
-    values = {**cm, "NODE_NAME": "gpu-node-07"}
-    argv = []
-    for arg in agent["args"]:
-        for name, value in values.items():
-            arg = arg.replace(f"$({name})", value)
-        argv.append(arg)
-    config, _ = parse_config(argv)
-    assert config.node == "gpu-node-07" and config.monitor == cm["HANGWATCH_MONITOR"]
+    argv = [a.replace("$(NODE_NAME)", "gpu-node-07") for a in with_config_file(agent, k8s[("ConfigMap", "hangwatch-agent")],
+                                                                                tmp_path)]
+    config, _ = parse_config(argv, environ={})
+    assert config.node == "gpu-node-07" and config.monitors == ("http://hangwatch-monitor.hangwatch.svc:8787",)
+    assert config.token_file == "/etc/hangwatch/token/agent" and config.dump_other_users
 
 
-def test_monitor_deployment_and_service(k8s: dict) -> None:
+def test_monitor_deployment_and_service(k8s: dict, tmp_path: Path) -> None:
     dep = k8s[("Deployment", "hangwatch-monitor")]
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
     labels = dep["spec"]["template"]["metadata"]["labels"]
@@ -100,15 +108,23 @@ def test_monitor_deployment_and_service(k8s: dict) -> None:
     pod = dep["spec"]["template"]["spec"]
     (mon,) = pod["containers"]
     port = {p["name"]: p["containerPort"] for p in mon["ports"]}
-    env = {e["name"]: e["value"] for e in mon["env"]}
-    assert env["HANGWATCH_HOST"] == "0.0.0.0" and int(env["HANGWATCH_PORT"]) == port["http"]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert mon[probe]["httpGet"]["path"] == "/healthz" and mon[probe]["httpGet"]["port"] in ("http", port["http"])
+    # The monitor's own parser on its command line and config file.
+    flags, typed = given(monitor_parser().parse_args(with_config_file(mon, k8s[("ConfigMap", "hangwatch-monitor")],
+                                                                      tmp_path)))
+    settings = Settings.load(flags, env={}, option_names=typed)
+    assert settings.host == "0.0.0.0" and settings.port == port["http"]
+    assert settings.token_file == Path("/etc/hangwatch/tokens/agents")
+    probes = {probe: mon[probe]["httpGet"] for probe in ("livenessProbe", "readinessProbe")}
+    assert probes["livenessProbe"]["path"] == "/healthz" and probes["readinessProbe"]["path"] == "/readyz"
+    assert all(p["port"] in ("http", port["http"]) for p in probes.values())
     # SQLite lives on a volume mounted at the state dir: a PVC defined here (or an emptyDir).
     mounts = {m["mountPath"]: m["name"] for m in mon["volumeMounts"]}
-    volume = {v["name"]: v for v in pod["volumes"]}[mounts[env["HANGWATCH_STATE_DIR"]]]
+    volume = {v["name"]: v for v in pod["volumes"]}[mounts[str(settings.state_dir)]]
     if "persistentVolumeClaim" in volume:
-        assert ("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]) in k8s
+        pvc = k8s[("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])]
+        # Room for the capture and snapshot budgets at least (tests/ops/test_helm_chart.py: the sum).
+        size = pvc["spec"]["resources"]["requests"]["storage"]
+        assert size.endswith("Gi") and int(size[:-2]) * 1024**3 >= settings.capture_max_bytes + settings.snapshot_budget_bytes
     else:
         assert "emptyDir" in volume
     assert pod["securityContext"]["runAsNonRoot"] is True and mon["securityContext"]["readOnlyRootFilesystem"]

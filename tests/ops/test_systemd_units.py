@@ -150,3 +150,45 @@ def test_relay_env_example_is_a_valid_relay_command_line() -> None:
     assert args.monitor == "http://monitor.example.internal:8787"
     assert (args.host, args.port) == ("0.0.0.0", 8788)
     assert args.token_file == "/etc/hangwatch/agents.tokens" and args.relay_token_file == "/etc/hangwatch/relay.token"
+
+
+def _commands_beside(path: Path, variable: str) -> list[str]:
+    """The commands in the comment block right above ``variable=`` in an example file."""
+    lines = path.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"{variable}="))
+    block: list[str] = []
+    for line in reversed(lines[:at]):
+        if not line.startswith("#"):
+            break
+        block.insert(0, line)
+    return [line[1:].strip() for line in block if line.startswith("#   ")]
+
+
+@pytest.mark.live
+def test_monitor_env_example_starts_once_its_comments_are_followed(tmp_path: Path) -> None:
+    """As shipped the example names a token file that does not exist: the monitor refuses to start
+    (fails closed). Run the commands its comment gives (under tmp_path, without the user they chown
+    to), and the real monitor starts with the example's settings."""
+    from hangwatch.demo.harness import Reaper, free_port, start_monitor
+
+    example = UNITS / "monitor.env.example"
+    root = tmp_path / "etc-hangwatch"
+    env = {k: v.replace("/etc/hangwatch", str(root)) for k, v in env_file(example).items()}
+    env["HANGWATCH_STATE_DIR"] = str(tmp_path / "state")
+    missing = subprocess.run([tool("hangwatch-monitor"), "--host", "127.0.0.1", "--port", str(free_port())], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and env["HANGWATCH_TOKEN_FILE"] in missing.stderr, missing.stderr
+
+    commands = _commands_beside(example, "HANGWATCH_TOKEN_FILE")
+    assert any(c.startswith("useradd") for c in commands) and any(c.startswith("install -m 0600") for c in commands)
+    script = "\n".join(c.replace("/etc/hangwatch", str(root)).replace(" -o hangwatch -g hangwatch", "")
+                       for c in commands if not c.startswith("useradd"))
+    subprocess.run(["bash", "-euc", script], check=True, timeout=30)
+    assert (root / "agents.tokens").stat().st_mode & 0o777 == 0o600
+
+    reaper = Reaper()
+    try:
+        monitor = start_monitor(reaper, tmp_path, settings=env)
+        assert monitor.proc.poll() is None
+    finally:
+        reaper.close()
