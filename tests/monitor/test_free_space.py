@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from monitor.storage.capture_store import CaptureRefused, CaptureStore
 from monitor.storage.free_space import FreeSpace
 from monitor.storage.store import Store, VerdictChange
+from tests.tmpfs import mounted_tmpfs
 
 MIB = 1024 * 1024
 
@@ -80,13 +80,8 @@ def test_snapshots_are_refused_on_a_short_volume_and_the_history_still_written(t
 
 @pytest.fixture
 def small_volume(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "volume"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True, timeout=30)
-    try:
+    with mounted_tmpfs(tmp_path / "volume", "2m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False, timeout=30)
 
 
 async def _chunks(data: bytes, size: int = 64 * 1024) -> AsyncIterator[bytes]:

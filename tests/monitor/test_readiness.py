@@ -7,6 +7,7 @@ mounted for the test (the tests run as root), filled for real, and a real relay 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -31,6 +32,7 @@ from monitor.storage.store import Store, open_store
 from monitor.web.app import create_app
 from monitor.web.settings import Settings
 from tests.notify_socket import NotifySocket
+from tests.tmpfs import mounted_tmpfs
 
 MIB = 1024 * 1024
 
@@ -123,25 +125,17 @@ class Live:
     first_readyz: httpx.Response  # as it came up
 
 
-def _mount(path: Path, size: str) -> Path:
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True, timeout=30)
-    return path
-
-
 RESTORED = "restored-node"
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     root = tmp_path_factory.mktemp("readiness")
-    mounts = []
     notify = NotifySocket(root / "notify.sock")
-    try:
-        state = _mount(root / "state", "8m")
-        mounts.append(state)
-        captures = _mount(root / "captures", "2m")
-        mounts.append(captures)
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(notify.close)
+        state = cleanup.enter_context(mounted_tmpfs(root / "state", "8m"))
+        captures = cleanup.enter_context(mounted_tmpfs(root / "captures", "2m"))
         # A node a previous run of the monitor kept a snapshot of: this start is a restart.
         seeded = Store(state / "monitor.db", min_free_bytes=0)
         seeded.add_snapshot(RESTORED, time.time(), json.dumps(report(node=RESTORED, ranks=[rank(job_id="job-r")])))
@@ -153,10 +147,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                              extra_env=env) as monitor:
             first = httpx.get(monitor.base + "/readyz", timeout=5)
             yield Live(monitor, state, captures, notify, first)
-    finally:
-        notify.close()
-        for mount in reversed(mounts):
-            subprocess.run(["umount", "-l", str(mount)], check=False, timeout=30)
 
 
 def _until(check: Callable[[], bool], timeout: float, what: str) -> None:

@@ -17,6 +17,7 @@ from real_monitor import metric, running_monitor
 
 from monitor.storage.store import failure_reason
 from monitor.storage.store_schema import SCHEMA_VERSION
+from tests.tmpfs import mounted_tmpfs
 
 pytestmark = pytest.mark.live  # starts real processes (scripts/test.sh --fast leaves it out)
 
@@ -31,13 +32,8 @@ def _forget_latest() -> Iterator[None]:
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True, timeout=30)
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "4m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False, timeout=30)
 
 
 # The node's latest report, posted again while a test waits: a node that stops reporting turns its
