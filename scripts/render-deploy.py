@@ -226,7 +226,7 @@ def values_schema() -> str:
                 "repository": {"type": "string", "minLength": 1}, "tag": {"type": "string"},
                 "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}}},
             "monitorURL": address,
-            "runbookURL": {"type": "string", "pattern": "^https?://.+"},  # the rules' runbook_url needs one
+            "runbookURL": address,  # "": the monitor's own /runbook
             "grafanaURL": address,
             "tokens": {"type": "object", "properties": {
                 "enabled": {"type": "boolean"}, "read": {"type": "boolean"}, "metrics": {"type": "boolean"},

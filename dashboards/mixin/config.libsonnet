@@ -9,9 +9,10 @@
     // '' for a single cluster without one. It must be on the scraped series (a target label), not
     // only in Prometheus' external_labels, which rule evaluation never sees.
     clusterLabel: 'cluster',
-    // runbook_url of each alert; %s is the alert's section in docs/runbook.md (the project's copy by
-    // default; the Helm chart's runbookURL value replaces the part before '#').
-    runbookURLPattern: 'https://github.com/hangwatch/hangwatch/blob/main/docs/runbook.md#%s',
+    // runbook_url of each alert; %s is the alert's section in docs/runbook.md. By default the copy
+    // that the monitor below serves itself (GET /runbook, open without a token). The Helm chart puts
+    // its runbookURL value before the '#', or else its own monitor's /runbook.
+    runbookURLPattern: self.monitorURL + '/runbook#%s',
     // The monitor as people reach it (not as Prometheus does): alerts link to its /diagnose?job=.
     // The default is the in-cluster Service that deploy/kubernetes/ and the Helm chart (release
     // `hangwatch` in namespace `hangwatch`) create; the chart puts its own release's address (or

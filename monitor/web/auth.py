@@ -15,10 +15,11 @@ Four kinds of request, each with its own optional token file:
   a relay file, batches take an ingest token that is bound to no node, and vouch for nothing.
 
 A kind whose file is not configured is open. ``/healthz`` and ``/readyz`` are always open: liveness
-and readiness probes carry no secrets. Files are re-read when they change (rotation without a
-restart); a file that turns unreadable or empty keeps the last good tokens and is logged, so a
-botched edit cannot lock every agent out. Tokens are looked up by their SHA-256 digest (no timing
-says how close a guess was) and never logged.
+and readiness probes carry no secrets. So is the runbook (``/runbook`` and its stylesheet): the
+alerts link there, and the person paged may hold no read token. Files are re-read when they change
+(rotation without a restart); a file that turns unreadable or empty keeps the last good tokens and
+is logged, so a botched edit cannot lock every agent out. Tokens are looked up by their SHA-256
+digest (no timing says how close a guess was) and never logged.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import orjson
 
 from hangwatch_common.watched_file import SecretFileError, Signature, WatchedFile, read_private
 from monitor.storage.capture_store import CAPTURE_UPLOAD_PREFIX
+from monitor.web.runbook import RUNBOOK_PATH, STYLE_PATH
 
 log = logging.getLogger("hangwatch.monitor.auth")
 
@@ -50,7 +52,10 @@ BOUND_NODE_KEY = "hangwatch.bound_node"
 # Set when a batch came with a token of the relay file: its node checks are believed.
 RELAY_KEY = "hangwatch.relay"
 # Probes of liveness and readiness (monitor/web/routes/health.py): orchestrators' probes carry no secrets.
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# And the runbook page (monitor/web/runbook.py): every alert links to it, and whoever is paged may have
+# no read token; a password prompt is the wrong answer mid-incident. It says nothing of this monitor's
+# jobs, nodes or settings: it is the project's published docs/runbook.md, the same for every monitor.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", RUNBOOK_PATH, STYLE_PATH})
 # A file of many per-node tokens: 10,000 nodes at ~80 bytes a line.
 MAX_TOKEN_FILE_BYTES = 4 << 20
 

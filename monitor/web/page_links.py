@@ -1,8 +1,9 @@
 """Where the status page links to: the job's Grafana dashboard and the runbook section for its verdict;
 and how it draws each verdict (the verdict catalogue's colours and labels).
 
-The addresses come from the monitor's settings (``--grafana-url``, ``--runbook-url``) and reach the
-page in the ``monitor`` part of every ``/diagnose?format=json`` answer; the page fills in the job.
+The addresses come from the monitor's settings (``--grafana-url``, ``--runbook-url``: by default the
+monitor's own ``/runbook``) and reach the page in the ``monitor`` part of every
+``/diagnose?format=json`` answer; the page fills in the job.
 """
 
 from __future__ import annotations
@@ -22,6 +23,6 @@ def page_links(settings: Settings) -> dict[str, Any]:
     return {
         "grafana": settings.grafana_url,
         "runbook": settings.runbook_url,
-        "runbook_sections": RUNBOOK_SECTIONS if settings.runbook_url else {},
+        "runbook_sections": RUNBOOK_SECTIONS,
         "verdicts": VERDICT_LOOKS,
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from monitor.engine.engine_settings import MIN_STRAGGLER_WINDOW_S, EngineSetting
 from monitor.storage.store import StoreSettings
 from monitor.web.http_guard import ConnectionLimits
 from monitor.web.load import ShedSettings
+from monitor.web.runbook import RUNBOOK_PATH
 from monitor.storage.capture_store import MAX_TOTAL_BYTES as CAPTURE_MAX_BYTES, RETENTION_S as CAPTURE_RETENTION_S
 
 ENV_PREFIX = PREFIX
@@ -43,9 +45,11 @@ def default_db_path(env: Mapping[str, str] | None = None, state_dir: str | Path 
 
 
 def _web_address(text: str) -> str:
-    # Only web addresses: the page puts them in links, where javascript: would run.
-    if not text.lower().startswith(("http://", "https://")):
-        raise ValueError("must be an http:// or https:// address")
+    # Only web addresses, or a path on this monitor (its own /runbook): the page puts them in links,
+    # where javascript: would run; and a browser reads "//host" or "/\host" (once it drops tabs and
+    # newlines) as another site.
+    if not (text.lower().startswith(("http://", "https://")) or re.fullmatch(r"/(?![/\\])[^\x00-\x20\x7f\\]*", text)):
+        raise ValueError("must be an http:// or https:// address, or a path on this monitor such as /runbook")
     return text
 
 
@@ -85,8 +89,9 @@ class Settings(EngineSettings, StoreSettings, ConnectionLimits, ShedSettings, Da
     ssl_keyfile: Path | None = setting(None, help="the certificate's private key (PEM)")
     grafana_url: str | None = setting(None, parse=_web_address, help="a Grafana dashboard linked from the status "
                                       "page; {job} in it is replaced by the job's id")
-    runbook_url: str | None = setting(None, parse=_web_address, help="the runbook (docs/runbook.md where your people "
-                                      "read it) linked from the status page, with each verdict's section")
+    runbook_url: str = setting(RUNBOOK_PATH, parse=_web_address, help="the runbook linked from the status page, "
+                               "each verdict to its section (#deadlock ...)",
+                               shown_default=f"{RUNBOOK_PATH}, this monitor's own copy of docs/runbook.md")
 
     @classmethod
     def load(

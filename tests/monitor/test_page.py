@@ -363,12 +363,17 @@ def test_links_to_grafana_and_the_runbook_section_when_configured(
     ]
 
 
-def test_without_configured_links_only_the_evidence_download(
+def test_by_default_the_runbook_link_is_the_monitors_own_page(
     client: TestClient, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """No --runbook-url: the verdict's section of the runbook this monitor serves (GET /runbook); no Grafana."""
     post_deadlock(client, clock, monkeypatch)
     links = render_page(client, tmp_path)["cards"]["job-a"]["links"]
-    assert [link["text"] for link in links] == ["download evidence (JSON)"]
+    assert links[:2] == [
+        {"href": "/api/v1/jobs/job-a/evidence", "download": "", "text": "download evidence (JSON)"},
+        {"href": "/runbook#deadlock", "download": None, "text": "runbook: deadlock"},
+    ]
+    assert client.get("/runbook").status_code == 200
 
 
 def test_every_runbook_section_the_page_links_to_exists() -> None:
@@ -384,6 +389,11 @@ def test_link_settings_take_only_web_addresses(name: str, tmp_path: Path) -> Non
     with pytest.raises(SettingsError, match=f"^{variable} must be an http:// or https:// address"):
         Settings.load(env=env)
     assert getattr(Settings.load(env={**env, variable: "https://x.example/a"}), name) == "https://x.example/a"
+    # A path on this monitor, as the runbook's default is; never one a browser reads as another site.
+    assert getattr(Settings.load(env={**env, variable: "/runbook"}), name) == "/runbook"
+    for elsewhere in ("//x.example/a", "/\\x.example/a", "/\t/x.example/a", "runbook"):
+        with pytest.raises(SettingsError, match=f"^{variable} must be an http:// or https:// address"):
+            Settings.load(env={**env, variable: elsewhere})
 
 
 @pytest.mark.parametrize(("tz", "zone"), [("UTC", "UTC"), ("Asia/Kolkata", "UTC+05:30"), ("America/Caracas", "UTC-04:00")])

@@ -30,7 +30,8 @@ RUNBOOK = ROOT / "docs" / "runbook.md"
 INHIBIT = ROOT / "deploy" / "prometheus" / "alertmanager-inhibit.yml"
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 AMTOOL = "/usr/bin/amtool"
-RUNBOOK_URL = re.compile(r"^https://github\.com/hangwatch/hangwatch/blob/main/docs/runbook\.md#([a-z0-9-]+)$")
+# The runbook page of the monitor that raised the alert (the mixin's default monitorURL), at a section.
+RUNBOOK_URL = re.compile(r"^(http://hangwatch-monitor\.hangwatch\.svc:8787)/runbook#([a-z0-9-]+)$")
 
 
 def alerts() -> list[dict]:
@@ -101,11 +102,14 @@ def test_alert_conventions(alert: dict) -> None:
     assert alert["labels"]["severity"] in ("critical", "warning")
     notes = alert["annotations"]
     assert notes["summary"].strip() and notes["description"].strip()
-    anchor = RUNBOOK_URL.match(notes["runbook_url"])
-    assert anchor, notes["runbook_url"]
+    link = RUNBOOK_URL.match(notes["runbook_url"])
+    assert link, notes["runbook_url"]
+    monitor, anchor = link.groups()
+    if "diagnose_url" in notes:  # the same monitor for the evidence and for what to do
+        assert notes["diagnose_url"].startswith(monitor + "/diagnose?"), notes["diagnose_url"]
     headings = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
                 for h in re.findall(r"^## (.+)$", RUNBOOK.read_text(), re.MULTILINE)}
-    assert anchor.group(1) in headings, f"docs/runbook.md has no section #{anchor.group(1)}"
+    assert anchor in headings, f"docs/runbook.md has no section #{anchor}"
     # Templated with the job, the node or the monitor (its own troubles) the alert is about; the
     # absent-monitor alert has only the scrape job it looked for.
     assert any(f"{{{{ $labels.{label} }}}}" in notes["summary"] for label in ("job_id", "node", "instance", "job"))

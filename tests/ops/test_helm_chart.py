@@ -198,7 +198,8 @@ def test_the_daemons_read_what_the_chart_sets(tmp_path: Path) -> None:
     assert (monitor.host, monitor.port, monitor.state_dir) == ("0.0.0.0", 8787, Path("/var/lib/hangwatch"))
     assert (monitor.max_jobs, monitor.capture_max_bytes, monitor.log_format) == (5000, 10 * GiB, "json")
     assert monitor.shed_lag_s == 0.25 and monitor.grafana_url == EVERYTHING_ON["grafanaURL"]
-    assert monitor.runbook_url == "https://github.com/hangwatch/hangwatch/blob/main/docs/runbook.md"
+    # No runbookURL: the page links to the monitor's own /runbook (the alerts to <monitorURL>/runbook).
+    assert monitor.runbook_url == "/runbook"
     assert (monitor.token_file, monitor.read_token_file, monitor.metrics_token_file, monitor.relay_token_file) == tuple(
         Path(f"/etc/hangwatch/tokens/{key}") for key in ("agents", "read", "metrics", "relay"))
 
@@ -290,6 +291,21 @@ def test_rules_link_to_the_release_and_pass_promtool(tmp_path: Path) -> None:
     rules_file.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     check = subprocess.run([PROMTOOL, "check", "rules", str(rules_file)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_without_a_runbook_url_the_rules_link_to_the_monitors_own_runbook() -> None:
+    """runbookURL "" (the default): each alert's runbook is the page of the monitor that raised it."""
+    def runbook_urls(values: dict) -> set[str]:
+        rule = by_kind(render({"prometheusRule": {"enabled": True}, **values}, release="hw", namespace="ml"))[
+            ("PrometheusRule", "hw-hangwatch")]
+        return {r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+
+    in_cluster = runbook_urls({})
+    assert "http://hw-hangwatch-monitor.ml.svc:8787/runbook#deadlock" in in_cluster
+    assert all(re.fullmatch(r"http://hw-hangwatch-monitor\.ml\.svc:8787/runbook#[a-z0-9-]+", u) for u in in_cluster)
+    outside = runbook_urls({"monitorURL": "https://hangwatch.example.org/"})
+    assert "https://hangwatch.example.org/runbook#deadlock" in outside
+    assert {u.rsplit("#", 1)[1] for u in outside} == {u.rsplit("#", 1)[1] for u in in_cluster}
 
 
 def test_default_release_rules_are_the_mixins_files() -> None:

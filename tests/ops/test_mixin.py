@@ -55,6 +55,20 @@ def test_without_jsonnet_one_line_and_exit_2() -> None:
     assert "jsonnet" in result.stderr and "scripts/setup.sh" in result.stderr and "pip install jsonnet" in result.stderr
 
 
+def test_the_runbook_links_follow_the_monitor_by_default() -> None:
+    """A site that sets only its monitor's address gets alerts linking to that monitor's own runbook page."""
+    import _jsonnet
+
+    snippet = ("(import 'config.libsonnet') + { _config+:: { monitorURL: 'https://hw.example.org' } }"
+               "+ { pattern: self._config.runbookURLPattern }")
+    config = json.loads(_jsonnet.evaluate_snippet("site", snippet, jpathdir=[str(ROOT / "dashboards" / "mixin")]))
+    assert config["pattern"] == "https://hw.example.org/runbook#%s"
+    (deadlock,) = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
+                   if r.get("alert") == "HangwatchDeadlock"]
+    monitor = deadlock["annotations"]["diagnose_url"].split("/diagnose?")[0]
+    assert deadlock["annotations"]["runbook_url"] == monitor + "/runbook#deadlock"
+
+
 def test_prometheus_rule_holds_the_same_rules() -> None:
     """deploy/kubernetes/ (the chart as release "hangwatch" in namespace "hangwatch") links to the
     same monitor as the mixin's default: its rules are the rule files exactly."""

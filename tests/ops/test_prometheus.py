@@ -50,7 +50,7 @@ def test_deadlock_alert_fires(live_hang: LiveHang) -> None:
     diagnose = f"/diagnose?job={quote_plus(live.job.job_id)}"
     assert alert["annotations"]["diagnose_url"].endswith(diagnose) and diagnose in description
     assert re.search(r"no progress and nothing being sent for (\d+m )?\d+(\.\d+)?s\.", description), description
-    assert alert["annotations"]["runbook_url"].endswith("docs/runbook.md#deadlock")
+    assert alert["annotations"]["runbook_url"].endswith("/runbook#deadlock")
 
     # No other job alert fires for this job: the verdict is a deadlock, nothing else.
     rules = live.prometheus.api("/api/v1/rules", type="alert")

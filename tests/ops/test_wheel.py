@@ -1,5 +1,5 @@
 """The wheel nodes install (docs/install.md): `pip wheel --no-deps` on a copy of the sources gives one
-wheel holding the four packages, the status page's static files and the four console scripts;
+wheel holding the four packages, the status page's static files, the runbook and the four console scripts;
 installed into a fresh venv, its hangwatch-agent, hangwatch-monitor, hangwatch-relay and hangwatch answer --version.
 
 Offline and fast: the wheel is built without build isolation (this environment's setuptools) and
@@ -25,7 +25,10 @@ from tests.ops.conftest import project_version
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {"hangwatch-agent": "agent.cli:main", "hangwatch-monitor": "monitor.web.cli:main",
            "hangwatch-relay": "monitor.relay.cli:main", "hangwatch": "hangwatch.cli:main"}
-STATIC = ("monitor/web/static/index.html", "monitor/web/static/app.js", "monitor/web/static/style.css")
+STATIC = ("monitor/web/static/index.html", "monitor/web/static/app.js", "monitor/web/static/style.css",
+          "monitor/web/static/runbook.css")
+# The runbook the monitor serves as /runbook (monitor/web/runbook.py): docs/runbook.md's copy in the package.
+RUNBOOK = "monitor/web/runbook.md"
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
@@ -55,6 +58,8 @@ def test_wheel_installs_and_runs_from_a_fresh_venv(tmp_path: Path) -> None:
         for path in STATIC:
             assert path in names, f"{path} is not in the wheel: the page would 404"
         assert {"agent/cli.py", "monitor/web/cli.py", "hangwatch/cli.py"} <= names
+        assert RUNBOOK in names, "the runbook is not in the wheel: /runbook and every alert's link would fail"
+        assert whl.read(RUNBOOK) == (ROOT / "docs" / "runbook.md").read_bytes(), "stale copy: run scripts/build-mixin.py"
         assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
         # The simulated nodes (network namespaces, run as root) are test machinery: tests/netns.py.
         assert not [n for n in names if n.rsplit("/", 1)[-1] == "netns.py"], "netns.py is in the wheel"
@@ -82,5 +87,5 @@ def test_wheel_installs_and_runs_from_a_fresh_venv(tmp_path: Path) -> None:
     where = run([str(python), "-c", "import agent, monitor, hangwatch; print(agent.__file__, monitor.__file__, "
                  "hangwatch.__file__)"], env=env, cwd=tmp_path).stdout.split()
     assert all(Path(p).is_relative_to(fresh_site) for p in where), f"not the wheel's code: {where}"
-    # The page's files are where the installed monitor serves them from.
-    assert all((fresh_site / path).is_file() for path in STATIC)
+    # The page's files and the runbook are where the installed monitor serves them from.
+    assert all((fresh_site / path).is_file() for path in (*STATIC, RUNBOOK))

@@ -476,8 +476,10 @@ function toggleNative(jobId) {
 
 // --- links: the evidence download, Grafana, the runbook section for the verdict ---
 
+// An http(s) address, or a path on this monitor (its own /runbook by default); never a script URL, nor
+// "//host" or "/\host", which a browser reads as another site.
 function webAddress(url) {
-  return typeof url === "string" && /^https?:\/\//i.test(url) ? url : null;
+  return typeof url === "string" && /^(https?:\/\/|\/(?![\/\\]))/i.test(url) ? url : null;
 }
 
 function linksRow(job, links) {

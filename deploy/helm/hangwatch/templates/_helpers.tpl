@@ -50,6 +50,11 @@ app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 {{- .Values.monitorURL | default (include "hangwatch.monitorServiceURL" .) | trimSuffix "/" -}}
 {{- end -}}
 
+{{/* The runbook the alerts link to: runbookURL, else the monitor's own page (GET /runbook). */}}
+{{- define "hangwatch.runbookURL" -}}
+{{- .Values.runbookURL | default (printf "%s/runbook" (include "hangwatch.monitorURL" .)) | trimSuffix "/" -}}
+{{- end -}}
+
 {{/* Where the agents post: the relays' Service when there are relays, else the monitor's. */}}
 {{- define "hangwatch.ingestURL" -}}
 {{- if .Values.relay.enabled -}}
@@ -65,7 +70,7 @@ app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 
 {{/* The mixin's files (scripts/build-mixin.py) with the release's addresses in place of its markers. */}}
 {{- define "hangwatch.mixinFile" -}}
-{{- .root.Files.Get .path | replace "__HANGWATCH_MONITOR_URL__" (include "hangwatch.monitorURL" .root) | replace "__HANGWATCH_RUNBOOK_URL__" (.root.Values.runbookURL | trimSuffix "/") | trim -}}
+{{- .root.Files.Get .path | replace "__HANGWATCH_MONITOR_URL__" (include "hangwatch.monitorURL" .root) | replace "__HANGWATCH_RUNBOOK_URL__" (include "hangwatch.runbookURL" .root) | trim -}}
 {{- end -}}
 
 {{/* A daemon's settings as the TOML its --config reads: dict "root" $ "daemon" "monitor" "chosen" MAP.
