@@ -149,7 +149,6 @@ from hangwatch_common.cli_common import (  # noqa: E402
 )
 from hangwatch.demo.cases import CASE_NAMES, demo_cases  # noqa: E402
 from hangwatch.colour import paint_verdict, paint_verdicts_in, wants_colour  # noqa: E402
-from hangwatch.demo.harness import watch_case  # noqa: E402
 from hangwatch.monitor_client import Access, Answers, Ask, MonitorFailure, Unreadable, ask_monitors  # noqa: E402
 from hangwatch import nodes_command  # noqa: E402
 from hangwatch.status_table import render_table  # noqa: E402
@@ -163,7 +162,8 @@ def _say(t0: float, msg: str) -> None:
 def run_demo(case_name: str, *, timeout: float, linger: float, stall_step: int, workdir: str | None,
              port: int | None = None) -> int:
     from hangwatch.demo.cases import launch_case  # imported here: `hangwatch diagnose` needs none of this
-    from hangwatch.demo.harness import MonitorClient, Reaper, kill_pid, start_agent, start_monitor, stop_gently
+    from hangwatch.demo.harness import (MonitorClient, Reaper, kill_pid, start_agent, start_monitor, stop_gently,
+                                        watch_case)
 
     # Ctrl-C ends the demo (and cleans up) even when it was started with SIGINT ignored, as a shell
     # starts background commands and some test runners their workers: Python then installs no handler.

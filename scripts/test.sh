@@ -37,6 +37,7 @@ for arg in "$@"; do
 done
 # Tests that judge ranks by the CPU they get (tests/conftest.py, cpu_bound) run after the parallel
 # part, two at a time at most: beside the other workers' jobs a busy rank gets a fifth of a core.
+# (That run imports only the test modules that name the mark.)
 "$VENV/bin/python" -m pytest -n "$workers" --dist loadgroup --cpu-bound=without "${tier[@]}" "${args[@]}"
 parallel=$?
 cpu_bound=5

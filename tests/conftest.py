@@ -4,8 +4,8 @@
   agents see only its own ranks.
 - Tests that share a module- or package-scoped fixture (a browser, a Prometheus, one live hang)
   run on one worker, so that fixture is made once (``--dist loadgroup`` honours the group).
-- The longest tiers are handed out first: a 40-second test started last would keep the suite
-  waiting on one worker while the others sit idle.
+- The longest work is handed out first, by how long each test took last time (tests/durations.py):
+  a 40-second test started last would keep the suite waiting on one worker while the others sit idle.
 - Tiers: tests that start real processes are marked ``live`` (``e2e`` ones, which start torch
   jobs, are live too); ``scripts/test.sh --fast`` runs the rest.
 - Network namespaces a killed run left (its workers' fabrics never reached their clean-up) are
@@ -26,10 +26,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import durations
+
 TESTS = Path(__file__).resolve().parent
 NODE_WORKER = TESTS / "node_worker.py"
-# Handed out in this order (the rest after them): where the long, waiting tests are.
-FIRST = ("e2e", "ops", "agent")
+# What a test not timed yet is taken to last (seconds), by tier: the long, waiting tests are live ones.
+ESTIMATE_LIVE = {"e2e": 25.0, "ops": 10.0}
+ESTIMATE_OTHER_LIVE = 3.0
+ESTIMATE_NOT_LIVE = 0.05
+DURATIONS = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,6 +48,17 @@ def pytest_configure(config: pytest.Config) -> None:
     if tx and "PYTEST_XDIST_WORKER" not in os.environ:
         config.option.tx = [f"popen//python={sys.executable} {NODE_WORKER}" if spec == "popen" else spec
                             for spec in tx]
+    if not hasattr(config, "workerinput"):
+        # Read once, for every worker alike (tests/durations.py); the groups are handed out in the
+        # collection's order, which is ours, not re-sorted by their number of tests.
+        config.stash[DURATIONS] = durations.read(config)
+        config.pluginmanager.register(durations.Recorder(config), "hangwatch-durations")
+        config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: on the controller, for each worker it starts
+def pytest_configure_node(node) -> None:  # noqa: ANN001 (xdist's WorkerController)
+    node.workerinput[durations.WORKER_INPUT_KEY] = node.config.stash[DURATIONS]
 
 
 def _sweep_namespaces(config: pytest.Config) -> None:
@@ -62,6 +78,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     _sweep_namespaces(session.config)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``--cpu-bound=only``, a test module whose text never names the mark holds no such test:
+    not imported at all (the run after the parallel part imports a handful of modules, not the suite)."""
+    if config.getoption("cpu_bound") != "only" or collection_path.suffix != ".py" \
+            or not collection_path.name.startswith("test_"):
+        return None
+    try:
+        return True if "cpu_bound" not in collection_path.read_text(errors="replace") else None
+    except OSError:
+        return None
 
 
 def _shared_fixture_group(item: pytest.Item) -> str | None:
@@ -90,11 +118,18 @@ def _folder(item: pytest.Item) -> str:
     return parts[0] if len(parts) > 1 else ""
 
 
-def _tier_rank(item: pytest.Item) -> int:
+def _estimate(item: pytest.Item) -> float:
+    """Seconds a test not timed yet is taken to last."""
     if not item.get_closest_marker("live"):
-        return len(FIRST) + 1
-    folder = _folder(item)
-    return FIRST.index(folder) if folder in FIRST else len(FIRST)
+        return ESTIMATE_NOT_LIVE
+    return ESTIMATE_LIVE.get(_folder(item), ESTIMATE_OTHER_LIVE)
+
+
+def _unit(item: pytest.Item) -> str:
+    """What pytest-xdist hands out whole: the test's group (named as pytest-xdist names it), else the test."""
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    return "@" + "_".join(names) if names else item.nodeid
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
@@ -109,7 +144,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # One after another on one worker: with scripts/test.sh's two workers for them, at most
             # two such tests share the two cores (the one that compares CPU levels has a group of its own).
             item.add_marker(pytest.mark.xdist_group("cpu_bound"))
-    items.sort(key=_tier_rank)  # stable: the order within a tier is the collection order
+    durations.longest_first(items, durations.read(config), _unit, _estimate)
     which = config.getoption("cpu_bound")
     if which != "with":
         keep, drop = [], []

@@ -8,6 +8,8 @@ torchrun, the workers it started in their own sessions) on ``close()``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -16,10 +18,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import httpx
 import psutil
@@ -34,9 +38,11 @@ STALL_MARKER = re.compile(r"HANGWATCH-STALL t=(?P<t>[0-9.]+) mode=(?P<mode>\S+) 
 # Under pytest-xdist each worker takes its ports from a block of its own, below the kernel's
 # ephemeral range: a port picked with bind(0) is ephemeral, and between picking it and binding it a
 # job of another worker may take it as the source port of a connection (gloo opens many).
+# Where in its block the next pick starts is kept in a file, not in the process: a worker's test and
+# the `hangwatch demo` it runs as a subprocess pick from the same block, and the worker's own agent
+# reports the demo's ranks to the worker's monitor: two jobs on one MASTER_PORT would be one job there.
 PORT_BLOCK_START = 10000
 PORT_BLOCK_SIZE = 1000
-_next_in_block: dict[str, int] = {}
 
 
 def _ephemeral_low() -> int:
@@ -65,17 +71,46 @@ def _bindable(port: int) -> bool:
     return True
 
 
+class _Cursor:
+    def __init__(self, handle: IO[str]) -> None:
+        self.handle = handle
+
+    def read(self) -> int:
+        self.handle.seek(0)
+        text = self.handle.read().strip()
+        return int(text) if text.isdigit() else 0
+
+    def write(self, value: int) -> None:
+        self.handle.seek(0)
+        self.handle.truncate()
+        self.handle.write(str(value))
+        self.handle.flush()
+
+
+@contextlib.contextmanager
+def _block_cursor(worker: str) -> Iterator[_Cursor]:
+    """The worker's next index in its block, shared by every process of the worker (locked)."""
+    path = Path(tempfile.gettempdir()) / f"hangwatch-test-ports-{worker}"
+    with open(path, "a+", encoding="ascii") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield _Cursor(handle)
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def free_port() -> int:
     """A loopback port nobody is bound to."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     block = _worker_block(worker)
     if block is not None:
-        first = _next_in_block.get(worker, 0)
-        for i in range(len(block)):
-            port = block[(first + i) % len(block)]
-            if _bindable(port):
-                _next_in_block[worker] = (first + i + 1) % len(block)
-                return port
+        with _block_cursor(worker) as cursor:
+            first = cursor.read()
+            for i in range(len(block)):
+                port = block[(first + i) % len(block)]
+                if _bindable(port):
+                    cursor.write((first + i + 1) % len(block))
+                    return port
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         return s.getsockname()[1]

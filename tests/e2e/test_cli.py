@@ -120,37 +120,8 @@ def test_unreachable_monitor_exit_2(cmd):
     assert "unreachable" in res.stderr and "Traceback" not in res.stderr
 
 
-@pytest.mark.e2e
-@pytest.mark.timeout(150)
-def test_diagnose_and_status_exit_codes(torchrun_job, wait_for_verdict, monitor):
-    job = torchrun_job("--fail", "linger", "--fail-at-step", "30")
-    job.wait_for_step(10, timeout=45)
-    wait_for_verdict(job, "healthy")
-    res = run("diagnose", "--monitor", monitor.url, "--job", job.job_id)
-    assert res.returncode == 0, res
-    assert job.job_id in res.stdout and "HEALTHY" in res.stdout.upper()
-
-    wait_for_verdict(job, "deadlock", culprits=[1])
-    res = run("diagnose", "--monitor", monitor.url, "--job", job.job_id)
-    assert res.returncode == 1, res
-    assert "DEADLOCK" in res.stdout.upper()
-    res = run("diagnose", "--monitor", monitor.url, "--job", job.job_id, "--json")
-    assert res.returncode == 1
-    data = json.loads(res.stdout)
-    assert [j["verdict"] for j in data["jobs"]] == ["deadlock"]
-    assert data["jobs"][0]["culprit_ranks"] == [1]
-    res = run("status", "--monitor", monitor.url, "--job", job.job_id)
-    assert res.returncode == 1
-    lines = res.stdout.strip().splitlines()
-    assert len(lines) == 2 and lines[0].split()[:2] == ["JOB", "VERDICT"], lines
-    assert lines[1].split()[:2] == [job.job_id, "DEADLOCK"] and "1@" in lines[1], lines
-    # Plain when piped, coloured on a terminal.
-    assert "\033[" not in res.stdout
-    for cmd in ("status", "diagnose"):
-        code, shown = run_on_tty(cmd, "--monitor", monitor.url, "--job", job.job_id)
-        assert code == 1 and "\033[1;31mDEADLOCK" in shown, shown
-    res = run("diagnose", "--monitor", monitor.url, "--job", "no-such-job:1")
-    assert res.returncode == 3 and "no job" in res.stderr
+# diagnose/status exit codes on a real hang (0 healthy, 1 an alarm, 3 no such job): asked of the job
+# tests/e2e/test_verdicts.py::test_no_alarm_before_the_stall watches, healthy and then deadlocked.
 
 
 def test_demo_refuses_a_port_in_use_in_one_line():

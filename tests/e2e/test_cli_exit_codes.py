@@ -92,10 +92,34 @@ def wait_for(monitor: RunningMonitor, job_id: str, verdict: str, timeout: float 
     raise AssertionError(f"{job_id}: {last}, never {verdict}")
 
 
-@pytest.fixture
-def monitor(tmp_path: Path) -> Iterator[RunningMonitor]:
+@contextlib.contextmanager
+def a_monitor(tmp_path: Path) -> Iterator[RunningMonitor]:
     # Debug: the access log, one line per request (counted below).
     with running_monitor(tmp_path, "--log-level", "debug", extra_env={"HANGWATCH_CONFIRM_ALARMS": "0"}) as m:
+        yield m
+
+
+@pytest.fixture
+def monitor(tmp_path: Path) -> Iterator[RunningMonitor]:
+    """A monitor of the test's own, for the one case that starts from no job at all."""
+    with a_monitor(tmp_path) as m:
+        yield m
+
+
+# The other cases share two monitors (module-scoped: starting a monitor was most of a case's cost),
+# each told one story only: every case posts its node's jobs afresh before it asks, so what the node
+# said in an earlier case never decides an exit code.
+@pytest.fixture(scope="module")
+def healthy_monitor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMonitor]:
+    """A monitor whose node only ever reports job-ok, healthy."""
+    with a_monitor(tmp_path_factory.mktemp("healthy")) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def alarm_monitor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMonitor]:
+    """A monitor whose node reports job-ok, healthy, and job-bad, whose rank 1 exited."""
+    with a_monitor(tmp_path_factory.mktemp("alarm")) as m:
         yield m
 
 
@@ -178,12 +202,12 @@ def _stderr_lines(res: subprocess.CompletedProcess[str]) -> list[str]:
 
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
 def test_an_alarm_on_one_monitor_is_shown_while_others_are_down_or_silent(
-        cmd: str, monitor: RunningMonitor, silent: Callable[[], SilentMonitor], beating) -> None:
-    beating(monitor, exited=True)
-    wait_for(monitor, "job-bad", "rank_exited")
+        cmd: str, alarm_monitor: RunningMonitor, silent: Callable[[], SilentMonitor], beating) -> None:
+    beating(alarm_monitor, exited=True)
+    wait_for(alarm_monitor, "job-bad", "rank_exited")
     down = f"http://127.0.0.1:{free_port()}"
     quiet = [silent(), silent()]
-    res = run(cmd, "--monitor", monitor.base, "--monitor", down, "--monitor", quiet[0].url,
+    res = run(cmd, "--monitor", alarm_monitor.base, "--monitor", down, "--monitor", quiet[0].url,
               "--monitor", quiet[1].url, "--timeout", "3")
     ended = time.monotonic()
     # What answered is shown, alarm and all...
@@ -209,16 +233,16 @@ def test_an_alarm_on_one_monitor_is_shown_while_others_are_down_or_silent(
 
 
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
-def test_a_monitor_down_is_not_hidden_by_healthy_answers(cmd: str, monitor: RunningMonitor, beating) -> None:
-    beating(monitor, exited=False)
-    wait_for(monitor, "job-ok", "healthy")
+def test_a_monitor_down_is_not_hidden_by_healthy_answers(cmd: str, healthy_monitor: RunningMonitor, beating) -> None:
+    beating(healthy_monitor, exited=False)
+    wait_for(healthy_monitor, "job-ok", "healthy")
     down = f"http://127.0.0.1:{free_port()}"
-    res = run(cmd, "--monitor", down, "--monitor", monitor.base)
+    res = run(cmd, "--monitor", down, "--monitor", healthy_monitor.base)
     assert res.returncode == EXIT_UNREACHABLE, res
     assert "job-ok" in res.stdout and "HEALTHY" in res.stdout.upper(), res
     assert _stderr_lines(res) == [f"hangwatch: monitor {down} unreachable: [Errno 111] Connection refused"]
     if cmd == "status":  # which monitor holds the job
-        assert "MONITOR" in res.stdout.splitlines()[0] and monitor.base in res.stdout, res.stdout
+        assert "MONITOR" in res.stdout.splitlines()[0] and healthy_monitor.base in res.stdout, res.stdout
     # Every monitor down: nothing to show, each named.
     other = f"http://127.0.0.1:{free_port()}"
     res = run(cmd, "--monitor", down, "--monitor", other)
@@ -226,46 +250,46 @@ def test_a_monitor_down_is_not_hidden_by_healthy_answers(cmd: str, monitor: Runn
     assert [line.split()[2] for line in _stderr_lines(res)] == [down, other], res.stderr
 
 
-def test_diagnose_json_lists_the_monitors_that_did_not_answer(monitor: RunningMonitor,
+def test_diagnose_json_lists_the_monitors_that_did_not_answer(alarm_monitor: RunningMonitor,
                                                               silent: Callable[[], SilentMonitor], beating) -> None:
-    beating(monitor, exited=True)
-    wait_for(monitor, "job-bad", "rank_exited")
+    beating(alarm_monitor, exited=True)
+    wait_for(alarm_monitor, "job-bad", "rank_exited")
     quiet = silent()
     # The timeout from the environment, named as such in the message.
-    res = run("diagnose", "--json", "--monitor", monitor.base, "--monitor", quiet.url,
+    res = run("diagnose", "--json", "--monitor", alarm_monitor.base, "--monitor", quiet.url,
               env={"HANGWATCH_TIMEOUT_S": "1.5"})
     assert res.returncode == EXIT_ALARM_UNREACHABLE, res
     answer = json.loads(res.stdout)
     assert sorted(j["job_id"] for j in answer["jobs"]) == ["job-bad", "job-ok"]
     assert answer["unanswered"] == [{"monitor": quiet.url, "error": f"monitor {quiet.url} unreachable: no answer "
                                                                     "within 1.5s (HANGWATCH_TIMEOUT_S)"}]
-    res = run("diagnose", "--json", "--monitor", monitor.base)
+    res = run("diagnose", "--json", "--monitor", alarm_monitor.base)
     assert res.returncode == EXIT_ALARM and json.loads(res.stdout)["unanswered"] == [], res
 
 
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
-def test_an_unknown_job_with_a_monitor_down_is_unreachable_not_unknown(cmd: str, monitor: RunningMonitor) -> None:
-    post_jobs(monitor, exited=False)
+def test_an_unknown_job_with_a_monitor_down_is_unreachable_not_unknown(cmd: str, healthy_monitor: RunningMonitor) -> None:
+    post_jobs(healthy_monitor, exited=False)
     down = f"http://127.0.0.1:{free_port()}"
-    res = run(cmd, "--monitor", monitor.base, "--monitor", down, "--job", "no-such-job")
+    res = run(cmd, "--monitor", healthy_monitor.base, "--monitor", down, "--job", "no-such-job")
     # The monitor that is down may hold it: not "unknown" (3), but "could not ask every monitor" (2).
     assert res.returncode == EXIT_UNREACHABLE and res.stdout == "", res
     lines = _stderr_lines(res)
     assert lines == [f"hangwatch: monitor {down} unreachable: [Errno 111] Connection refused",
-                     f"hangwatch: no job 'no-such-job' at {monitor.base}"], lines
+                     f"hangwatch: no job 'no-such-job' at {healthy_monitor.base}"], lines
 
 
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
 @pytest.mark.parametrize("path", ["/diagnose", "/diagnose?format=json", "/metrics"])
-def test_a_monitor_url_with_a_path_gets_a_one_line_hint(cmd: str, path: str, monitor: RunningMonitor) -> None:
-    res = run(cmd, "--monitor", monitor.base + path)
+def test_a_monitor_url_with_a_path_gets_a_one_line_hint(cmd: str, path: str, healthy_monitor: RunningMonitor) -> None:
+    res = run(cmd, "--monitor", healthy_monitor.base + path)
     assert res.returncode == EXIT_UNREACHABLE, res
     [line] = _stderr_lines(res)
-    assert line.startswith("hangwatch") and line.endswith(f"give the monitor's base URL: {monitor.base}"), line
+    assert line.startswith("hangwatch") and line.endswith(f"give the monitor's base URL: {healthy_monitor.base}"), line
     assert res.stdout == ""
 
 
-def test_bad_monitor_and_timeout_settings_name_what_set_them(monitor: RunningMonitor) -> None:
+def test_bad_monitor_and_timeout_settings_name_what_set_them(healthy_monitor: RunningMonitor) -> None:
     for env, named in [({"HANGWATCH_MONITOR": "localhost:8787"}, "HANGWATCH_MONITOR: not an http(s) URL"),
                        ({"HANGWATCH_TIMEOUT_S": "soon"}, "HANGWATCH_TIMEOUT_S: not a number"),
                        ({"HANGWATCH_TIMEOUT_S": "0"}, "HANGWATCH_TIMEOUT_S: must be > 0")]:
@@ -273,11 +297,11 @@ def test_bad_monitor_and_timeout_settings_name_what_set_them(monitor: RunningMon
         assert res.returncode == 2, res
         [line] = _stderr_lines(res)
         assert line.startswith(f"hangwatch: error: {named}"), line
-    res = run("status", "--timeout", "-1", "--monitor", monitor.base)
+    res = run("status", "--timeout", "-1", "--monitor", healthy_monitor.base)
     assert res.returncode == 2 and "--timeout" in res.stderr, res
     # The variable names the monitor when --monitor is not given.
-    post_jobs(monitor, exited=False)
-    res = run("status", env={"HANGWATCH_MONITOR": monitor.base})
+    post_jobs(healthy_monitor, exited=False)
+    res = run("status", env={"HANGWATCH_MONITOR": healthy_monitor.base})
     assert res.returncode == EXIT_OK and "job-ok" in res.stdout, res
 
 
@@ -286,12 +310,10 @@ def _diagnose_requests(monitor: RunningMonitor) -> int:
 
 
 @pytest.fixture(scope="module")
-def two_monitors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningMonitor, RunningMonitor]]:
+def two_monitors(alarm_monitor: RunningMonitor,
+                 healthy_monitor: RunningMonitor) -> tuple[RunningMonitor, RunningMonitor]:
     """One pair for every case below: each counts the requests its command made, not all of them."""
-    env = {"HANGWATCH_CONFIRM_ALARMS": "0"}
-    with running_monitor(tmp_path_factory.mktemp("a"), "--log-level", "debug", extra_env=env) as a, \
-            running_monitor(tmp_path_factory.mktemp("b"), "--log-level", "debug", extra_env=env) as b:
-        yield a, b
+    return alarm_monitor, healthy_monitor
 
 
 @pytest.mark.parametrize("args", [["diagnose"], ["diagnose", "--job", "job-bad"], ["diagnose", "--json"],
@@ -370,13 +392,13 @@ def test_an_answer_it_cannot_read_is_one_line_and_exit_2(cmd: str, body: bytes) 
 
 
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
-def test_an_answer_it_cannot_read_hides_nothing_the_other_monitors_say(cmd: str, monitor: RunningMonitor) -> None:
+def test_an_answer_it_cannot_read_hides_nothing_the_other_monitors_say(cmd: str, alarm_monitor: RunningMonitor) -> None:
     """Sharded monitors of mixed versions: the readable answers are shown, the unreadable monitor
     is named in one line, and the exit code says both the alarm and the monitor unheard."""
-    with reporting(monitor, exited=True), \
+    with reporting(alarm_monitor, exited=True), \
             odd_monitor(b'{"jobs": [{"job_id": "j", "verdict": "deadlock", "ranks": 7}]}') as odd:
-        wait_for(monitor, "job-bad", "rank_exited")
-        res = run(cmd, "--monitor", monitor.base, "--monitor", odd)
+        wait_for(alarm_monitor, "job-bad", "rank_exited")
+        res = run(cmd, "--monitor", alarm_monitor.base, "--monitor", odd)
     assert res.returncode == EXIT_ALARM_UNREACHABLE, res
     assert "job-bad" in res.stdout and "RANK_EXITED" in res.stdout and "job-ok" in res.stdout, res.stdout
     assert "Traceback" not in res.stderr and res.stderr.strip().splitlines() == [res.stderr.strip()], res.stderr

@@ -25,7 +25,9 @@ def test_a_side_threads_counter_does_not_hide_a_deadlock(torchrun_job, wait_for_
     """Every rank prints "[hb] rank R beat N uptime Ts" twice a second from a thread of its own; rank 1
     leaves the loop and sleeps, rank 0 waits in all_reduce. The counter rises to the end (the agent
     reads it as steps), and the deadlock is named all the same, the counter said to be discounted.
-    (This is also the suite's plain linger deadlock: the counter on top costs no second job.)"""
+    (This is also the suite's plain linger deadlock: the counter on top costs no second job. Its ranks
+    run outside pods and Slurm, so the job has no other name than its id: tests/e2e/test_job_names.py
+    has a job in a pod.)"""
     job = torchrun_job("--heartbeat-every", "0.5", "--fail", "linger", "--fail-at-step", str(STALL_STEP))
     got = wait_for_verdict(job, "deadlock", culprits=[1])
     waiting = next(r for r in got["ranks"] if r["rank"] == 0)
@@ -36,6 +38,9 @@ def test_a_side_threads_counter_does_not_hide_a_deadlock(torchrun_job, wait_for_
     # The counter kept going after the stall: the log alone said the job was alive.
     after = job.text().split("mode=linger", 1)[1]
     assert len(re.findall(r"\[hb\] rank 0 beat \d+", after)) >= 4, job.log_tail()
+    # No pod, no Slurm job: no other name (HOSTNAME alone names no pod).
+    assert "display" not in got["names"] and "k8s_pods" not in got["names"], got["names"]
+    assert {r["k8s_pod"] for r in got["ranks"]} == {None}
 
 
 def test_a_job_that_logs_every_100_steps_is_judged_by_its_ranks(torchrun_job, wait_for_verdict):

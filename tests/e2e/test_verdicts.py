@@ -7,6 +7,7 @@ until the expected verdict and culprit ranks show up.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -14,6 +15,8 @@ import pytest
 
 from hangwatch.demo.harness import Observation
 from tests.e2e.conftest import STALL_STEP, VERDICT_TIMEOUT
+from tests.e2e.test_cli import run as run_cli
+from tests.e2e.test_cli import run_on_tty as run_cli_on_tty
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -191,14 +194,19 @@ def test_clean_finish(torchrun_job, wait_for_verdict):
     assert job.launcher.wait(timeout=30) == 0
 
 
-def test_no_alarm_before_the_stall(torchrun_job, wait_for_verdict, client):
-    """While the job is healthy every answer is ``healthy``; the deadlock shows after the stall."""
+def test_no_alarm_before_the_stall(torchrun_job, wait_for_verdict, client, monitor):
+    """While the job is healthy every answer is ``healthy``; the deadlock shows after the stall.
+    ``hangwatch diagnose`` and ``status`` asked at both ends exit as the verdict says (0 healthy,
+    1 an alarm, 3 no such job): the same job, the commands' exit codes on a real hang."""
     stall_step = 200  # ~12 s of healthy steps at ~0.06 s/step
     job = torchrun_job("--fail", "linger", "--fail-at-step", str(stall_step))
     seen: list[Observation] = []
     job.wait_for_step(20, timeout=VERDICT_TIMEOUT)
     got = wait_for_verdict(job, "healthy", observations=seen)
     assert got["verdict"] == "healthy"
+    res = run_cli("diagnose", "--monitor", monitor.url, "--job", job.job_id)
+    assert res.returncode == 0, res
+    assert job.job_id in res.stdout and "HEALTHY" in res.stdout.upper()
     # Keep watching until the stall starts.
     while job.stall_time() is None:
         assert not job.finished(), job.log_tail()
@@ -216,3 +224,27 @@ def test_no_alarm_before_the_stall(torchrun_job, wait_for_verdict, client):
     early = [h for h in history if h["at"] < stall - 1.0 and h["verdict"] not in ("healthy",)]
     assert not early, f"verdict history has an alarm before the stall: {early}"
     wait_for_verdict(job, "deadlock", culprits=[1])
+    _commands_say_deadlock(monitor.url, job.job_id)
+
+
+def _commands_say_deadlock(monitor: str, job_id: str) -> None:
+    res = run_cli("diagnose", "--monitor", monitor, "--job", job_id)
+    assert res.returncode == 1, res
+    assert "DEADLOCK" in res.stdout.upper()
+    res = run_cli("diagnose", "--monitor", monitor, "--job", job_id, "--json")
+    assert res.returncode == 1
+    data = json.loads(res.stdout)
+    assert [j["verdict"] for j in data["jobs"]] == ["deadlock"]
+    assert data["jobs"][0]["culprit_ranks"] == [1]
+    res = run_cli("status", "--monitor", monitor, "--job", job_id)
+    assert res.returncode == 1
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 2 and lines[0].split()[:2] == ["JOB", "VERDICT"], lines
+    assert lines[1].split()[:2] == [job_id, "DEADLOCK"] and "1@" in lines[1], lines
+    # Plain when piped, coloured on a terminal.
+    assert "\033[" not in res.stdout
+    for cmd in ("status", "diagnose"):
+        code, shown = run_cli_on_tty(cmd, "--monitor", monitor, "--job", job_id)
+        assert code == 1 and "\033[1;31mDEADLOCK" in shown, shown
+    res = run_cli("diagnose", "--monitor", monitor, "--job", "no-such-job:1")
+    assert res.returncode == 3 and "no job" in res.stderr
