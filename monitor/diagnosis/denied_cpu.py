@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from statistics import median, median_low
 
+from hangwatch_common.name_lists import nodes_text
 from monitor.diagnosis.context import Context, ranks_text
 from monitor.diagnosis.model import Diagnosis, RankView
 
@@ -90,7 +91,7 @@ def _straggler(ctx: Context, culprits: list[int], levels: dict[int, float], typi
                         f"({pace.now_s:.2f}s against {pace.baseline_s:.2f}s per progress line)")
     nodes = sorted({ctx.activities[r].rank.node for r in culprits})
     hints = [
-        f"Look at what shares the cores of {ranks_text(culprits)} on {', '.join(nodes[:8])}: "
+        f"Look at what shares the cores of {ranks_text(culprits)} on {nodes_text(nodes)}: "
         "`ps -eLo pid,tid,psr,pcpu,comm --sort=-pcpu | head`, its affinity (`taskset -p PID`), other jobs "
         "or daemons scheduled there.",
         "A CPU quota (cgroup cpu.max, or cpu.cfs_quota_us) below what the rank's threads use throttles it: "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from statistics import median_low
 
+from hangwatch_common.name_lists import nodes_text
 from monitor.diagnosis.context import Context, ranks_text
 from monitor.diagnosis.model import Diagnosis
 
@@ -64,7 +65,7 @@ def throttled_gpus(ctx: Context) -> Diagnosis | None:
                         "the whole job runs at the slow GPU's pace")
     nodes = sorted({ctx.activities[r].rank.node for r in culprits})
     hints = [
-        f"Check the GPU(s) of {ranks_text(culprits)} on {', '.join(nodes[:8])}: `nvidia-smi -q -d "
+        f"Check the GPU(s) of {ranks_text(culprits)} on {nodes_text(nodes)}: `nvidia-smi -q -d "
         "PERFORMANCE,TEMPERATURE,POWER` (clock event reasons, temperature, power draw against its limit); a "
         "failing fan or airflow, a power cap set on that node, a GPU to replace.",
     ]

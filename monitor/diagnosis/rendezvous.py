@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hangwatch_common.name_lists import nodes_text, numbers_text
 from monitor.diagnosis.context import Context, cpu_text, ranks_text, where
 from monitor.diagnosis.errors import hints_for_errors
 from monitor.diagnosis.model import Diagnosis, LauncherView, RankView, Socket
@@ -158,7 +159,7 @@ def rendezvous(ctx: Context) -> Diagnosis | None:
     elif net_culprits:
         nodes = sorted({a.rank.node for a in ctx.live() if a.rank.rank in net_culprits})
         summary = (f"process group never formed: every rank is present but connections to "
-                   f"{', '.join(nodes) or ranks_text(net_culprits)} do not get through")
+                   f"{nodes_text(nodes) or ranks_text(net_culprits)} do not get through")
         culprits = sorted(net_culprits)
     else:
         summary = "process group never formed: every rank is present but initialisation does not complete"
@@ -208,12 +209,12 @@ def launcher_waiting(ctx: Context) -> Diagnosis | None:
         culprits = [k * nproc + i for k in missing_nodes for i in range(nproc)]
     idle_nodes = sorted(ctx.job.nodes_reporting - {lv.node for lv in launchers})
     if idle_nodes:
-        evidence.append(f"agents on {', '.join(idle_nodes)} report no launcher of this job")
+        evidence.append(f"agents on {nodes_text(idle_nodes)} report no launcher of this job")
     net_evidence, net_hints, _ = _network_findings(ctx, [], launchers)
     evidence += net_evidence + _orphan_evidence(ctx, _master_ports(ctx))
     if missing_nodes:
         summary = (f"rendezvous incomplete: {len(seen)} of {expected} nodes joined; node rank(s) "
-                   f"{', '.join(map(str, missing_nodes))} never did")
+                   f"{numbers_text(missing_nodes)} never did")
     elif expected and len(launchers) < expected:
         summary = f"rendezvous incomplete: {len(launchers)} of {expected} nodes joined"
     else:

@@ -11,11 +11,14 @@ said as such, not as a lost agent.
 
 from __future__ import annotations
 
+from hangwatch_common.name_lists import nodes_text
 from monitor.diagnosis.context import Context, ranks_text
 from monitor.diagnosis.model import Diagnosis
 
 # A node whose latest report is this recent and still not the present is being refreshed.
 REFRESHING_S = 10.0
+# A line of evidence each for this many silent nodes at most; the rest are counted.
+NODE_LINES = 8
 
 
 def replays_arriving(ctx: Context) -> Diagnosis | None:
@@ -27,9 +30,9 @@ def replays_arriving(ctx: Context) -> Diagnosis | None:
     behind = [(node, at) for node, at in ctx.job.replaying_nodes if ctx.now > at]
     if not behind:
         return None
-    nodes = ", ".join(node for node, _ in behind)
-    evidence = [f"node {node}: latest report kept through an outage, taken {ctx.now - at:.0f}s ago; "
-                "no live report since" for node, at in behind]
+    nodes = nodes_text(node for node, _ in behind)
+    evidence = _first_lines([f"node {node}: latest report kept through an outage, taken {ctx.now - at:.0f}s ago; "
+                             "no live report since" for node, at in behind])
     return ctx.diagnosis("unknown", (), None, f"refreshing: the agent on {nodes} is delivering what it kept "
                          "through an outage", evidence)
 
@@ -44,7 +47,7 @@ def agents_silent(ctx: Context) -> Diagnosis | None:
         return None
     started = ctx.job.monitor_started_at
     refreshing = [n for n, last in silent.items() if _refreshing(last, started, ctx.now)]
-    evidence = [_silence_line(n, last, started, ctx.now) for n, last in sorted(silent.items())]
+    evidence = _first_lines([_silence_line(n, last, started, ctx.now) for n, last in sorted(silent.items())])
     here = "these nodes" if len(silent) > 1 else "it"
     if unknown:
         evidence.append(f"{ranks_text(unknown)} on {here}: state unknown")
@@ -52,7 +55,7 @@ def agents_silent(ctx: Context) -> Diagnosis | None:
         evidence.append(f"launcher{'s' if len(launchers) > 1 else ''} on {here}: "
                         f"{', '.join(f'pid {lv.pid}' for lv in launchers)}, state unknown")
     what = ranks_text(unknown) if unknown else "its launcher"
-    nodes = ", ".join(sorted(silent))
+    nodes = nodes_text(silent)
     if refreshing and len(refreshing) == len(silent) and started is not None:
         summary = (f"monitor restarted {ctx.now - started:.0f}s ago: refreshing from the agents "
                    f"(waiting for {nodes})")
@@ -65,6 +68,14 @@ def agents_silent(ctx: Context) -> Diagnosis | None:
                  "running (systemctl status hangwatch-agent), can it reach the monitor?",)
     states = dict.fromkeys(unknown, "unknown")
     return ctx.diagnosis("unknown", (), min(silent.values()), summary, evidence, hints, states=states)
+
+
+def _first_lines(per_node: list[str]) -> list[str]:
+    """A line per node for a few nodes; past NODE_LINES, a count of the rest (the summary names them
+    all, collapsed): 12,500 silent nodes after a restart are not 12,500 lines of evidence."""
+    if len(per_node) <= NODE_LINES:
+        return per_node
+    return [*per_node[:NODE_LINES], f"... and {len(per_node) - NODE_LINES} more nodes"]
 
 
 def _refreshing(last: float, started: float | None, now: float) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from statistics import median, median_low
 
+from hangwatch_common.name_lists import nodes_text
 from monitor.diagnosis.context import Context, ranks_text
 from monitor.diagnosis.denied_cpu import starved_ranks, uneven
 from monitor.diagnosis.gpu_clocks import throttled_gpus
@@ -140,7 +141,7 @@ def _straggler(ctx: Context, culprits: list[int], levels: dict[int, float], othe
     nodes = sorted({activities[r].rank.node for r in culprits})
     peers = sorted(a.rank.rank for a in ctx.live() if a.rank.node in nodes and a.rank.rank not in culprits)
     hints = [
-        f"Look at {', '.join(nodes[:8])}{' ...' if len(nodes) > 8 else ''}: CPU throttling (thermal or power "
+        f"Look at {nodes_text(nodes)}: CPU throttling (thermal or power "
         "cap), a slower CPU model, memory bandwidth taken by a neighbour, swapping; or more work on "
         f"{ranks_text(culprits)} (uneven data, sharding or rank-conditional code).",
         f"`py-spy top --pid PID` on {ranks_text(culprits)} shows where the extra time goes.",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from hangwatch_common.name_lists import nodes_text
 from monitor.diagnosis.activity import Activity
 from monitor.diagnosis.context import Context, describe_all, progress_evidence, ranks_text, wait_verb
 from monitor.diagnosis.flight_recorder import with_flight_recorder
@@ -81,7 +82,7 @@ def _bf16_findings(ctx: Context, busy: list[Activity]) -> tuple[list[str], list[
             slow_nodes.append(node)
     if slow_nodes:
         hints.append(
-            f"Train in float32 on {', '.join(slow_nodes)}: its CPU has no native bf16. If the dtype was "
+            f"Train in float32 on {nodes_text(slow_nodes)}: its CPU has no native bf16. If the dtype was "
             "auto-detected from a GPU that this CPU run does not use (torch.cuda.is_available()), choose it "
             "from the device the run uses instead (your training script's dtype option or autocast setting)."
         )

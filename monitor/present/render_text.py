@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from hangwatch_common.name_lists import nodes_text
 from monitor.present.job_answer import ranks_text
 from hangwatch_common.safe_text import one_line
 
@@ -43,7 +44,7 @@ def render_job(job: dict[str, Any], now: float) -> str:
     culprits = job["culprit_ranks"]
     if culprits:
         lines.append(f"  culprits: {_ranks_word(culprits)} (marked * below)")
-    nodes = one_line(", ".join(job.get("nodes", [])))
+    nodes = one_line(nodes_text(job.get("nodes", [])))
     total = job.get("ranks_total", len(job["ranks"]))
     if total:
         lines.append(f"  world size {job['world_size']}, {total} ranks seen" + (f" on {nodes}" if nodes else ""))

@@ -84,3 +84,14 @@ def test_a_lost_agent_says_what_to_check_and_a_restart_does_not() -> None:
 ])
 def test_rank_lists_stay_short(ranks: list[int], text: str) -> None:
     assert ranks_text(ranks) == text
+
+
+def test_after_a_restart_under_a_giant_job_the_waiting_nodes_are_counted_not_listed() -> None:
+    """2,000 nodes not heard since a restart: the summary collapses them, the evidence counts the rest."""
+    silent = tuple((f"node{n:04d}", NOW - 20) for n in range(2000))
+    ranks = [rank(r, node=f"node{r // 8:04d}", **BUSY) for r in range(16_000)]
+    found = diagnose(job(*ranks, silent_nodes=silent, monitor_started_at=NOW - 5))
+    assert found.verdict == "unknown" and found.culprit_ranks == ()
+    assert "refreshing from the agents (waiting for 2000 nodes: node[0000-1999])" in found.summary
+    assert len(found.evidence) <= 12 and "... and 1992 more nodes" in found.evidence
+    assert len(found.summary) < 200

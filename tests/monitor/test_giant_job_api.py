@@ -74,7 +74,8 @@ def test_the_text_answer_says_how_many_ranks_it_does_not_list(giant: TestClient)
     response = giant.get("/diagnose", params={"job": JOB})
     assert response.status_code == 200
     text = response.text
-    assert f"world size {RANKS}, {RANKS} ranks seen" in text
+    # The nodes as a count and a range, not 75 names on one line (issue 37).
+    assert f"world size {RANKS}, {RANKS} ranks seen on {NODES} nodes: node-[000-{NODES - 1:03d}]\n" in text
     assert f"... {RANKS - RANKS_LISTED_BY_DEFAULT} more ranks not listed" in text
     assert len(text.splitlines()) < RANKS_LISTED_BY_DEFAULT + 60
 
