@@ -68,18 +68,21 @@ def _bf16_findings(ctx: Context, busy: list[Activity]) -> tuple[list[str], list[
     evidence += [f"the log announces bfloat16 compute: {line}" for line in sorted(d for d in dtype_lines if d)]
     if kernels:
         evidence.append(f"bf16 kernels in native frames: {', '.join(sorted(kernels)[:3])}")
-    slow_nodes = []
+    # Nodes alike (the same CPU model and bf16 flags) share a line: a giant job has a few kinds of node.
+    kinds: dict[tuple[str, tuple[str, ...]], list[str]] = {}
     for node in sorted({a.rank.node for a in busy}):
         facts = ctx.job.hosts.get(node)
-        if facts is None:
-            continue
-        flags = sorted(facts.cpu_flags & BF16_FLAGS)
-        model = f" ({facts.cpu_model})" if facts.cpu_model else ""
+        if facts is not None:
+            kinds.setdefault((facts.cpu_model or "", tuple(sorted(facts.cpu_flags & BF16_FLAGS))), []).append(node)
+    slow_nodes = []
+    for (cpu_model, flags), nodes in kinds.items():
+        model = f" ({cpu_model})" if cpu_model else ""
         if flags:
-            evidence.append(f"{node}{model} has {', '.join(flags)}: bf16 should run at full speed there")
+            evidence.append(f"{nodes_text(nodes)}{model} has {', '.join(flags)}: bf16 should run at full speed there")
         else:
-            evidence.append(f"{node}{model} has neither amx_bf16 nor avx512_bf16: bf16 is emulated, many times slower")
-            slow_nodes.append(node)
+            evidence.append(f"{nodes_text(nodes)}{model} has neither amx_bf16 nor avx512_bf16: bf16 is emulated, "
+                            "many times slower")
+            slow_nodes += nodes
     if slow_nodes:
         hints.append(
             f"Train in float32 on {nodes_text(slow_nodes)}: its CPU has no native bf16. If the dtype was "
