@@ -6,20 +6,28 @@ xdist group, else a test) is handed out by how long it took last time, longest f
 tests fill the gaps at the end.
 
 How long each test took (setup, call and teardown) is kept in pytest's cache (``.pytest_cache``)
-at the end of every run, by the process that saw the reports (the controller under xdist). A test
-not timed yet is estimated from its tier. The controller reads the cache once and hands the same
+at the end of every run, by the process that saw the reports (the controller under xdist). A clean
+clone (CI) has no cache: it starts from ``tests/durations.json``, the tests of a second or more as
+one run timed them (refresh it with ``python -m tests.durations`` after a run, when tests that take
+long were added or moved). A test timed nowhere is estimated from its tier. The controller reads the cache once and hands the same
 figures to every worker (``pytest_configure_node``): the workers must all sort the collection the
 same way, whatever another run writes to the cache meanwhile.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 CACHE_KEY = "hangwatch/durations"
 WORKER_INPUT_KEY = "hangwatch_durations"
+SHIPPED = Path(__file__).resolve().with_name("durations.json")
+# Tests shorter than this are left out of the shipped file: their order matters little.
+SHIPPED_FROM_S = 1.0
 
 
 def plain_id(nodeid: str) -> str:
@@ -34,9 +42,20 @@ def read(config: pytest.Config) -> dict[str, float]:
     if workerinput is not None:
         return dict(workerinput.get(WORKER_INPUT_KEY) or {})
     cache = getattr(config, "cache", None)  # absent with -p no:cacheprovider
-    found = cache.get(CACHE_KEY, {}) if cache is not None else {}
-    return {k: float(v) for k, v in found.items() if isinstance(k, str) and isinstance(v, (int, float))} \
-        if isinstance(found, dict) else {}
+    return {**_figures(_shipped()), **_figures(cache.get(CACHE_KEY, {}) if cache is not None else {})}
+
+
+def _figures(found: object) -> dict[str, float]:
+    if not isinstance(found, dict):
+        return {}
+    return {k: float(v) for k, v in found.items() if isinstance(k, str) and isinstance(v, (int, float))}
+
+
+def _shipped() -> object:
+    try:
+        return json.loads(SHIPPED.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 class Recorder:
@@ -73,3 +92,20 @@ def longest_first(items: list[pytest.Item], known: dict[str, float], unit_of: Ca
         total[unit] = total.get(unit, 0.0) + (took if took is not None else estimate(item))
         first.setdefault(unit, index)
     items.sort(key=lambda item: (-total[unit_of(item)], first[unit_of(item)]))
+
+
+def ship(cache_file: Path = Path(".pytest_cache/v") / CACHE_KEY) -> int:
+    """Write tests/durations.json from this checkout's last run (the tests of SHIPPED_FROM_S or more)."""
+    try:
+        taken = _figures(json.loads(cache_file.read_text()))
+    except (OSError, ValueError) as exc:
+        print(f"no durations to ship: {exc} (run the suite first)", file=sys.stderr)
+        return 1
+    kept = {k: round(v, 1) for k, v in sorted(taken.items()) if v >= SHIPPED_FROM_S}
+    SHIPPED.write_text(json.dumps(kept, indent=0) + "\n")
+    print(f"{SHIPPED}: {len(kept)} tests")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(ship())

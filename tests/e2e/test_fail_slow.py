@@ -54,8 +54,10 @@ SLOW_RATIO = 3.0
 
 def on_link_test(verdict: str, culprits: tuple[int, ...]) -> bool:
     """A slow link is slow_network or nothing: the job keeps stepping, so never stalled or deadlock,
-    and no rank is slower than the other, so never straggler or slow_compute."""
-    return verdict in ("healthy", "slow_network")
+    and no rank is slower than the other, so never straggler or slow_compute. ``unknown`` is no alarm
+    and is right for a moment: the agents' reports share the throttled link, one that times out sends
+    the agent into its outage journal, and the monitor does not judge from replayed reports."""
+    return verdict in ("healthy", "slow_network", "unknown")
 
 
 @pytest.fixture
