@@ -17,9 +17,13 @@ from typing import Any
 from rich.cells import cell_len, set_cell_size
 
 from hangwatch_common.safe_text import one_line
+from monitor.present.rank_ranges import ranks_text
 
 ELLIPSIS = "…"
 GAP = "  "
+# The culprits cell names each culprit's node up to this many nodes and ranks, else the ranks alone.
+CULPRIT_NODES_NAMED = 3
+CULPRIT_RANKS_NAMED = 8
 
 
 @dataclass(frozen=True)
@@ -65,11 +69,15 @@ def age(seconds: float | None) -> str:
 
 
 def culprits_cell(job: dict[str, Any]) -> str:
-    """The culprit ranks with their nodes, grouped by node: ``1,3@node-b 5@node-c``."""
+    """The culprit ranks with their nodes, grouped by node: ``1,3@node-b 5@node-c``; past a few nodes
+    or ranks, ``ranks 0-4,6-1999 (1999)``: the rest is in ``hangwatch diagnose``."""
+    culprits = job.get("culprit_ranks", [])
     node_of = {r.get("rank"): r.get("node") for r in job.get("ranks", [])}
     by_node: dict[str, list[str]] = {}
-    for rank in job.get("culprit_ranks", []):
+    for rank in culprits:
         by_node.setdefault(str(node_of.get(rank) or "?"), []).append(str(rank))
+    if len(by_node) > CULPRIT_NODES_NAMED or len(culprits) > CULPRIT_RANKS_NAMED:
+        return f"ranks {ranks_text(culprits)} ({len(set(culprits))})"
     return " ".join(f"{','.join(ranks)}@{node}" for node, ranks in by_node.items()) or "-"
 
 

@@ -14,7 +14,7 @@ timeline starts to tell states apart when the job's raw diagnosis stops being he
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 # What the page draws (its chart's window); the evidence download holds the same.
@@ -65,6 +65,19 @@ class RankTimeline:
         wanted = sorted(kept) if ranks is None else sorted(r for r in set(ranks) if r in kept)
         return {rank: list(_clipped(kept[rank], start, now)) for rank in wanted}
 
+    def runs(self, job_id: str, ranks: Iterable[int] | None = None) -> dict[int, tuple[tuple[float, str], ...]]:
+        """A copy of the runs of the job's ranks (ascending; only ``ranks`` when given): cheap enough to
+        take under the monitor's lock, to be clipped (``clipped_spans``) outside it."""
+        kept = self._jobs.get(job_id, {})
+        wanted = sorted(kept) if ranks is None else sorted(r for r in set(ranks) if r in kept)
+        return {rank: tuple(kept[rank]) for rank in wanted}
+
+    def clipped(self, runs: dict[int, tuple[tuple[float, str], ...]],
+                now: float) -> tuple[tuple[int, tuple[tuple[float, float, str], ...]], ...]:
+        """``runs`` (a copy from ``runs()``) as spans within the window ending at ``now``; reads no
+        kept state, so it needs no lock."""
+        return clipped_spans(runs, now - self.window_s, now)
+
     def ranks(self, job_id: str) -> list[int]:
         return sorted(self._jobs.get(job_id, {}))
 
@@ -74,9 +87,16 @@ class RankTimeline:
             del self._jobs[job_id]
 
 
-def _clipped(runs: list[tuple[float, str]], start: float, now: float) -> Iterator[StateSpan]:
-    entries = runs
-    for i, (since, state) in enumerate(entries):
-        until = entries[i + 1][0] if i + 1 < len(entries) else now
+def clipped_spans(runs: dict[int, tuple[tuple[float, str], ...]], start: float,
+                  now: float) -> tuple[tuple[int, tuple[tuple[float, float, str], ...]], ...]:
+    """Per rank (in the order given), its ``(start, end, state)`` spans within ``[start, now]``,
+    oldest first; the newest state lasts until ``now``."""
+    return tuple((rank, tuple((s.start, s.end, s.state) for s in _clipped(entries, start, now)))
+                 for rank, entries in runs.items())
+
+
+def _clipped(runs: Sequence[tuple[float, str]], start: float, now: float) -> Iterator[StateSpan]:
+    for i, (since, state) in enumerate(runs):
+        until = runs[i + 1][0] if i + 1 < len(runs) else now
         if until > start and since <= now:
             yield StateSpan(max(since, start), min(until, now), state)

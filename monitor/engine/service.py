@@ -586,18 +586,18 @@ class Monitor:
     def rank_timeline(self, job_id: str, now: float, first: Iterable[int] = (),
                       limit: int | None = None) -> TimelineSpans:
         """The states of at most ``limit`` of the job's ranks over the timeline's window: ``first``
-        (the culprits) and then the lowest ranks, as the page draws them."""
+        (the culprits) and then the lowest ranks; every rank without ``limit``. The runs are copied
+        under the lock and clipped outside it: at 10,000 ranks the spans take a while to make."""
         with self._lock:
             kept = self._timeline.ranks(job_id)
-            chosen = kept
+            chosen: list[int] | None = None
             if limit is not None:
                 known = set(kept)
                 leading = [r for r in first if r in known]
                 lead = set(leading)
                 chosen = (leading + [r for r in kept if r not in lead])[:limit]
-            spans = self._timeline.spans(job_id, now, chosen)
-            return TimelineSpans(now, self._timeline.window_s, len(kept), tuple(
-                (rank, tuple((run.start, run.end, run.state) for run in runs)) for rank, runs in spans.items()))
+            runs = self._timeline.runs(job_id, chosen)
+        return TimelineSpans(now, self._timeline.window_s, len(kept), self._timeline.clipped(runs, now))
 
     def _rebuild_progress(self, now: float | None = None) -> RebuildProgress | None:
         """How far the rebuild after a restart is; None once every restored node sent a full report, or

@@ -8,11 +8,17 @@ can start a line of its own.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 from hangwatch_common.name_lists import nodes_text
-from monitor.present.job_answer import ranks_text
 from hangwatch_common.safe_text import one_line
+from monitor.present.job_answer import ranks_text
+
+# A giant job has a launcher per node: this many are listed, the rest counted by kind (at most
+# LAUNCHER_KINDS_LISTED lines of them).
+LAUNCHERS_LISTED = 8
+LAUNCHER_KINDS_LISTED = 3
 
 
 def render_text(jobs: list[dict[str, Any]], now: float) -> str:
@@ -72,7 +78,7 @@ def render_job(job: dict[str, Any], now: float) -> str:
     _section(lines, "stacks (innermost first)",
              [f"{_ranks_word(g['ranks'])}: {one_line(' ← '.join(g['frames']))}"
               for g in job.get("stack_groups") or []])
-    _section(lines, "launchers", [_launcher_line(launcher) for launcher in job.get("launchers") or []])
+    _section(lines, "launchers", _launcher_lines(job.get("launchers") or []))
     _section(lines, "leftover processes (parent gone)", [_orphan_line(o) for o in job.get("orphans") or []])
     _section(lines, "ranks claimed by another node (ignored)", [
         f"rank {c['rank']}: claimed by {one_line(c['claimed_by'])}, "
@@ -109,6 +115,31 @@ def _found_by(ranks: list[dict[str, Any]]) -> str:
 
 def _ranks_word(ranks: list[int]) -> str:
     return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranks_text(ranks)}"
+
+
+def _launcher_lines(launchers: list[dict[str, Any]]) -> list[str]:
+    """A line per launcher for a few; for a giant job (a torchrun per node) the unusual ones (ended, or
+    another number of workers than most) and the first few, then the rest counted by kind."""
+    if len(launchers) <= LAUNCHERS_LISTED:
+        return [_launcher_line(launcher) for launcher in launchers]
+
+    def kind(launcher: dict[str, Any]) -> tuple[bool, int]:
+        return bool(launcher["alive"]), launcher["worker_count"]
+
+    usual = Counter(kind(launcher) for launcher in launchers).most_common(1)[0][0]
+    ordered = sorted(launchers, key=lambda launcher: kind(launcher) == usual)  # stable: the unusual first
+    rest: dict[tuple[bool, int], list[str]] = {}
+    for launcher in ordered[LAUNCHERS_LISTED:]:
+        rest.setdefault(kind(launcher), []).append(launcher["node"])
+    lines = [_launcher_line(launcher) for launcher in ordered[:LAUNCHERS_LISTED]]
+    kinds = sorted(rest.items(), key=lambda item: -len(item[1]))
+    for (alive, workers), nodes in kinds[:LAUNCHER_KINDS_LISTED]:
+        lines.append(f"... {len(nodes)} more, {'alive' if alive else 'ended'}, {workers} workers each, "
+                     f"on {one_line(nodes_text(nodes))}")
+    left = sum(len(nodes) for _, nodes in kinds[LAUNCHER_KINDS_LISTED:])
+    if left:
+        lines.append(f"... {left} more of other kinds")
+    return lines
 
 
 def _launcher_line(launcher: dict[str, Any]) -> str:

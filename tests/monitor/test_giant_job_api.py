@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from monitor_reports import frame, progress, rank, report, stack
+from monitor_reports import frame, launcher, progress, rank, report, stack
 from monitor_testkit import FakeClock, TestClient, monitor_of, post_report
 
 from monitor.present.job_answer import RANKS_LISTED_BY_DEFAULT
+from monitor.present.render_text import LAUNCHERS_LISTED
 
 JOB = "10.0.0.1:29500"
 NODES = 75
@@ -242,3 +243,20 @@ def test_a_failed_render_ahead_leaves_reads_to_render(giant: TestClient, clock: 
     monkeypatch.setattr(answers, "job_dict", render)
     assert _job(giant)["last_report_at"] == clock.now  # rendered by the read itself
     list(steps)
+
+
+def _post_launchers(client: TestClient, clock: FakeClock, nodes: int) -> None:
+    """A torchrun per node, 2 workers each but node 7's, which has 1."""
+    for node in range(nodes):
+        workers = [20_000 + node * 2] if node == 7 else [20_000 + node * 2, 20_001 + node * 2]
+        post_report(client, report(node=f"node-{node:03d}", sent_at=clock.now, ranks=[], launchers=[
+            launcher(job_id="wide", pid=900 + node, nnodes=str(nodes), node_rank=node, worker_pids=workers)]))
+
+
+def test_a_launcher_per_node_is_listed_for_a_few_and_counted_for_the_rest(client: TestClient, clock: FakeClock) -> None:
+    _post_launchers(client, clock, 40)
+    text = client.get("/diagnose", params={"job": "wide"}).text
+    lines = text[text.index("launchers"):].split("\n\n")[0].splitlines()[1:]
+    assert len(lines) == LAUNCHERS_LISTED + 1, text
+    assert "node-007 pid 907, node 7 of 40, 1 workers, alive" in lines[0]  # the unusual one first
+    assert lines[-1].strip() == "... 32 more, alive, 2 workers each, on 32 nodes: node-[008-039]"

@@ -88,8 +88,9 @@ def run_page(tmp_path: Path, answer: dict[str, Any], routes: dict[str, Any], pol
 
 
 def side_url(job_id: str, part: str) -> str:
-    """The URL the page fetches for a job's history or timeline (the timeline: the 64 ranks it draws)."""
-    return f"/api/v1/jobs/{job_id}/{part}" + ("?limit=64" if part == "timeline" else "")
+    """The URL the page fetches for a job's history or timeline (the timeline: no rank one by one,
+    16 groups of states and 8 of progress at most)."""
+    return f"/api/v1/jobs/{job_id}/{part}" + ("?limit=0&rows=16&lines=8" if part == "timeline" else "")
 
 
 def render_page(client: TestClient, tmp_path: Path, polls: int = 1, tz: str = "UTC") -> dict[str, Any]:
@@ -134,15 +135,17 @@ def test_script_shows_stack_groups_launchers_and_orphans(
     assert "torchrun stale.py" in jobs
 
 
-def test_chart_draws_one_line_per_rank_and_marks_since_when_in_trouble(
+def test_chart_draws_one_line_per_way_of_progressing_and_marks_since_when_in_trouble(
     client: TestClient, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     verdict = {"word": "healthy"}
     monkeypatch.setattr("monitor.diagnosis.diagnose",
                         lambda job: Diagnosis(verdict["word"], (1,), job.now - 20, f"{verdict['word']} now"))
     now = clock.now
+    # Ten steps apart: three ways of progressing (a step apart would be ranks in lockstep, one line).
     ranks = [rank(rank=r, world_size=3,
-                  progress=progress(3, 30 + r, [(now - 90, 10 + r), (now - 60, 20 + r), (now - 30, 30 + r)]))
+                  progress=progress(3, 30 + 10 * r, [(now - 90, 10 + 10 * r), (now - 60, 20 + 10 * r),
+                                                     (now - 30, 30 + 10 * r)]))
              for r in range(3)]
     client.post("/api/v1/reports", json=report(ranks=ranks, sent_at=now))
     card = render_page(client, tmp_path)["cards"]["job-a"]
@@ -153,7 +156,7 @@ def test_chart_draws_one_line_per_rank_and_marks_since_when_in_trouble(
         # Three points and a flat run to now: the line of a live rank.
         assert re.fullmatch(r"M[\d.]+,[\d.]+( L[\d.]+,[\d.]+){3}", path["d"]), path["d"]
     assert card["since_markers"] == 0  # healthy: no marker
-    assert "rank 0 (step 30)" in card["legend"] and "rank 2 (step 32)" in card["legend"]
+    assert "rank 0 (step 30)" in card["legend"] and "rank 2 (step 50)" in card["legend"]
 
     verdict["word"] = "deadlock"
     clock.advance(5)
@@ -169,8 +172,8 @@ def test_ranks_sharing_a_job_log_share_one_line_and_no_steps_says_so(client: Tes
     client.post("/api/v1/reports", json=body)
     client.post("/api/v1/reports", json=report(node="node-b", ranks=[rank(job_id="quiet")], sent_at=clock.now))
     cards = render_page(client, tmp_path)["cards"]
-    assert [p["ranks"] for p in cards["shared"]["paths"]] == ["0,1,2,3"]
-    assert "ranks 0-3 (step 8)" in cards["shared"]["legend"]
+    assert [p["ranks"] for p in cards["shared"]["paths"]] == ["0-3"]
+    assert "ranks 0-3 (4 ranks, step 8)" in cards["shared"]["legend"]
     assert cards["quiet"]["charts"] == 0
     assert "no step numbers" in cards["quiet"]["chart_text"]
 
@@ -297,6 +300,9 @@ def test_rank_timeline_draws_each_ranks_states_culprits_first(
         {"rank": 0, "spans": [[start, clock.now, "in_collective"]]},
         {"rank": 1, "spans": [[start, start + 10, "running"], [start + 10, clock.now, "idle"]]},
     ]
+    assert [(g["ranks"], g["count"], g["culprit"], g["spans"]) for g in timeline["groups"]] == [
+        ("1", 1, True, [[start, start + 10, "running"], [start + 10, clock.now, "idle"]]),
+        ("0", 1, False, [[start, clock.now, "in_collective"]])]
     rows = render_page(client, tmp_path)["cards"]["job-a"]["timeline"]
     assert [(r["rank"], r["cls"]) for r in rows] == [("1", "trow culprit"), ("0", "trow")]
     culprit, waiting = rows
@@ -317,7 +323,12 @@ def test_timeline_limit_keeps_the_culprits_first_and_counts_the_rest(
     assert [r["rank"] for r in one["ranks"]] == [1] and one["ranks_total"] == 2
     both = client.get("/api/v1/jobs/job-a/timeline", params={"limit": 64}).json()
     assert [r["rank"] for r in both["ranks"]] == [0, 1] and both["ranks_total"] == 2
-    assert client.get("/api/v1/jobs/job-a/timeline", params={"limit": 0}).status_code == 422
+    # None one by one: the groups only (what the page asks for).
+    none = client.get("/api/v1/jobs/job-a/timeline", params={"limit": 0, "rows": 1}).json()
+    assert none["ranks"] == [] and [g["ranks"] for g in none["groups"]] == ["1"]
+    assert none["groups_total"] == 2 and none["ranks_not_drawn"] == 1
+    for bad in ({"limit": -1}, {"rows": 0}, {"lines": 0}, {"rows": 1001}):
+        assert client.get("/api/v1/jobs/job-a/timeline", params=bad).status_code == 422, bad
 
 
 def test_timeline_of_an_unknown_job_is_404(client: TestClient) -> None:
@@ -339,6 +350,7 @@ def test_evidence_is_one_download_with_the_job_its_history_and_timeline(
     assert evidence["job"]["stack_tree"]["roots"][0]["frame"] == "<module> (train.py:90)"
     assert [c["verdict"] for c in evidence["history"]] == ["deadlock"]
     assert [r["rank"] for r in evidence["rank_timeline"]["ranks"]] == [0, 1]
+    assert [g["ranks"] for g in evidence["rank_timeline"]["groups"]] == ["1", "0"]
     assert "links" in evidence["monitor"]
 
 
@@ -435,6 +447,47 @@ def test_a_giant_job_shows_its_ranks_in_groups_and_says_which_ranks_are_listed(
     assert "ranks_offset=0&ranks_limit=1000" in jobs
 
 
+def test_a_2000_rank_deadlock_draws_the_culprit_and_the_rest_as_one_row_and_one_line(
+    client: TestClient, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    size, culprit = 2000, 5
+    verdict = {"word": "healthy"}
+    monkeypatch.setattr("monitor.diagnosis.diagnose", lambda job: Diagnosis(
+        verdict["word"], (culprit,) if verdict["word"] == "deadlock" else (), job.now - 30, "rank 5 never reached all_reduce",
+        ranks=tuple(RankDiagnosis(r.rank, "idle" if r.rank == culprit else "in_collective") for r in job.ranks)))
+    now = clock.now
+    for first in range(0, size, 50):  # 50 ranks a node; each rank logs its steps a little apart, up to step 100
+        body = report(node=f"node-{first // 50}", sent_at=now, ranks=[
+            rank(rank=r, world_size=size, progress=progress(10, 100, [(now - 90 + 10 * i + (r % 7) * 0.3, 91 + i)
+                                                                      for i in range(10)]))
+            for r in range(first, first + 50)])
+        assert client.post("/api/v1/reports", json=body).status_code == 202
+    client.get("/diagnose")  # healthy: every rank running
+    clock.advance(10)
+    verdict["word"] = "deadlock"
+    client.get("/diagnose")  # then rank 5 idle, the others in all_reduce
+    clock.advance(5)
+    shown = render_page(client, tmp_path)
+    card = shown["cards"]["job-a"]
+    rest = "0-4,6-1999"
+    assert [(r["rank"], r["cls"]) for r in card["timeline"]] == [(str(culprit), "trow culprit"), (rest, "trow")]
+    # The bar covers a minute at least: no state known before the job was seen.
+    assert [[s["cls"] for s in r["segments"]] for r in card["timeline"]] == [
+        ["seg none", "seg st-running", "seg st-idle"], ["seg none", "seg st-running", "seg st-in_collective"]]
+    assert f"ranks {rest} (1,999 ranks)" in shown["jobs"]
+    assert "2,000 ranks in 2 groups alike" in shown["jobs"] and "not drawn" not in shown["jobs"]
+    # The chart: the culprit's line, and one line for every other rank (however their log times differ).
+    assert [p["ranks"] for p in card["paths"]] == [rest, str(culprit)]  # the culprit's drawn last, on top
+    assert "rank 5 (step 100)" in card["legend"] and f"ranks {rest} (1,999 ranks, step 100)" in card["legend"]
+
+    # Past the rows and lines the page draws, it says how many groups and ranks it left out.
+    data = client.get("/diagnose", params={"format": "json"}).json()
+    timeline = client.get(side_url("job-a", "timeline")).json()
+    timeline.update(groups_total=5, ranks_not_drawn=7, progress_groups_total=4, progress_ranks_not_drawn=1)
+    jobs = run_page(tmp_path, data, {side_url("job-a", "timeline"): timeline})["jobs"]
+    assert "3 more groups (7 ranks) not drawn" in jobs and "2 more groups (1 rank) not drawn" in jobs
+
+
 def test_a_job_whose_ranks_are_all_listed_needs_no_groups(client: TestClient, clock: FakeClock,
                                                           tmp_path: Path) -> None:
     client.post("/api/v1/reports", json=report(ranks=[rank(rank=0), rank(rank=1)], sent_at=clock.now))
@@ -471,3 +524,15 @@ def test_history_lists_the_incidents_captures_and_actions(
     # An unattributed decision shows the command it would have run, though it ran nothing.
     assert "action requeue (command): unattributed" in card["history"]
     assert "scontrol requeue -- 77" in card["history"]
+
+
+def test_a_launcher_per_node_is_listed_for_a_few_and_counted_for_the_rest(
+        client: TestClient, clock: FakeClock, tmp_path: Path) -> None:
+    for node in range(20):
+        workers = [20_000 + node * 2] if node == 7 else [20_000 + node * 2, 20_001 + node * 2]
+        client.post("/api/v1/reports", json=report(node=f"node-{node:03d}", sent_at=clock.now, ranks=[], launchers=[
+            launcher(job_id="wide", pid=900 + node, nnodes="20", node_rank=node, worker_pids=workers)]))
+    jobs = render_page(client, tmp_path)["jobs"]
+    assert "node-007 pid 907, node 7 of 20, 1 workers, alive" in jobs  # the unusual one is listed
+    assert "node-006 pid 906" in jobs and "node-007 pid 907" in jobs and "node-008 pid 908" not in jobs
+    assert "… 12 more launchers (12 alive, 0 ended)" in jobs

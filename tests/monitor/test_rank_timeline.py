@@ -69,3 +69,18 @@ def test_spans_of_chosen_ranks_only() -> None:
     timeline.record("job", T0, [(r, "running") for r in range(5)])
     assert timeline.ranks("job") == [0, 1, 2, 3, 4]
     assert list(timeline.spans("job", T0 + 1, ranks=[3, 1, 9])) == [1, 3]
+
+
+def test_a_copy_of_the_runs_clipped_outside_the_lock_matches_the_spans() -> None:
+    # The monitor copies the runs under its lock and clips them after (Monitor.rank_timeline):
+    # the same spans, and a reading recorded meanwhile does not reach the copy.
+    timeline = RankTimeline(window_s=60)
+    for at, state in [(0, "running"), (30, "idle"), (100, "in_collective")]:
+        timeline.record("job", T0 + at, [(0, state), (1, "running")])
+    copied = timeline.runs("job", [1, 0, 7])
+    timeline.record("job", T0 + 110, [(0, "failed")])
+    assert list(copied) == [0, 1]
+    assert timeline.clipped(copied, T0 + 105) == (
+        (0, ((T0 + 45, T0 + 100, "idle"), (T0 + 100, T0 + 105, "in_collective"))),
+        (1, ((T0 + 45, T0 + 105, "running"),)))
+    assert list(timeline.runs("job")) == [0, 1]

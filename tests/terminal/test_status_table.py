@@ -47,6 +47,10 @@ def test_fit_cuts_with_an_ellipsis_to_the_width(text, width, shown):
     ({"culprit_ranks": [1, 3, 0], "ranks": [{"rank": 0, "node": "a"}, {"rank": 1, "node": "b"},
                                             {"rank": 3, "node": "b"}]}, "1,3@b 0@a"),
     ({"culprit_ranks": [7]}, "7@?"),  # a culprit that never reported (rendezvous): no node known
+    # Many culprits (a rendezvous missing whole nodes): the ranks as runs and a count, no node.
+    ({"culprit_ranks": list(range(16, 48)), "ranks": []}, "ranks 16-47 (32)"),
+    ({"culprit_ranks": [1, 9, 17, 25], "ranks": [{"rank": r, "node": f"n{r // 8}"} for r in (1, 9, 17, 25)]},
+     "ranks 1,9,17,25 (4)"),
 ])
 def test_culprits_cell_names_each_culprit_node(fields, shown):
     assert culprits_cell(job(**fields)) == shown

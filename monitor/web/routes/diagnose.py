@@ -18,6 +18,8 @@ from starlette.convertors import Convertor, register_url_convertor
 from monitor.present.answers import answer_bytes, dumps, select, summary_dict
 from monitor.web.page_links import page_links
 from monitor.present.job_answer import RANKS_LISTED_BY_DEFAULT, job_dict
+from monitor.present.progress_groups import LINES_SHOWN, ProgressGroup, progress_groups, progress_groups_dict
+from monitor.present.timeline_groups import ROWS_SHOWN, culprits_first, span_groups, span_groups_dict
 from monitor.present.render_text import render_monitor_status, render_text
 from monitor.web.routes.actions import job_actions
 from monitor.web.routes.captures import job_captures
@@ -46,8 +48,10 @@ T = TypeVar("T")
 STEP_S = 0.002
 # The most ranks one page of a job's ranks holds.
 RANKS_LIMIT_MAX = 100_000
-# The most ranks one timeline answer holds (the page asks for 64).
+# The most ranks one timeline answer lists one by one (the page asks for none: it draws the groups).
 TIMELINE_LIMIT_MAX = 100_000
+# The most groups (of states, of progress) one timeline answer holds, unless it holds them all.
+TIMELINE_ROWS_MAX = 1000
 
 
 def monitor_status(request: Request, monitor: Monitor) -> dict[str, Any]:
@@ -186,26 +190,52 @@ async def _history(job_id: str, monitor: Monitor) -> list[dict[str, Any]]:
 @router.get("/api/v1/jobs/{job_id:job_id}/timeline")
 async def get_timeline(
     job_id: str, monitor: MonitorDep,
-    limit: Annotated[int, Query(ge=1, le=TIMELINE_LIMIT_MAX, description="ranks at most, culprits first")] = 64,
+    limit: Annotated[int, Query(ge=0, le=TIMELINE_LIMIT_MAX,
+                                description="ranks listed one by one at most, culprits first; 0: only the groups")] = 64,
+    rows: Annotated[int, Query(ge=1, le=TIMELINE_ROWS_MAX,
+                               description="groups of alike ranks at most, culprits first")] = ROWS_SHOWN,
+    lines: Annotated[int, Query(ge=1, le=TIMELINE_ROWS_MAX,
+                                description="progress groups at most, culprits first")] = LINES_SHOWN,
 ) -> Response:
     now = monitor.clock()
     results = monitor.results(now, job_id=job_id)
     if not results:
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
-    body = {"job_id": job_id, **_timeline(results[0], monitor, now, limit)}
-    return Response(await run_in_threadpool(dumps, body), media_type="application/json")
+    # Grouping reads every rank: a giant job's on a worker thread, the loop goes on taking reports.
+    timeline = await _render(results[0], partial(_timeline, results[0], monitor, now, limit, rows, lines))
+    return Response(await run_in_threadpool(dumps, {"job_id": job_id, **timeline}), media_type="application/json")
 
 
-def _timeline(result: JobResult, monitor: Monitor, now: float, limit: int | None = None) -> dict[str, Any]:
-    """The states over the last ``window_s`` seconds, as ``[start, end, state]`` spans oldest first,
-    of at most ``limit`` ranks: the culprits, then the lowest ranks (what the page draws)."""
-    timeline = monitor.rank_timeline(result.view.job_id, now, result.diagnosis.culprit_ranks, limit)
+def _timeline(result: JobResult, monitor: Monitor, now: float, limit: int | None = None,
+              rows: int | None = None, lines: int | None = None) -> dict[str, Any]:
+    """The states over the last ``window_s`` seconds, as ``[start, end, state]`` spans oldest first:
+    ``ranks`` one by one (at most ``limit``: the culprits, then the lowest ranks), ``groups`` of ranks
+    whose states changed alike (at most ``rows``) and ``progress_groups`` of ranks whose steps went
+    alike (at most ``lines``): what the page draws. Without limits, every rank and group."""
+    culprits = result.diagnosis.culprit_ranks
+    timeline = monitor.rank_timeline(result.view.job_id, now)
+    listed = culprits_first([rank for rank, _ in timeline.spans], culprits, limit)
     return {
         "now": timeline.now,
         "window_s": timeline.window_s,
         "ranks_total": timeline.ranks_total,
-        "ranks": [{"rank": rank, "spans": [list(span) for span in spans]} for rank, spans in timeline.spans],
+        "ranks": [{"rank": rank, "spans": [list(span) for span in spans]}
+                  for rank, spans in timeline.spans if listed is None or rank in listed],
+        **span_groups_dict(span_groups(timeline.spans, culprits), rows),
+        **progress_groups_dict(_progress_groups(result), lines),
     }
+
+
+def _progress_groups(result: JobResult) -> list[ProgressGroup]:
+    """The job's ranks grouped by progress at its diagnosis' time: made once per diagnosis, for
+    every page that shows the job (kept on the result, read-only from then on)."""
+    kept = result.__dict__.get("progress_groups")
+    if kept is None:
+        view = result.view
+        kept = result.__dict__["progress_groups"] = progress_groups(
+            ((r.rank, r.progress_points or result.job_progress_points, r.alive) for r in view.ranks),
+            result.diagnosis.culprit_ranks, view.now)
+    return kept  # type: ignore[no-any-return]
 
 
 @router.get("/api/v1/jobs/{job_id:job_id}/evidence")
@@ -224,7 +254,7 @@ async def get_evidence(request: Request, job_id: str, monitor: MonitorDep) -> Re
         "job": await asyncio.to_thread(job_dict, result, 0, max(1, len(result.view.ranks))),
         "history": await _history(job_id, monitor),
         "actions": await job_actions(monitor, result.view.job_id),
-        "rank_timeline": _timeline(result, monitor, now),
+        "rank_timeline": await _render(result, partial(_timeline, result, monitor, now)),
         "monitor": monitor_status(request, monitor),
     }
     name = f"hangwatch-evidence-{_file_safe(result.view.job_id)}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}.json"

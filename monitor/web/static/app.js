@@ -21,10 +21,16 @@ const LINE_COLORS = ["#3558c8", "#1a7f37", "#b35900", "#8e24aa", "#00838f", "#c6
 // Verdict history and rank timelines: fetched when what they show changes, else at most every 10 s.
 const SIDE_REFRESH_MS = 10000;
 const HISTORY_SHOWN = 6;
-// The per-rank timeline covers at most the chart's window, at least TIMELINE_MIN_S: a young job
-// fills the bar instead of a sliver at its right end. Past TIMELINE_RANKS_MAX ranks the rest are counted.
+// The rank timeline covers at most the chart's window, at least TIMELINE_MIN_S: a young job
+// fills the bar instead of a sliver at its right end. The monitor groups ranks that behave alike
+// (its timeline answer): the page draws TIMELINE_ROWS_MAX groups of states and CHART_LINES_MAX of
+// progress at most, and counts the rest.
 const TIMELINE_MIN_S = 60;
-const TIMELINE_RANKS_MAX = 64;
+const TIMELINE_ROWS_MAX = 16;
+const CHART_LINES_MAX = 8;
+// A group's label shows this many characters of its ranks at most (its tooltip shows more).
+const LABEL_RANKS_CHARS = 24;
+const TITLE_RANKS_CHARS = 2000;
 const histories = new Map();  // job_id -> { key, fetchedAt, data, pending }
 const timelines = new Map();  // job_id -> { key, fetchedAt, data, pending }
 // Jobs whose merged stack tree shows its native frames (folded by default).
@@ -91,6 +97,11 @@ function listBlock(title, items) {
 }
 
 function ranksText(ranks) {
+  return `${ranks.length === 1 ? "rank" : "ranks"} ${rangeList(ranks)}`;
+}
+
+// "0-3,5,7,8" for rank numbers: as the server writes rank sets (monitor/present/rank_ranges.py).
+function rangeList(ranks) {
   const sorted = [...ranks].sort((a, b) => a - b);
   const parts = [];
   for (let i = 0; i < sorted.length;) {
@@ -101,7 +112,7 @@ function ranksText(ranks) {
     else parts.push(`${sorted[i]}-${sorted[j]}`);
     i = j + 1;
   }
-  return `${sorted.length === 1 ? "rank" : "ranks"} ${parts.join(",")}`;
+  return parts.join(",");
 }
 
 // The server writes rank sets as ranges ("0,2-5"); one number is one rank.
@@ -109,12 +120,50 @@ function rangesText(ranges) {
   return `${/^\d+$/.test(ranges) ? "rank" : "ranks"} ${ranges}`;
 }
 
+// The ranges cut after ``chars`` characters at a comma ("0,2,4,…"): a group of scattered ranks
+// can hold thousands of them.
+function shortRanges(ranges, chars) {
+  if (ranges.length <= chars) return ranges;
+  const cut = ranges.lastIndexOf(",", chars);
+  return `${ranges.slice(0, cut > 0 ? cut : chars)},…`;
+}
+
+// "rank 5", "ranks 0-4,6-1999 (1,999 ranks)": a timeline row's label.
+function rowLabel(group) {
+  const count = group.count > 1 ? ` (${group.count.toLocaleString("en")} ranks)` : "";
+  return `${rangesText(shortRanges(group.ranks, LABEL_RANKS_CHARS))}${count}`;
+}
+
+// "3 more groups (12 ranks) not drawn", or null when nothing is left out.
+function notDrawn(groupsLeft, ranksLeft) {
+  if (groupsLeft <= 0) return null;
+  return `${groupsLeft} more ${groupsLeft === 1 ? "group" : "groups"} (${ranksLeft.toLocaleString("en")} ` +
+    `${ranksLeft === 1 ? "rank" : "ranks"}) not drawn`;
+}
+
+// A giant job has a launcher per node: the unusual ones (ended, or another number of workers than
+// most) and the first few are listed, the rest counted (as the text answer does).
+const LAUNCHERS_SHOWN = 8;
+
 function launcherBlock(job) {
-  const items = (job.launchers || []).map((l) => {
+  const launchers = job.launchers || [];
+  const kind = (l) => `${l.alive} ${l.worker_count}`;
+  const counts = new Map();
+  launchers.forEach((l) => counts.set(kind(l), (counts.get(kind(l)) || 0) + 1));
+  const usual = [...counts.entries()].sort((a, b) => b[1] - a[1]).map(([k]) => k)[0];
+  // Stable sort: the unusual first, each in the answer's order.
+  const ordered = [...launchers].sort((a, b) => (kind(a) === usual) - (kind(b) === usual));
+  const items = ordered.slice(0, LAUNCHERS_SHOWN).map((l) => {
     const where = l.node_rank === null && !l.nnodes ? "" : `, node ${l.node_rank ?? "?"} of ${l.nnodes ?? "?"}`;
     const top = l.top_frame ? `, at ${l.top_frame}` : "";
     return `${l.node} pid ${l.pid}${where}, ${l.worker_count} workers, ${l.alive ? "alive" : "ended"}${top}`;
   });
+  const rest = ordered.slice(LAUNCHERS_SHOWN);
+  if (rest.length) {
+    const ended = rest.filter((l) => !l.alive).length;
+    items.push(`… ${rest.length.toLocaleString("en")} more launchers (${(rest.length - ended).toLocaleString("en")} alive, ` +
+      `${ended.toLocaleString("en")} ended)`);
+  }
   return listBlock("Launchers", items);
 }
 
@@ -175,8 +224,16 @@ function rankGroupsBlock(job) {
     more > 0 ? el("p", { class: "meta" }, `${more} more ${more === 1 ? "group" : "groups"} not listed`) : null);
 }
 
-// Ranks with identical points (a job-scope log shared by all of them) share one line.
+// The chart's lines: the monitor's groups of ranks that progress alike, over every rank (its
+// timeline answer: culprits, the biggest group, then the slowest); until that answer comes, the
+// listed ranks, those with identical points (a job-scope log) on one line.
 function chartSeries(job) {
+  const entry = timelines.get(job.job_id);
+  const data = entry && entry.data;
+  if (data && data.progress_groups) {
+    return { series: data.progress_groups, groupsLeft: data.progress_groups_total - data.progress_groups.length,
+      ranksLeft: data.progress_ranks_not_drawn };
+  }
   const byPoints = new Map();
   for (const r of job.ranks) {
     const points = r.progress || [];
@@ -187,7 +244,22 @@ function chartSeries(job) {
     series.ranks.push(r.rank);
     series.alive = series.alive || r.alive;
   }
-  return [...byPoints.values()];
+  const culprits = new Set(job.culprit_ranks);
+  const all = [...byPoints.values()].map((s) => {
+    const step = s.points[s.points.length - 1][1];
+    return { ranks: rangeList(s.ranks), count: s.ranks.length, points: s.points, alive: s.alive,
+      culprit: s.ranks.some((r) => culprits.has(r)), step_low: step, step_high: step };
+  });
+  const series = all.slice(0, CHART_LINES_MAX);
+  return { series, groupsLeft: all.length - series.length,
+    ranksLeft: all.slice(series.length).reduce((n, s) => n + s.count, 0) };
+}
+
+// "rank 5 (step 100)", "ranks 0-4,6-1999 (1,999 ranks, steps 99-100)": a line's legend entry.
+function lineLabel(group) {
+  const count = group.count > 1 ? `${group.count.toLocaleString("en")} ranks, ` : "";
+  const steps = group.step_low === group.step_high ? `step ${group.step_high}` : `steps ${group.step_low}-${group.step_high}`;
+  return `${rangesText(shortRanges(group.ranks, LABEL_RANKS_CHARS))} (${count}${steps})`;
 }
 
 // Points inside [from, now]; the last one before ``from`` enters at the left edge, and a
@@ -207,7 +279,7 @@ function visiblePoints(series, from, now) {
 }
 
 function progressChart(job) {
-  const series = chartSeries(job);
+  const { series, groupsLeft, ranksLeft } = chartSeries(job);
   if (series.length === 0) {
     return el("div", { key: "chart", class: "chart" }, el("h3", {}, "Progress"),
       el("p", { class: "meta" }, "no step numbers seen in the logs yet"));
@@ -243,25 +315,30 @@ function progressChart(job) {
     );
   }
   const legend = [];
+  const paths = [];
   series.forEach((s, i) => {
     const color = LINE_COLORS[i % LINE_COLORS.length];
     const shown = lines[i];
     const last = s.points[s.points.length - 1];
     if (shown.length) {
       const d = shown.map(([t, step], j) => `${j ? "L" : "M"}${x(t).toFixed(1)},${y(step).toFixed(1)}`).join(" ");
-      parts.push(svg("path", { key: `ranks ${s.ranks.join(",")}`, class: "series", d, stroke: color,
-        "data-ranks": s.ranks.join(",") },
-      svg("title", {}, `${ranksText(s.ranks)}: step ${last[1]} at ${clock(last[0])}`)));
+      paths.push(svg("path", { key: `ranks ${s.ranks}`, class: s.culprit ? "series culprit" : "series", d, stroke: color,
+        "data-ranks": s.ranks },
+      svg("title", {}, `${rangesText(shortRanges(s.ranks, TITLE_RANKS_CHARS))}: step ${last[1]} at ${clock(last[0])}`)));
     }
-    legend.push(el("span", { key: s.ranks.join(","), class: "entry" },
-      el("span", { class: "swatch", style: `background: ${color}` }), `${ranksText(s.ranks)} (step ${last[1]})`));
+    legend.push(el("span", { key: s.ranks, class: s.culprit ? "entry culprit" : "entry",
+      title: rangesText(shortRanges(s.ranks, TITLE_RANKS_CHARS)) },
+    el("span", { class: "swatch", style: `background: ${color}` }), lineLabel(s)));
   });
+  // The first lines (the culprits') drawn last, on top of the lines of the many.
+  parts.push(...paths.reverse());
+  const left = notDrawn(groupsLeft, ranksLeft);
   const chart = svg("svg", {
     class: "progress", viewBox: `0 0 ${CHART.width} ${CHART.height}`, role: "img",
     "aria-label": `steps over the last ${CHART_WINDOW_S / 60} minutes`,
   }, ...parts);
   return el("div", { key: "chart", class: "chart" }, el("h3", {}, `Progress (step, last ${CHART_WINDOW_S / 60} min)`),
-    chart, el("div", { class: "legend" }, ...legend));
+    chart, el("div", { class: "legend" }, ...legend), left ? el("p", { class: "meta" }, left) : null);
 }
 
 // --- verdict history and rank timelines: side data fetched per job, kept between polls ---
@@ -270,15 +347,19 @@ function historyKey(job) {
   return `${job.verdict}|${job.culprit_ranks.join(",")}`;
 }
 
-// The timeline follows the verdict and its culprits at once, else it is fetched every SIDE_REFRESH_MS
-// (a key over every rank's state would refetch it at nearly every poll of a big job).
+// The timeline (and the progress chart drawn from it) follows the verdict and its culprits at once,
+// else it is fetched every SIDE_REFRESH_MS (a key over every rank's state would refetch it at nearly
+// every poll of a big job in trouble). A job whose ranks are all listed follows its progress too; a
+// giant job's chart is redrawn every SIDE_REFRESH_MS (its groups cost ~0.1 s of the monitor's CPU
+// at 10,000 ranks).
 function timelineKey(job) {
-  return historyKey(job);
+  const giant = (job.ranks_total ?? 0) > job.ranks.length;
+  return giant ? historyKey(job) : `${historyKey(job)}|${job.last_progress_at}`;
 }
 
 function refreshSideData(jobs) {
   refreshEach(jobs, histories, historyKey, (id) => `/api/v1/jobs/${encodeURIComponent(id)}/history`);
-  refreshEach(jobs, timelines, timelineKey, (id) => `/api/v1/jobs/${encodeURIComponent(id)}/timeline?limit=${TIMELINE_RANKS_MAX}`);
+  refreshEach(jobs, timelines, timelineKey, (id) => `/api/v1/jobs/${encodeURIComponent(id)}/timeline?limit=0&rows=${TIMELINE_ROWS_MAX}&lines=${CHART_LINES_MAX}`);
 }
 
 function refreshEach(jobs, cache, keyOf, urlOf) {
@@ -369,25 +450,24 @@ function spanText(seconds) {
   return seconds >= 120 ? `${Math.round(seconds / 60)} min` : `${Math.round(seconds)} s`;
 }
 
-// Per rank, its states over the recent past as coloured segments (the monitor keeps them:
-// /api/v1/jobs/ID/timeline); the newest state runs on to the job's "now".
+// Per group of ranks whose states changed alike (the monitor groups them: /api/v1/jobs/ID/timeline),
+// its states over the recent past as coloured segments, each culprit on a row of its own first;
+// the newest state runs on to the job's "now".
 function timelineBlock(job) {
   const entry = timelines.get(job.job_id);
-  const ranks = (entry && entry.data && entry.data.ranks) || [];
-  if (ranks.length === 0) return null;
+  const groups = (entry && entry.data && entry.data.groups) || [];
+  if (groups.length === 0) return null;
   const now = job.now;
-  const known = Math.min(...ranks.map((r) => (r.spans.length ? r.spans[0][0] : now)));
+  const known = Math.min(...groups.map((g) => (g.spans.length ? g.spans[0][0] : now)));
   const windowS = Math.min(CHART_WINDOW_S, Math.max(TIMELINE_MIN_S, now - known));
   const from = now - windowS;
-  const culprits = new Set(job.culprit_ranks);
-  const ordered = [...ranks].sort((a, b) => (culprits.has(b.rank) - culprits.has(a.rank)) || a.rank - b.rank);
-  const shown = ordered.slice(0, TIMELINE_RANKS_MAX);
   const states = new Set();
-  const rows = shown.map(({ rank, spans }) => {
+  const rows = groups.map((group) => {
+    const who = rangesText(shortRanges(group.ranks, LABEL_RANKS_CHARS));
     const segments = [];
     let at = from;
-    spans.forEach(([start, end, state], i) => {
-      const last = i === spans.length - 1;
+    group.spans.forEach(([start, end, state], i) => {
+      const last = i === group.spans.length - 1;
       const s = Math.max(start, from);
       const e = last ? Math.max(end, now) : Math.min(end, now);
       if (e <= from || s >= e) return;
@@ -396,19 +476,24 @@ function timelineBlock(job) {
       states.add(state);
       segments.push(el("span", {
         key: start, class: `seg st-${state}`, style: `flex-grow: ${(e - s).toFixed(3)}`,
-        title: `rank ${rank}: ${state} ${clock(start)} – ${last ? "now" : clock(end)}`,
+        title: `${who}: ${state} ${clock(start)} – ${last ? "now" : clock(end)}`,
       }));
       at = e;
     });
-    return el("div", { key: rank, class: `trow${culprits.has(rank) ? " culprit" : ""}`, "data-rank": rank },
-      el("span", { class: "label" }, `rank ${rank}`), el("div", { class: "tbar" }, ...segments));
+    return el("div", { key: group.ranks, class: `trow${group.culprit ? " culprit" : ""}`, "data-rank": group.ranks },
+      el("span", { class: "label", title: rangesText(shortRanges(group.ranks, TITLE_RANKS_CHARS)) },
+        rowLabel(group)),
+      el("div", { class: "tbar" }, ...segments));
   });
-  const more = Math.max(entry.data.ranks_total || 0, ranks.length) - shown.length;
+  const total = entry.data.groups_total ?? groups.length;
+  const ranks = entry.data.ranks_total ?? 0;
+  const grouped = total < ranks ? `; ${ranks.toLocaleString("en")} ranks in ${total} ${total === 1 ? "group" : "groups"} alike` : "";
+  const left = notDrawn(total - groups.length, entry.data.ranks_not_drawn ?? 0);
   return el("div", { key: "timeline", class: "timeline" },
-    el("h3", {}, `Rank states (last ${spanText(windowS)})`),
+    el("h3", {}, `Rank states (last ${spanText(windowS)}${grouped})`),
     el("div", { class: "trows" }, ...rows),
     el("div", { class: "taxis" }, el("span", {}, clock(from)), el("span", {}, "now")),
-    more > 0 ? el("p", { class: "meta" }, `${more} more ${more === 1 ? "rank" : "ranks"} not drawn`) : null,
+    left ? el("p", { class: "meta" }, left) : null,
     el("div", { class: "legend" }, ...[...states].sort().map((state) => el("span", { key: state, class: "entry" },
       el("span", { class: `swatch st-${state}` }), state))));
 }
