@@ -23,11 +23,33 @@ the posts in between landed (the monitor drops stacks and progress points it alr
 A failed post, a refusal or a monitor shedding load therefore never costs a full report, which
 would add load exactly when the monitor has too much. A monitor that lost the node's picture
 (a restart, a forgotten node) or wants a snapshot answers ``"send_full": true`` until it gets one.
+
+After a restart every node owes the monitor a full report at once. The monitor spreads them: its
+answer says when (``"full_in_s"``, monitor/ingest/full_pacing.py), and deltas go on until then.
+After an outage the deltas go on from the last report the agent kept and the monitor took
+(``adopt``): a restarted monitor asks for the full report and paces it like any other. A monitor
+that asks without saying when (an older one), and one that takes no kept reports
+(``reset(spread=True)``), get the full report spread by the agent itself: the sender holds it a
+random part of an interval (``take_spread_s``), so a fleet that lost one monitor together does
+not send them together.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+# The longest wait for a full report taken from a monitor's answer (it asks for 10 s at most):
+# past it, the full report goes anyway; the monitor reads the node as stale until it has one.
+MAX_FULL_IN_S = 60.0
+# The longest the agent holds a full report to spread it (a random part of its interval).
+MAX_SPREAD_S = 10.0
 
 RankKey = tuple[str, int, int]  # (job_id, rank, pid)
 
@@ -52,11 +74,23 @@ class DeltaState:
     _nccl_ras: dict | None = None
     _ranks: dict[RankKey, _Sent] = field(default_factory=dict)
     _full_due: bool = True
+    # The owed full report goes once ``clock()`` reaches this (deltas until then).
+    _full_at: float = 0.0
+    # How long the sender holds the owed full report, once (take_spread_s).
+    _spread_s: float = 0.0
+    # The agent's report interval, read from its reports: the spread is a random part of one.
+    _interval_s: float = 1.0
+    _warned: bool = False  # of a monitor's wait that is not one (logged once)
+    clock: Callable[[], float] = time.monotonic
+    rng: Callable[[], float] = random.random
 
     def compact(self, report: dict) -> tuple[dict, dict]:
         """(the report to send, the baseline to adopt if the monitor takes it)."""
         baseline = _baseline_of(report)
-        if not self.monitor_takes_deltas or self._full_due:
+        interval = (report.get("agent") or {}).get("interval_s")
+        if isinstance(interval, (int, float)) and interval > 0:
+            self._interval_s = min(float(interval), MAX_SPREAD_S)
+        if not self.monitor_takes_deltas or (self._full_due and self.clock() >= self._full_at):
             return report, baseline
         out = dict(report, delta=True)
         if report.get("host") == self._host:
@@ -74,11 +108,41 @@ class DeltaState:
         self._nccl_ras = baseline["nccl_ras"]
         self._ranks = baseline["ranks"]
         self._full_due = bool(answer.get("send_full"))
+        self._full_at, self._spread_s = 0.0, 0.0
+        if not self._full_due:
+            return
+        if "full_in_s" in answer:
+            self._full_at = self.clock() + self._full_in_s(answer["full_in_s"])
+        else:  # a monitor that does not pace full reports
+            self._spread_s = self.rng() * self._interval_s
 
-    def reset(self) -> None:
-        """Forget what the monitor holds (another monitor now): the next report is full."""
+    def adopt(self, report: dict, answer: dict | None) -> None:
+        """The monitor took ``report`` whole (a full report kept through an outage, replayed) and answered
+        ``answer``: its picture of the node is that report now, and deltas go on from it."""
+        self.delivered(_baseline_of(report), answer)
+
+    def reset(self, spread: bool = False) -> None:
+        """Forget what the monitor holds (another monitor now): the next report is full. ``spread``:
+        after an outage, when every agent of the fleet comes back to the monitor within seconds."""
         self.monitor_takes_deltas = False
         self._full_due = True
+        self._full_at = 0.0
+        self._spread_s = self.rng() * self._interval_s if spread else 0.0
+
+    def take_spread_s(self) -> float:
+        """Seconds to hold the next post, a full report being spread (0: send now); said once."""
+        spread, self._spread_s = self._spread_s, 0.0
+        return spread
+
+    def _full_in_s(self, value: object) -> float:
+        """The wait a monitor's answer asks for, bounded; a value that is not one is read as 0 (logged once)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if not self._warned:
+                self._warned = True
+                log.warning("monitor answered full_in_s=%.50r, not a number of seconds >= 0: sending full reports "
+                            "when asked, at once", value)
+            return 0.0
+        return min(float(value), MAX_FULL_IN_S)
 
     def _compact_rank(self, rank: dict) -> dict:
         sent = self._ranks.get(_key(rank))

@@ -12,7 +12,11 @@ monitor shedding load: the sender waits as told (not the growing backoff) and th
 the newest report.
 
 Once the monitor says it takes them (``"delta": true`` in its answer), reports carry only
-what changed since the last one it took (agent/delta.py).
+what changed since the last one it took (agent/delta.py), after an outage too (on the last
+report it kept, once the monitor took it): a monitor that restarted meanwhile asks for a full
+report and says when, spreading the fleet's. A full report owed without a time said (an older
+monitor; one that takes no kept reports) is held a random part of an interval first: every
+agent of a fleet finds a restarted monitor within the same seconds.
 
 With a token (hangwatch_common/token_file.py) every POST carries ``Authorization: Bearer <token>``. A 401
 or 403 is the monitor refusing it: logged once per status until a report gets through again,
@@ -195,6 +199,8 @@ class Sender:
     def deliver_journal(self) -> bool:
         """Send what the journal kept, oldest first; True once it is empty (False: the monitor is down)."""
         delivered = 0
+        # The last kept report the monitor took, with its answer: its picture of this node from then on.
+        taken: tuple[dict, dict] | None = None
         while True:
             with self._cond:  # the sampling thread adds to the journal while this sends
                 kept = self.journal.oldest()
@@ -211,15 +217,23 @@ class Sender:
                     log.warning("monitor at %s does not take reports kept through an outage; %d dropped",
                                 self.url, len(self.journal))
                     self.journal.clear()
+                    taken, delivered = None, delivered + 1
                     break
                 self.journal.delivered_oldest()
+            taken = (kept.report, answer) if response.status_code < 400 else None
             self.replayed += 1
             delivered += 1
         if delivered:
             log.info("delivered %d reports kept through the outage (%d delivered since start)",
                      delivered, self.replayed)
-        # The monitor's picture of this node is now the last kept report: the next one is full.
-        self.delta.reset()
+        if taken is not None:
+            # The monitor's picture of this node is now the last kept report: deltas go on from it. A
+            # monitor that restarted meanwhile asks for a full report, and says when (its herd paced).
+            self.delta.adopt(*taken)
+        elif delivered:
+            # The last one was refused, or the monitor takes no reports kept through an outage: the next
+            # one is full, spread (the whole fleet is coming back to this monitor now).
+            self.delta.reset(spread=True)
         return True
 
     def _send(self, body: dict) -> httpx.Response | None:
@@ -301,6 +315,13 @@ class Sender:
                     if self._latest is not None:
                         # Taken while the journal was delivered (and delivered with it): the present
                         # is that one, not the older ``report``, which would show the monitor a step back.
+                        report, taken_at = self._take_latest()
+            spread = self.delta.take_spread_s() if delivered else 0.0
+            if spread:
+                with self._cond:
+                    if self._cond.wait_for(lambda: self._stop, timeout=spread):
+                        return
+                    if self._latest is not None:  # taken while held: the newest goes
                         report, taken_at = self._take_latest()
             if delivered and self.post(report):
                 with self._cond:

@@ -3,6 +3,7 @@
     python benchmarks/monitor_scale.py --nodes 1250 [--ranks-per-job 64] [--protocol delta]
         [--duration 60] [--warmup 15] [--monitor-cpus 0,1] [--monitors 1] [--load-procs 1] [--json out.json]
         [--fault deadlock|straggler] [--sweep 64,1000,2000,4000,10000]
+        [--restart [--down-s 3] [--restart-after 20] [--watch-s 30] [--ignore-full-in] [--journal]]
 
 Starts a real ``hangwatch-monitor`` (optionally pinned with ``taskset``; with ``--monitors N``,
 N of them sharded by job id the way agents given N ``--monitor`` URLs shard, each pinned to
@@ -22,6 +23,17 @@ give it ``--duration 120``: the ranks' CPU levels are half-minute medians). It p
 - seconds from the injected fault to the right verdict and culprit, and every other alarm or
   culprit that was published for the job (before the fault: false alarms).
 
+``--restart``: the restart herd. The deadlock is injected 5 s into the measured window; once the
+monitor has had ``--restart-after`` seconds to find it, the monitor is killed (SIGKILL) and started
+again ``--down-s`` later on the same database and port, and the job's answer is read every
+0.25 s for ``--watch-s``. It prints how long until the monitor answers, until the job's verdict is
+right again (the deadlock and its culprit judged from the rebuilt picture, not the alarm held
+through the restart: "cannot check now"), every verdict shown meanwhile (a ``healthy`` is a
+false one), the full reports a second at their peak, and the posts' p99 while it rebuilds.
+``--ignore-full-in``: the simulated agents send the full report at once when asked, as agents
+before the monitor paced them did. ``--journal``: they keep an outage journal as the agent does,
+and deliver it (replayed reports) before their first live report.
+
 It asserts nothing: figures go in benchmarks/README.md.
 """
 
@@ -38,13 +50,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from load_client import HttpConnection, LoadStats, run_shard  # noqa: E402
+from load_client import Behaviour, HttpConnection, LoadStats, run_shard  # noqa: E402
 from simulated_nodes import RANKS_PER_NODE, check_against_schema, cluster  # noqa: E402
 
 from agent.shards import owner  # noqa: E402
@@ -256,8 +269,137 @@ def histogram_quantile(q: float, cumulative: dict[float, int]) -> float | None:
     return lower
 
 
-def shard_main(conn, nodes, ports, protocol, start, window, end) -> None:  # type: ignore[no-untyped-def]
-    stats = run_shard(nodes, ports, protocol, start, window, end)
+# What a restarted monitor adds to an alarm it holds until it can judge the job again (monitor.diagnosis.stability).
+HELD_UNCHECKED = "cannot check now"
+
+
+async def observe_restart(monitors: list[subprocess.Popen], restart: Callable[[], subprocess.Popen], port: int,
+                          job: str, fault: str, culprit: int, restart_at: float, down_s: float, end: float,
+                          py_spy: str | None = None) -> dict:
+    """Kill the monitor at ``restart_at``, start it again ``down_s`` later, and read the job's answer until
+    ``end``: when it answers again, when its verdict is right again, and what it showed meanwhile."""
+    await asyncio.sleep(max(0.0, restart_at - time.time()))
+    before = await job_answer(port, job)
+    monitors[0].kill()
+    monitors[0].wait(timeout=30)
+    killed_at = time.time()
+    await asyncio.sleep(down_s)
+    monitors[0] = restart()
+    started_at = time.time()
+    profiler = None
+    if py_spy:  # the restarted monitor, from its start to the end of the watch
+        profiler = subprocess.Popen(["py-spy", "record", "--nonblocking", "--threads", "--rate", "100", "--format", "raw",
+                                     "--duration", str(int(end - started_at)), "--pid", str(monitors[0].pid),
+                                     "--output", py_spy], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    seen: list[tuple[float, str, list[int], str]] = []
+    right_at = answering_at = None
+    peak_rss, cpu0 = 0, None
+    while time.time() < end:
+        answer = await job_answer(port, job)
+        at = time.time() - started_at
+        if answer is not None:
+            answering_at = at if answering_at is None else answering_at
+            cpu0 = cpu_seconds(monitors[0].pid) if cpu0 is None else cpu0
+            verdict, named, summary = answer["verdict"], answer["culprit_ranks"], answer["summary"]
+            seen.append((at, verdict, named, summary))
+            if right_at is None and verdict == fault and named == [culprit] and HELD_UNCHECKED not in summary:
+                right_at = at
+        if monitors[0].poll() is None:
+            peak_rss = max(peak_rss, rss_bytes(monitors[0].pid))
+        await asyncio.sleep(0.25)
+    cpu_s = cpu_seconds(monitors[0].pid) - cpu0 if cpu0 is not None and monitors[0].poll() is None else None
+    if profiler is not None:
+        profiler.wait(timeout=60)
+    conn = HttpConnection("127.0.0.1", port)
+    _, metrics = await conn.request("GET", "/metrics")
+    conn.close()
+    own = [line for line in metrics.decode().splitlines() if line.startswith("hangwatch_monitor_")]
+    return {"before": None if before is None else (before["verdict"], before["culprit_ranks"]),
+            "killed_at": killed_at, "started_at": started_at, "answering_s": answering_at, "right_s": right_at,
+            "seen": seen, "rss_peak": peak_rss, "cpu_s": cpu_s, "monitor_metrics": own}
+
+
+async def job_answer(port: int, job: str) -> dict | None:
+    conn = HttpConnection("127.0.0.1", port)
+    try:
+        status, body = await asyncio.wait_for(conn.request("GET", f"/diagnose?format=json&job={job}"), 10)
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+        return None
+    finally:
+        conn.close()
+    jobs = orjson.loads(body).get("jobs", []) if status == 200 else []
+    return jobs[0] if jobs else None
+
+
+def summarise_restart(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dict:
+    started = observed["started_at"]
+    right = observed["right_s"]
+    rebuild_end = started + (right if right is not None else args.watch_s)
+    per_second: dict[int, int] = {}
+    for at in stats.full_at:
+        if at >= started:
+            per_second[int(at - started)] = per_second.get(int(at - started), 0) + 1
+    during = [took for took, at in zip(stats.latencies, stats.latency_at) if started <= at < rebuild_end]
+    # Posts that got no answer once the monitor was up again (a refused connection before it listens
+    # is the outage's): timeouts and resets while it rebuilds.
+    answering_at = started + (observed["answering_s"] or 0.0)
+    failed_after = sum(1 for at in stats.failed_at if answering_at <= at < rebuild_end)
+    steady = [took for took, at in zip(stats.latencies, stats.latency_at) if at < observed["killed_at"]]
+    # Per second after the restart: posts taken, failed (no answer), full reports sent.
+    timeline = [[0, 0, 0] for _ in range(int(args.down_s + args.watch_s))]
+    for series, times in ((0, stats.latency_at), (1, stats.failed_at), (2, stats.full_at)):
+        for at in times:
+            second = int(at - started)
+            if 0 <= second < len(timeline):
+                timeline[second][series] += 1
+    healthy = [s for s in observed["seen"] if s[1] == "healthy"]
+    runs: list[tuple[float, str, str]] = []  # each change of what was shown: (at, verdict, summary)
+    for at, verdict, named, summary in observed["seen"]:
+        shown = f"{verdict} {named[:4]}" + (" (held, unchecked)" if HELD_UNCHECKED in summary else "")
+        if not runs or runs[-1][1] != shown:
+            runs.append((at, shown, summary))
+    figures = {
+        "ranks": args.nodes * RANKS_PER_NODE, "nodes": args.nodes, "ranks_per_job": args.ranks_per_job,
+        "ignore_full_in": args.ignore_full_in, "journal": args.journal, "relays": args.relays,
+        "down_s": args.down_s, "verdict_before": observed["before"],
+        "answering_s": observed["answering_s"], "right_s": right, "healthy_shown": len(healthy),
+        "full_reports_after_restart": sum(per_second.values()),
+        "full_per_s_peak": max(per_second.values(), default=0),
+        "full_per_s": [per_second.get(i, 0) for i in range(int(args.watch_s))],
+        "replayed": stats.replayed, "post_p50_ms_rebuilding": (percentile(during, 0.5) or 0) * 1000,
+        "post_p99_ms_rebuilding": (percentile(during, 0.99) or 0) * 1000, "posts_rebuilding": len(during),
+        "failed": stats.failed, "failed_rebuilding": failed_after, "shed": stats.shed,
+        "post_p99_ms_before": (percentile(steady, 0.99) or 0) * 1000, "timeline": timeline,
+        "monitor_cpu_s_after_restart": observed["cpu_s"], "rss_peak_mib": observed["rss_peak"] / 2**20,
+        "shown": [(round(at, 2), shown) for at, shown, _ in runs], "monitor_metrics": observed["monitor_metrics"],
+    }
+    print(f"restart under a job of {args.ranks_per_job} ranks ({args.nodes} nodes), down {args.down_s:.0f} s, "
+          f"agents {'ignore' if args.ignore_full_in else 'take'} the monitor's pacing"
+          + (", keep an outage journal" if args.journal else "") + (f", {args.relays} relays" if args.relays else ""))
+    print(f"before the restart the job showed {observed['before']}")
+    print(f"answering {observed['answering_s'] if observed['answering_s'] is not None else float('nan'):.1f} s after "
+          f"the restart; right again ({args.fault} {[1]}, judged) "
+          + (f"{right:.1f} s after the restart" if right is not None else f"NOT within {args.watch_s:.0f} s"))
+    print(f"healthy shown meanwhile: {len(healthy)} answers" + "".join(f"\n  {h[0]:.1f}s {h[3][:160]}" for h in healthy[:3]))
+    print("what the job showed:" + "".join(f"\n  {at:6.2f}s {shown}: {summary[:140]}" for at, shown, summary in runs[:12]))
+    print(f"full reports after the restart: {figures['full_reports_after_restart']}, peak {figures['full_per_s_peak']}/s; "
+          f"per second: {figures['full_per_s'][:16]}; kept reports replayed: {stats.replayed}")
+    print(f"posts while rebuilding: {len(during)} taken, p50 {ms(percentile(during, 0.5))}, "
+          f"p99 {ms(percentile(during, 0.99))}; {failed_after} failed once it answered ({stats.failed} in all, "
+          f"the outage's included), shed {stats.shed}")
+    print(f"posts before the restart: p99 {ms(percentile(steady, 0.99))}; after it, a second each "
+          "(taken/failed/full): " + " ".join(f"{t}/{f}/{u}" for t, f, u in timeline[:int(args.watch_s)]))
+    cpu_s = observed["cpu_s"]
+    print(f"restarted monitor: CPU {cpu_s if cpu_s is not None else float('nan'):.1f} s from its first answer to the "
+          f"end, peak RSS {figures['rss_peak_mib']:.0f} MiB")
+    for line in observed["monitor_metrics"]:
+        if line.startswith(("hangwatch_monitor_full_reports", "hangwatch_monitor_reports_replay")):
+            print("  " + line)
+    return figures
+
+
+def shard_main(conn, nodes, ports, protocol, start, window, end, behaviour) -> None:  # type: ignore[no-untyped-def]
+    stats = run_shard(nodes, ports, protocol, start, window, end, behaviour)
     conn.send(stats)
     conn.close()
 
@@ -285,6 +427,14 @@ def main() -> int:
                         "window (collapsed stacks, all threads, without pausing it) and print its hottest frames")
     parser.add_argument("--sweep", help="job sizes to run one after the other (e.g. 64,1000,2000,4000,10000), "
                         "each with all --nodes; a table of the cost per report by job size follows")
+    parser.add_argument("--restart", action="store_true", help="the restart herd: kill the monitor under the "
+                        "deadlocked job and start it again on the same database (see above)")
+    parser.add_argument("--restart-after", type=float, default=20.0, help="seconds after the fault (default 20)")
+    parser.add_argument("--down-s", type=float, default=3.0, help="seconds the monitor is down (default 3)")
+    parser.add_argument("--watch-s", type=float, default=30.0, help="seconds watched after the restart (default 30)")
+    parser.add_argument("--ignore-full-in", action="store_true", help="agents send the full report at once when "
+                        "asked (as before the monitor paced them)")
+    parser.add_argument("--journal", action="store_true", help="agents keep an outage journal and deliver it")
     args = parser.parse_args()
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -330,13 +480,20 @@ def run(args: argparse.Namespace) -> dict:
     relay_ports = [args.port + 100 + i for i in range(relays)]
     monitors += [start_relay(port, ports[0], args.relay_cpus, tmp / f"relay-{i}.log")
                  for i, port in enumerate(relay_ports)]
+    restarting = getattr(args, "restart", False)
+    if restarting and args.monitors > 1:
+        raise SystemExit("--restart restarts the one monitor: leave --monitors at 1")
     try:
         for port in ports + relay_ports:
             asyncio.run(wait_ready(port, time.time() + 30))
         start = time.time() + 1.0
         window = (start + args.warmup, start + args.warmup + args.duration)
-        end = window[1] + 2.0
         inject_at = window[0] + args.duration / 3
+        if restarting:
+            inject_at = window[0] + 5.0
+            restart_at = inject_at + args.restart_after
+            window = (window[0], restart_at + args.down_s + args.watch_s)
+        end = window[1] + 2.0
         victim = nodes[0].job_id
         culprit = 1
         for n in nodes:
@@ -352,22 +509,29 @@ def run(args: argparse.Namespace) -> dict:
             parent, child = ctx.Pipe()
             # With relays, node k posts to relay k mod N (node-sharded ingest); else to the monitors.
             targets = (lambda node, k=len(relay_ports): [relay_ports[node.index % k]]) if relay_ports else ports
+            behaviour = Behaviour(getattr(args, "ignore_full_in", False), getattr(args, "journal", False))
             proc = ctx.Process(target=shard_main, args=(child, nodes[i::args.load_procs], targets, args.protocol,
-                                                        start, window, end))
+                                                        start, window, end, behaviour))
             proc.start()
             if args.load_cpus:
                 subprocess.run(["taskset", "-pc", args.load_cpus, str(proc.pid)], stdout=subprocess.DEVNULL, check=False)
             pipes.append(parent)
             procs.append(proc)
         profiler = None
-        if args.py_spy:
+        if args.py_spy and not restarting:
             profiler = subprocess.Popen(
                 ["sh", "-c", f"sleep {max(0.0, window[0] - time.time()):.2f}; exec py-spy record --nonblocking "
                  f"--threads --rate 100 --format raw --duration {int(args.duration)} --pid {monitors[0].pid} "
                  f"--output {args.py_spy}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        observed = asyncio.run(observe([m.pid for m in monitors[:len(ports)]], ports, dbs, window, end, victim,
-                                       args.fault, culprit, inject_at, [m.pid for m in monitors[len(ports):]],
-                                       relay_ports))
+        if restarting:
+            def again() -> subprocess.Popen:
+                return start_monitor(ports[0], dbs[0], cpus[0], args.monitor_arg)
+            observed = asyncio.run(observe_restart(monitors, again, ports[0], victim, args.fault, culprit, restart_at,
+                                                   args.down_s, window[1], args.py_spy))
+        else:
+            observed = asyncio.run(observe([m.pid for m in monitors[:len(ports)]], ports, dbs, window, end, victim,
+                                           args.fault, culprit, inject_at, [m.pid for m in monitors[len(ports):]],
+                                           relay_ports))
         stats = LoadStats()
         for parent, proc in zip(pipes, procs):
             stats.merge(parent.recv())
@@ -379,9 +543,9 @@ def run(args: argparse.Namespace) -> dict:
             monitor.terminate()
         for monitor in monitors:
             monitor.wait(timeout=30)
-    figures = summarise(args, stats, observed)
+    figures = summarise_restart(args, stats, observed) if restarting else summarise(args, stats, observed)
     if args.py_spy and Path(args.py_spy).exists():
-        print_profile(Path(args.py_spy), 100 * int(args.duration))
+        print_profile(Path(args.py_spy), 100 * int(args.watch_s if restarting else args.duration))
     for db in dbs:
         log_lines = db.with_suffix(".log").read_text(errors="replace").splitlines()
         if log_lines:

@@ -6,7 +6,10 @@ busy forever, one idle in it idle forever. Read as live, that made a healthy job
 a silent node are never evidence: the job is ``unknown`` until the node reports again, unless
 a fact from the nodes still reporting (a rank that exited or was stopped there) explains it.
 Right after a monitor restart every node is "silent" until its first fresh report: that is
-said as such, not as a lost agent.
+said as such, not as a lost agent. So is a job known before the restart whose ranks are not all
+heard yet: a node whose stored snapshots did not hold the job (taken before it started there)
+holds ranks the monitor cannot know of until its agent reports; judged from the ranks heard, a
+deadlocked job read "healthy" (tests/e2e/test_restart_herd.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from monitor.diagnosis.model import Diagnosis
 REFRESHING_S = 10.0
 # A line of evidence each for this many silent nodes at most; the rest are counted.
 NODE_LINES = 8
+# For this long after a restart a job known before it, with ranks not heard yet, is refreshing (its
+# nodes' full reports come within seconds, monitor/ingest/full_pacing.py: 10 s at most); then the
+# rules that read missing ranks (rendezvous) judge it.
+REBUILD_S = 30.0
 
 
 def replays_arriving(ctx: Context) -> Diagnosis | None:
@@ -40,7 +47,7 @@ def replays_arriving(ctx: Context) -> Diagnosis | None:
 def agents_silent(ctx: Context) -> Diagnosis | None:
     silent = dict(ctx.job.silent_nodes)
     if not silent:
-        return None
+        return _ranks_unheard_since_restart(ctx)
     unknown = sorted(a.rank.rank for a in ctx.live() if a.rank.node in silent)
     launchers = [lv for lv in ctx.job.launchers if lv.alive and lv.node in silent]
     if not unknown and not launchers:
@@ -68,6 +75,19 @@ def agents_silent(ctx: Context) -> Diagnosis | None:
                  "running (systemctl status hangwatch-agent), can it reach the monitor?",)
     states = dict.fromkeys(unknown, "unknown")
     return ctx.diagnosis("unknown", (), min(silent.values()), summary, evidence, hints, states=states)
+
+
+def _ranks_unheard_since_restart(ctx: Context) -> Diagnosis | None:
+    started, job = ctx.job.monitor_started_at, ctx.job
+    if started is None or job.first_seen_at >= started or ctx.now - started > REBUILD_S:
+        return None
+    missing = ctx.missing_ranks()
+    if not missing:
+        return None
+    heard = job.world_size - len(missing)
+    return ctx.diagnosis("unknown", (), None, f"monitor restarted {ctx.now - started:.0f}s ago: refreshing from the "
+                         f"agents ({heard} of {job.world_size} ranks heard)",
+                         [f"{ranks_text(missing)}: not heard since the restart; their nodes' reports are on their way"])
 
 
 def _first_lines(per_node: list[str]) -> list[str]:

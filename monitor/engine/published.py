@@ -115,6 +115,9 @@ class MonitorFigures:
     action_counts: tuple[tuple[tuple[str, str, str], int], ...] | None = None
     captures: CaptureFigures | None = None
     readiness: Readiness | None = None
+    # Summarising relays' summaries taken, and each relay: (name, its last summary, nodes it summarises).
+    summaries_total: int = 0
+    summarising_relays: tuple[tuple[str, float, int], ...] = ()
 
 
 @dataclass(frozen=True)

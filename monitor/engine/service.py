@@ -24,16 +24,20 @@ from monitor.diagnosis import Diagnosis, JobView, RankView
 from monitor.diagnosis.held import HELD_MIN_S
 from monitor.diagnosis.stability import ALARMS, Settled, settle
 from monitor.ingest.fastwire import decode_report
+from monitor.ingest.full_pacing import FullReportPacer
 from monitor.ingest.job_track import JobTrack
 from monitor.ingest.limits import Limits, Refusal, check_report
 from monitor.engine.published import (JobResult, MonitorFigures, MonitorStatus, NodeSummary, RankConflict,
                                        TimelineSpans)
 from monitor.engine.engine_settings import EngineSettings
 from monitor.engine.figures import capture_figures, node_summaries
+from monitor.engine.summaries import SummaryAnswer, SummaryIntake, check_summary
 from monitor.engine.readiness import Readiness, RebuildProgress, decide
 from monitor.engine.rank_timeline import RankTimeline
 from monitor.engine.verdict_ledger import VerdictLedger
 from monitor.ingest.state import MonitorState
+from monitor.ingest.summary_book import merged_view
+from monitor.ingest.summary_wire import Summary
 from monitor.engine.incidents import ENDS_INCIDENT, SuspectNode, incidents, suspect_nodes
 from monitor.engine.actions.orders import AgentOrders, ReportedPids
 from monitor.engine.actions.policy import Culprit, JobFacts
@@ -90,6 +94,9 @@ class IngestAnswer:
     # Ask the agent for a full report next time: it sent a delta this monitor cannot build
     # on (a restart, a forgotten node) or the node's snapshot is due.
     send_full: bool
+    # ... in this many seconds, sending deltas until then: a herd of them is spread
+    # (monitor/ingest/full_pacing.py); 0 with a snapshot due, or outside a herd.
+    full_in_s: float = 0.0
 
 
 class Monitor:
@@ -178,6 +185,10 @@ class Monitor:
         # The nodes replay() restored, and those of them not heard from in full since (monitor/engine/readiness.py).
         self._restored_nodes = 0
         self._awaiting_restored: set[str] = set()
+        # When each node owing a full report sends it, a herd spread (monitor/ingest/full_pacing.py).
+        self._full_pacer = FullReportPacer()
+        # Giant jobs' shares from summarising relays (monitor/engine/summaries.py).
+        self.summaries = SummaryIntake()
 
     # --- ingest ---
 
@@ -207,16 +218,41 @@ class Monitor:
             due = self._snapshot_due.get(node)
             snapshot_due = due is None or received_at >= due
             if not report.delta:
+                first_full = node not in self._full_seen
                 self._full_seen.add(node)
                 self._awaiting_restored.discard(node)
+                self._full_pacer.paid(node)
                 self.full_reports_total += 1
                 if snapshot_due:
                     self.store.add_snapshot(node, received_at, msgspec.json.encode(report))
                     self._snapshot_due[node] = received_at + self.settings.snapshot_interval_s * _spread(node)
+                elif first_full:
+                    # Its full report after a restart; the snapshot restored is less than an interval old. The
+                    # next full report is asked for an interval on, not a few seconds after this one.
+                    self._snapshot_due[node] = received_at + self.settings.snapshot_interval_s * _spread(node)
             # A delta builds on a picture this process may not have (it restarted, or forgot
             # the node): it asks until a full report arrives, so a lost answer costs nothing.
             missing_full = node not in self._full_seen
-        return IngestAnswer(send_full=bool(report.delta) and (missing_full or snapshot_due))
+            full_in_s = 0.0
+            if report.delta and missing_full:
+                full_in_s = self._full_pacer.wait_s(node, received_at, len(self._awaiting_restored))
+        return IngestAnswer(send_full=bool(report.delta) and (missing_full or snapshot_due), full_in_s=full_in_s)
+
+    def ingest_summary(self, summary: Summary, received_at: float | None = None) -> SummaryAnswer:
+        """Keep a summarising relay's summary of its nodes' giant jobs (monitor/engine/summaries.py).
+        ValueError with the reason when it is refused; then nothing changed."""
+        why = check_summary(summary, self.limits)
+        if why is not None:
+            raise ValueError(why)
+        received_at = self.clock() if received_at is None else received_at
+        with self._lock:
+            answer, touched = self.summaries.take(summary, received_at, self._state)
+            self._dirty |= touched & self._state.jobs.keys()
+        return answer
+
+    def _rank_count(self, job: JobTrack) -> int:
+        """The job's ranks: those reported here, and those relays summarise."""
+        return len(job.ranks) + self.summaries.rank_count(job.job_id)
 
     def _ingest_replayed(self, report: Any, received_at: float, attributed: bool = False) -> IngestAnswer:
         """Apply a report the agent kept through an outage at the time it was taken, and record
@@ -236,6 +272,13 @@ class Monitor:
             self.reports_total += 1
             self.replayed_total += 1
             jobs = sorted(j for j in touched if j in self._state.jobs)
+            # A giant job is not judged at each replayed report: after a restart each of its nodes delivers
+            # its own (1,250 at 10,000 ranks), at ~0.1 s a diagnosis on the event loop: minutes of it, the
+            # posts timing out and sent again. Its nodes restored from the store are not the present, so
+            # such a judgement reads "unknown" anyway; the next pass judges the job.
+            giant = [j for j in jobs if self._rank_count(self._state.jobs[j]) > GIANT_JOB_RANKS]
+            self._dirty.update(giant)
+            jobs = [j for j in jobs if j not in giant]
             self._diagnose_jobs(jobs, at, live=False)
             # Those diagnoses are of the past: the next read judges these jobs again, at its own time.
             for job_id in jobs:
@@ -313,6 +356,9 @@ class Monitor:
                     log.warning("skipping a stored report from %s that no longer validates", stored.node)
                     continue
                 self._state.apply(report, stored.received_at)
+                # Not the node's present, however recent, until its agent reports to this process: a job
+                # is not judged from a picture restored from the store (monitor/ingest/tracks.is_fresh).
+                self._state.nodes[report.node].partial = True
                 self._snapshot_due[stored.node] = stored.received_at + self.settings.snapshot_interval_s * _spread(stored.node)
                 self._awaiting_restored.add(stored.node)
                 count += 1
@@ -348,7 +394,7 @@ class Monitor:
             return ids
         missing = [j for j in ids if j not in self._results]
         changed = [j for j in ids if j in self._dirty and j in self._results and self._needs_diagnosis(j, now)]
-        if sum(len(self._state.jobs[j].ranks) for j in changed) <= self.settings.fresh_read_ranks:
+        if sum(self._rank_count(self._state.jobs[j]) for j in changed) <= self.settings.fresh_read_ranks:
             return missing + changed
         return missing
 
@@ -408,6 +454,7 @@ class Monitor:
             self.orders.expire(now)
             self._timeline.forget(self._state.jobs)
             self._dirty &= known
+            self._dirty |= self.summaries.forget(now, known) & known
             # A node silent past the job retention (its jobs forgotten) starts over with a full report.
             self._full_seen &= {n for n, t in self._state.nodes.items() if now - t.last_report_at <= self.settings.job_retention_s}
             for gone in self._snapshot_due.keys() - self._state.nodes.keys():
@@ -419,7 +466,7 @@ class Monitor:
                 job = self._state.jobs.get(job_id)
                 if job is None or not self._needs_diagnosis(job_id, now):
                     continue
-                giant = len(job.ranks) > GIANT_JOB_RANKS
+                giant = self._rank_count(job) > GIANT_JOB_RANKS
                 if not giant:
                     self._diagnose_jobs([job_id], now)
             if giant:
@@ -461,14 +508,22 @@ class Monitor:
             if len(job.ranks) != len(views):  # a rank joined meanwhile: take them all now
                 views = [rank_view(job.ranks[r]) for r in sorted(job.ranks)]
             view = job_view(job, self._state.nodes, now, self.started_at, tuple(views), self._state.cpu_level_window_s)
+            # Summarising relays' shares, merged with the rules' run (pure work: outside the lock).
+            shares = self.summaries.book.shares(job_id)
+            hosts = self.summaries.book.hosts(shares) if shares else {}
             # Reports from here on are news to the next pass, not covered by this one.
             self._dirty.discard(job_id)
-        found: list[Diagnosis] = []
-        yield Offload(lambda: found.append(self._run_diagnosis(view)))
+        found: list[tuple[JobView, Diagnosis]] = []
+
+        def judge() -> None:
+            merged = merged_view(view, shares, hosts)
+            found.append((merged, self._run_diagnosis(merged)))
+
+        yield Offload(judge)
         with self._lock:
             if not found or self._state.jobs.get(job_id) is not job:
                 return
-            self._store(job, view, found[0], revision, now, clear_dirty=False)
+            self._store(job, found[0][0], found[0][1], revision, now, clear_dirty=False)
             result = self._results[job_id]
         follow_up = self.after_giant_diagnosis
         # Asked here, as the result is published (a read may come before a worker thread starts).
@@ -481,6 +536,9 @@ class Monitor:
             job = self._state.jobs[job_id]
             view = job_view(job, self._state.nodes, now, self.started_at,
                             cpu_level_window_s=self._state.cpu_level_window_s)
+            shares = self.summaries.book.shares(job_id)
+            if shares:
+                view = merged_view(view, shares, self.summaries.book.hosts(shares))
             self._store(job, view, self._run_diagnosis(view), job.lifecycle_revision, now, live=live)
 
     def _store(self, job: JobTrack, view: JobView, found: Diagnosis, revision: int, now: float,
@@ -636,7 +694,7 @@ class Monitor:
                 at=self.clock(),
                 nodes=len(state.nodes),
                 jobs=len(state.jobs),
-                ranks=sum(len(j.ranks) for j in state.jobs.values()),
+                ranks=sum(self._rank_count(j) for j in state.jobs.values()),
                 reports_total=self.reports_total,
                 full_reports_total=self.full_reports_total,
                 replayed_total=self.replayed_total,
@@ -653,6 +711,8 @@ class Monitor:
                 action_counts=None if actions is None else tuple(sorted(dict(actions.counts).items())),
                 captures=capture_figures(self.captures),
                 readiness=readiness,
+                summaries_total=self.summaries.taken,
+                summarising_relays=tuple(self.summaries.book.relays()),
             )
 
     def knows_job(self, job_id: str) -> bool:

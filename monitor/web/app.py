@@ -23,7 +23,7 @@ from monitor.storage.capture_store import CaptureStore
 from monitor.web.auth import INGEST, METRICS, READ, RELAY, AuthLayer, TokenFile
 from monitor.web.http_guard import HttpStats
 from monitor.web.load import LoadGuard
-from monitor.web.routes import actions, captures, diagnose, health, metrics, nodes, page
+from monitor.web.routes import actions, captures, diagnose, health, metrics, nodes, page, summaries
 from monitor.web.routes.ingest import IngestLayer
 from monitor.web.gc_tuning import GcTamer
 from monitor.web.heap_trim import HeapTrimmer
@@ -111,7 +111,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
         app.add_middleware(AuthLayer, files=token_files, on_refused=refused)
     # Outermost of all: every answer, 401s included, carries the page's security headers.
     app.add_middleware(SecurityHeaders)
-    for module in (actions, captures, diagnose, health, metrics, nodes, page):
+    for module in (actions, captures, diagnose, health, metrics, nodes, page, summaries):
         app.include_router(module.router)
     return app
 

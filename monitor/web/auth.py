@@ -47,6 +47,8 @@ INGEST, READ, METRICS, RELAY, OPEN = "ingest", "read", "metrics", "relay", "open
 KINDS = (INGEST, READ, METRICS, RELAY)
 INGEST_PATH = "/api/v1/reports"
 BATCH_PATH = "/api/v1/report-batches"
+# A summarising relay's summary of its nodes' giant jobs (monitor/ingest/summary_wire.py).
+SUMMARY_PATH = "/api/v1/summaries"
 # Where the ingest layer finds the node an accepted token is bound to (None: any node).
 BOUND_NODE_KEY = "hangwatch.bound_node"
 # Set when a batch came with a token of the relay file: its node checks are believed.
@@ -145,7 +147,7 @@ def request_kind(path: str) -> str:
         return OPEN
     if path == INGEST_PATH or path.startswith(CAPTURE_UPLOAD_PREFIX):
         return INGEST  # an agent's report, or its part of an evidence capture
-    if path == BATCH_PATH:
+    if path in (BATCH_PATH, SUMMARY_PATH):
         return RELAY
     if path == "/metrics":
         return METRICS

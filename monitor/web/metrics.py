@@ -250,8 +250,17 @@ def own_families(figures: MonitorFigures, suspects: Sequence[SuspectNode], load:
                           "(HANGWATCH_SUSPECT_WINDOW_S, 7 days by default): a drain candidate when several")
     for suspect in suspects:
         culprit_jobs.add(labels(("node",), (suspect.node,)), float(len(suspect.jobs)))
-    ranks = Family("hangwatch_monitor_ranks", "Ranks the monitor tracks")
+    ranks = Family("hangwatch_monitor_ranks", "Ranks the monitor tracks (those summarising relays summarise too)")
     ranks.add("", float(figures.ranks))
+    summaries = Family("hangwatch_monitor_summaries", "Summaries taken from summarising relays (hangwatch-relay "
+                       "--summarise)", "counter")
+    summaries.add("", float(figures.summaries_total))
+    relay_age = Family("hangwatch_monitor_relay_summary_age_seconds", "Seconds since each summarising relay's last "
+                       "summary (past 5 s its nodes' ranks read as silent)")
+    relay_nodes = Family("hangwatch_monitor_relay_nodes", "Nodes each summarising relay summarises")
+    for relay, last_at, nodes in figures.summarising_relays:
+        relay_age.add(labels(("relay",), (relay,)), max(0.0, figures.at - last_at))
+        relay_nodes.add(labels(("relay",), (relay,)), float(nodes))
     actions = Family("hangwatch_actions",
                      "Decisions of the opt-in actions' rules (--actions), by rule, kind and outcome (ok, failed, "
                      "dry_run, rate_limited, unattributed, skipped, refused), since the monitor started", "counter")
@@ -276,7 +285,8 @@ def own_families(figures: MonitorFigures, suspects: Sequence[SuspectNode], load:
             parts_refused.add(labels(("reason",), (reason,)), float(refusals.get(reason, 0)))
         kept.add("", float(figures.captures.total_bytes))
     return [full, *load, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
-            in_memory, write_failures, unsaved, dropped, refused, snapshot_bytes, displaced, claims, incidents, node_lost, culprit_jobs, ranks, actions,
+            in_memory, write_failures, unsaved, dropped, refused, snapshot_bytes, displaced, claims, incidents, node_lost,
+            culprit_jobs, ranks, summaries, relay_age, relay_nodes, actions,
             captures, parts, parts_refused, kept, *readiness_families(figures.readiness)]
 
 

@@ -235,6 +235,86 @@ def test_send_full_makes_the_next_report_full_once():
     assert state.compact(node_report())[0]["delta"] is True
 
 
+# --- when the owed full report goes: the monitor's slot, or the agent's own spread ---------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def paced(answer: dict, rng: float = 0.5) -> tuple[DeltaState, Clock]:
+    """A state that sent a delta (after a delivered full report) and got ``answer`` back."""
+    clock = Clock()
+    state = DeltaState(clock=clock, rng=lambda: rng)
+    state.delivered(state.compact(node_report())[1], DELTA)
+    sent, baseline = state.compact(node_report())
+    assert sent["delta"] is True
+    state.delivered(baseline, answer)
+    return state, clock
+
+
+def is_full(state: DeltaState) -> bool:
+    return "delta" not in state.compact(node_report())[0]
+
+
+def test_deltas_go_on_until_the_slot_the_monitor_gave_then_one_full_report():
+    state, clock = paced({"delta": True, "send_full": True, "full_in_s": 2.5})
+    assert state.take_spread_s() == 0.0  # the monitor chose the time: no spread of the agent's own
+    for _ in range(2):
+        assert not is_full(state)
+        clock.now += 1.0
+    assert not is_full(state)  # 2.0 s: not yet
+    clock.now += 0.5
+    full = node_report()
+    sent, baseline = state.compact(full)
+    assert sent == full
+    state.delivered(baseline, DELTA)
+    assert not is_full(state)  # once
+
+
+def test_each_answer_restates_the_slot():
+    state, clock = paced({"delta": True, "send_full": True, "full_in_s": 5.0})
+    clock.now += 1.0
+    sent, baseline = state.compact(node_report())
+    state.delivered(baseline, {"delta": True, "send_full": True, "full_in_s": 0.0})  # due now
+    assert is_full(state)
+
+
+@pytest.mark.parametrize("given, wait", [
+    (0, 0.0), (3, 3.0), (0.25, 0.25), (1e9, 60.0),  # bounded: never starved of a full report
+    (-1, 0.0), ("3", 0.0), (None, 0.0), (float("nan"), 0.0), (True, 0.0), ([1], 0.0),
+], ids=["zero", "int", "fraction", "huge", "negative", "text", "null", "nan", "bool", "list"])
+def test_the_monitors_wait_is_read_within_bounds(given, wait, caplog):
+    state, clock = paced({"delta": True, "send_full": True, "full_in_s": given})
+    if wait:
+        clock.now += wait - 0.01
+        assert not is_full(state)
+        clock.now += 0.01
+    assert is_full(state)
+    invalid = wait == 0.0 and given != 0
+    assert ("not a number of seconds" in caplog.text) is invalid
+
+
+def test_a_monitor_that_does_not_say_when_gets_the_full_report_spread_by_the_agent():
+    state, _ = paced({"delta": True, "send_full": True}, rng=0.7)
+    assert is_full(state)  # the next report is full ...
+    assert state.take_spread_s() == pytest.approx(0.7)  # ... held 0.7 of the 1 s interval first
+    assert state.take_spread_s() == 0.0  # once
+
+
+def test_the_spread_is_a_part_of_the_agents_own_interval():
+    state = DeltaState(rng=lambda: 0.5)
+    state.compact(node_report(agent={"version": "0.1.0", "pid": 42, "interval_s": 4.0}))
+    state.reset(spread=True)
+    assert state.take_spread_s() == pytest.approx(2.0)
+    state.reset()
+    assert state.take_spread_s() == 0.0  # another monitor, a new run: no fleet coming back together
+
+
 def test_reset_makes_the_next_report_full_and_forgets_delta_support():
     state = acknowledged(node_report())
     state.reset()

@@ -17,7 +17,7 @@ import contextlib
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -80,7 +80,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def two_nodes(tmp_path: Path, *, relay_for_b: bool = False) -> Iterator[Cluster]:
+def two_nodes(tmp_path: Path, *, relay_for_b: bool = False,
+              before_agents: Callable[[Cluster], None] | None = None) -> Iterator[Cluster]:
+    """Two nodes and their monitor; ``before_agents`` runs once the monitor is up, before the agents start."""
     try:
         check_available("iptables", "tc")
     except NetnsUnavailable as e:
@@ -90,6 +92,8 @@ def two_nodes(tmp_path: Path, *, relay_for_b: bool = False) -> Iterator[Cluster]
         fabric.create()
         fabric.start_monitor()
         c = Cluster(fabric)
+        if before_agents is not None:
+            before_agents(c)
         c.start_agents(b_reports_to=fabric.start_relay().url if relay_for_b else None)
         yield c
         c.client.close()

@@ -12,6 +12,7 @@ import pytest
 from monitor_reports import progress, rank, report, socket, stack
 from monitor_testkit import FakeClock, TestClient, monitor_of
 
+from monitor.ingest.full_pacing import FullReportPacer
 from monitor.web.app import create_app
 from monitor.web.settings import Settings
 from monitor.storage.store import Store, open_store
@@ -184,3 +185,71 @@ def test_a_delta_the_monitor_cannot_build_on_is_not_read_as_the_present(client: 
                                       rank(rank=1, cpu_percent=99.0)], sent_at=clock.now))["send_full"] is False
     job = client.get("/diagnose", params={"format": "json"}).json()["jobs"][0]
     assert job["verdict"] != "unknown", job["summary"]
+
+
+# --- after a restart: the herd of full reports, paced, and no verdict from a half-built picture ---
+
+HERD_NODES = 40
+
+
+def herd_report(clock: FakeClock, k: int, step: int, *, delta: bool = False) -> dict:
+    """Node k of a job of HERD_NODES nodes (a rank each) that steps twice a second."""
+    fields: dict = {"progress": progress(step, step, [(clock.now - 0.5, step - 1), (clock.now, step)])}
+    if delta:
+        fields.update(stack=None, sockets=None, env={}, cmdline="")
+    body = report(node=f"node-{k:02d}", sent_at=clock.now,
+                  ranks=[rank(job_id="herd", rank=k, world_size=HERD_NODES, local_rank=0, pid=1000, **fields)])
+    return dict(body, delta=True, host=None) if delta else body
+
+
+def herd_verdict(client: TestClient) -> dict:
+    return client.get("/diagnose", params={"format": "json", "job": "herd"}).json()["jobs"][0]
+
+
+def test_after_a_restart_full_reports_are_paced_and_the_job_is_never_healthy_half_built(
+        settings: Settings, clock: FakeClock) -> None:
+    store = open_store(settings, clock)
+    try:
+        with TestClient(create_app(settings, store, clock=clock)) as client:
+            for step in range(1, 4):
+                for k in range(HERD_NODES):
+                    post(client, herd_report(clock, k, step))
+                clock.advance(1)
+            assert herd_verdict(client)["verdict"] == "healthy"
+    finally:
+        store.close()
+    clock.advance(2)
+    store = open_store(settings, clock)
+    try:
+        with TestClient(create_app(settings, store, clock=clock)) as client:
+            # The snapshots restored are seconds old, and not the present: nothing was heard since.
+            assert herd_verdict(client)["verdict"] == "unknown"
+            # A herd of 40 is not paced at the monitor's rate; at 10 full reports a second it is.
+            monitor_of(client)._full_pacer = FullReportPacer(per_s=10.0)
+            # Every agent's next report is a delta this process cannot build on: each is told when to
+            # send its full report, the herd spread over a window sized by the nodes restored.
+            waits = [post(client, herd_report(clock, k, 20, delta=True)) for k in range(HERD_NODES)]
+            assert all(w["send_full"] is True for w in waits)
+            told = [w["full_in_s"] for w in waits]
+            window = HERD_NODES / 10
+            assert all(1.0 <= t <= 1.0 + window for t in told), told
+            assert len(set(told)) > HERD_NODES / 2, told  # a slot each, not one for all
+            seen = [herd_verdict(client)]
+            # The full reports come in one by one: until the last, the job is refreshing, never judged.
+            clock.advance(1)
+            for k in range(HERD_NODES):
+                answer = post(client, herd_report(clock, k, 22))
+                assert answer["send_full"] is False and "full_in_s" not in answer
+                seen.append(herd_verdict(client))
+            *rebuilding, rebuilt = seen
+            assert {s["verdict"] for s in rebuilding} == {"unknown"}, [s["summary"] for s in rebuilding]
+            assert "refreshing" in rebuilding[-1]["summary"], rebuilding[-1]["summary"]
+            assert rebuilt["verdict"] == "healthy", rebuilt["summary"]
+            assert monitor_of(client).full_reports_total == HERD_NODES
+            # Their snapshots, restored, would fall due within the minute (the first ones of the job's
+            # start, 48-72 s old by then): the full reports just taken put them an interval off.
+            clock.advance(47)
+            answers = [post(client, herd_report(clock, k, 120, delta=True)) for k in range(HERD_NODES)]
+            assert not any(a["send_full"] for a in answers)
+    finally:
+        store.close()

@@ -153,10 +153,13 @@ class IngestLayer:
             report, refused_jobs = rest, sorted(refusal.excess_jobs)
         answer = monitor.ingest(report, attributed=attributed)
         self.guard.accepted(report.node, time.monotonic())
-        # "delta": this monitor takes delta reports (agent/delta.py); "send_full": make the next one full.
+        # "delta": this monitor takes delta reports (agent/delta.py); "send_full": make the next one full,
+        # "full_in_s" seconds from now (deltas until then: a herd spread, monitor/ingest/full_pacing.py).
         # "replay": this monitor applies reports kept through an outage at their own times.
         out = {"accepted": True, "ranks": len(report.ranks), "delta": True, "send_full": answer.send_full,
                "replay": True}
+        if answer.send_full:
+            out["full_in_s"] = answer.full_in_s
         if refused_jobs:
             out["refused_jobs"] = {"jobs": refused_jobs[:64], "detail": refusal.detail if refusal else ""}
         if report.order_results:
