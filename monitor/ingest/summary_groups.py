@@ -19,6 +19,8 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
 from monitor.diagnosis.model import JobView, RankView, Stack
 from monitor.ingest.summary_wire import MEMBER_FIELDS, JobSummary, Member, RankGroup
 
@@ -33,6 +35,7 @@ KEY_FIELDS = tuple(f.name for f in dataclasses.fields(RankView) if f.name not in
 # Times a view holds, shifted onto the owner's clock when a relay's clock is off by more than
 # CLOCK_SKEW_S; within it, a second's grain does not care.
 CLOCK_SKEW_S = 0.5
+_NONE: Any = object()
 
 
 def group_key(view: RankView) -> tuple[Any, ...]:
@@ -80,6 +83,15 @@ def member_row(view: RankView, node_index: dict[str, int]) -> Member:
                   view.progress_times[-1] if view.progress_times else None)
 
 
+# A member row's first fields, in order, are these fields of a view (``node`` an index, replaced).
+_ROW_FIELDS = ("rank", "node", "pid", "observed_at", "first_seen_at", "state_since", "cpu_percent",
+               "cpu_level_percent", "idle_since", "moved_at", "step", "held_since", "collective_wait_share",
+               "write_bytes_per_s", "run_queue_wait_level_percent", "cpu_throttled_level_percent",
+               "gpu_utilization_percent", "gpu_sm_clock_mhz")
+_ROW_TIMES = tuple(i for i, f in enumerate(_ROW_FIELDS)
+                   if f in ("observed_at", "first_seen_at", "state_since", "idle_since", "moved_at", "held_since"))
+
+
 def expand(group: RankGroup, nodes: list[str], offset: float = 0.0) -> list[RankView]:
     """The group's members as rank views (the owner's clock: ``offset`` added to the relay's times).
     IndexError: a member names a node the summary does not list."""
@@ -89,29 +101,33 @@ def expand(group: RankGroup, nodes: list[str], offset: float = 0.0) -> list[Rank
     stack, times = exemplar.stack, exemplar.progress_times
     stacks: dict[float | None, Stack | None] = {}
     progress: dict[float | None, tuple[float, ...]] = {}
-    new, set_attribute = object.__new__, object.__setattr__
+    new, set_attribute, as_tuple = object.__new__, object.__setattr__, msgspec.structs.astuple
+    fields_of_row = _ROW_FIELDS
     out = []
     for m in group.members:
-        taken_at = _at(m.stack_taken_at, offset)
-        if taken_at not in stacks:
-            stacks[taken_at] = stack if stack is None or taken_at is None or taken_at == stack.taken_at else \
+        row = as_tuple(m)
+        taken_at, progress_at = row[-2], row[-1]
+        if offset:
+            shifted = list(row)
+            for i in _ROW_TIMES:
+                if shifted[i] is not None:
+                    shifted[i] += offset
+            row = tuple(shifted)
+            taken_at, progress_at = _at(taken_at, offset), _at(progress_at, offset)
+        held = stacks.get(taken_at, _NONE)
+        if held is _NONE:
+            held = stacks[taken_at] = stack if stack is None or taken_at is None or taken_at == stack.taken_at else \
                 Stack(taken_at, stack.frames, stack.native, stack.active)
-        progress_at = _at(m.progress_at, offset)
-        if progress_at not in progress:
-            progress[progress_at] = () if progress_at is None else (
+        history = progress.get(progress_at)
+        if history is None:
+            history = progress[progress_at] = () if progress_at is None else (
                 times if times and times[-1] == progress_at else
                 tuple(t for t in times if t < progress_at) + (progress_at,))
         fields = base.copy()
-        fields.update(rank=m.rank, node=nodes[m.node], pid=m.pid, observed_at=m.observed_at + offset,
-                      first_seen_at=m.first_seen_at + offset, state_since=_at(m.state_since, offset),
-                      cpu_percent=m.cpu_percent, cpu_level_percent=m.cpu_level_percent,
-                      idle_since=_at(m.idle_since, offset), moved_at=_at(m.moved_at, offset), step=m.step,
-                      held_since=_at(m.held_since, offset), collective_wait_share=m.collective_wait_share,
-                      write_bytes_per_s=m.write_bytes_per_s,
-                      run_queue_wait_level_percent=m.run_queue_wait_level_percent,
-                      cpu_throttled_level_percent=m.cpu_throttled_level_percent,
-                      gpu_utilization_percent=m.gpu_utilization_percent, gpu_sm_clock_mhz=m.gpu_sm_clock_mhz,
-                      stack=stacks[taken_at], progress_times=progress[progress_at])
+        fields.update(zip(fields_of_row, row))
+        fields["node"] = nodes[row[1]]
+        fields["stack"] = held
+        fields["progress_times"] = history
         view = new(RankView)
         set_attribute(view, "__dict__", fields)
         out.append(view)

@@ -1,4 +1,5 @@
-"""The relay's ASGI app: agents' reports in (checked as the monitor checks them), batches out.
+"""The relay's ASGI app: agents' reports in (checked as the monitor checks them), batches out; with a
+``Summariser`` (``--summarise``), giant jobs' reports kept here and their summary sent once a second.
 
 Paths: ``POST /api/v1/reports`` (agents), ``POST /api/v1/capture-uploads/...`` (agents' evidence,
 passed to the monitor as it came, token and all), ``/healthz``, ``/readyz``, ``/metrics``. Anything
@@ -13,6 +14,7 @@ rebuild after a restart, a full volume) still wants every report.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import Iterator
@@ -24,10 +26,11 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from hangwatch_common.sdnotify import Notifier
-from monitor.web.auth import BOUND_NODE_KEY, CAPTURE_UPLOAD_PREFIX, INGEST_PATH
+from monitor.web.auth import BOUND_NODE_KEY, CAPTURE_UPLOAD_PREFIX, INGEST_PATH, SUMMARY_PATH
 from monitor.storage.capture_store import MAX_PART_BYTES
-from monitor.ingest.fastwire import decode_for_forwarding
+from monitor.ingest.fastwire import decode_for_forwarding, encode_report
 from monitor.relay.forwarder import Forwarder, Outcome, monitor_down
+from monitor.relay.summariser import Summariser, merge_answer
 from monitor.web.routes.ingest import Answer, Disconnected, Message, Receive, Scope, Send, receive_body, \
     refuse_invalid, wrong_node
 
@@ -41,11 +44,24 @@ ANSWER_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0,
 # /readyz asks the monitor at most this often (probes in between get the last answer), waiting this long.
 READY_CHECK_EVERY_S = 2.0
 READY_TIMEOUT_S = 2.0
+# The owner's answer to a summary, at most; the next one is built after it (one in flight at a time).
+SUMMARY_TIMEOUT_S = 5.0
+# What became of each summary: taken by the owner, refused by it (4xx: fix the relay or the owner's
+# settings), failed (unreachable, 5xx, or the relay's own fault).
+SUMMARY_OUTCOMES = ("sent", "refused", "failed")
+SUMMARY_BUILD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+log = logging.getLogger("hangwatch.relay")
 
 
 class RelayApp:
-    def __init__(self, forwarder: Forwarder, *, max_body_bytes: int) -> None:
+    def __init__(self, forwarder: Forwarder, *, max_body_bytes: int, summariser: Summariser | None = None,
+                 summary_interval_s: float = 1.0) -> None:
         self.forwarder, self.max_body_bytes = forwarder, max_body_bytes
+        self.summariser, self.summary_interval_s = summariser, summary_interval_s
+        self.summaries: dict[str, int] = dict.fromkeys(SUMMARY_OUTCOMES, 0)
+        self.summary_bytes = 0
+        self._summary_problem: str | None = None
         # Refused here, never sent on: by reason, as the monitor counts its own refusals.
         self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
         self.registry = CollectorRegistry(auto_describe=True)
@@ -54,6 +70,11 @@ class RelayApp:
         self.batch_seconds = Histogram("hangwatch_relay_batch_seconds", "A batch's round trip to the monitor",
                                        buckets=ANSWER_BUCKETS, registry=self.registry)
         forwarder.on_batch = self.batch_seconds.observe
+        self.summary_build_seconds = Histogram("hangwatch_relay_summary_build_seconds", "Building and encoding "
+                                               "one summary (a worker thread)", buckets=SUMMARY_BUILD_BUCKETS,
+                                               registry=self.registry) if summariser is not None else None
+        if summariser is not None:
+            summariser.on_refused = self.reject
         self.registry.register(_Counts(self))
         # The last readiness check: (loop time, why not ready or None); one check at a time.
         self._readiness: tuple[float, str | None] | None = None
@@ -127,7 +148,70 @@ class RelayApp:
             self.reject("too_large")
             raise Answer(413, {"accepted": False, "detail": f"report is larger than the limit of "
                                                             f"{self.max_body_bytes} bytes once encoded"})
-        return await self.forwarder.forward(forwarded, attributed=bound_node is not None)
+        attributed = bound_node is not None
+        if self.summariser is None:
+            return await self.forwarder.forward(forwarded, attributed=attributed)
+        taken = self.summariser.take(report, attributed)
+        if taken.answer is not None:  # giant jobs' ranks only: they reach the owner in the summary
+            return Outcome(202, taken.answer)
+        encoded = forwarded if taken.forward is report else encode_report(taken.forward)
+        outcome = await self.forwarder.forward(encoded, attributed=attributed)
+        if outcome.status != 202:  # not applied here either: the agent sends it again, or a newer one
+            return outcome
+        return Outcome(202, merge_answer(outcome.body, self.summariser.apply(taken, attributed)), outcome.headers)
+
+    async def _summarise_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await self._send_summary()
+            await asyncio.sleep(max(0.0, started + self.summary_interval_s - loop.time()))
+
+    async def _send_summary(self) -> None:
+        """Build the summary on a worker thread (the loop keeps answering agents), post it to the owner."""
+        assert self.summariser is not None and self.summary_build_seconds is not None
+        owner = self.forwarder.owner
+        try:
+            started = time.monotonic()
+            body = await asyncio.to_thread(self.summariser.summary_body)
+            self.summary_build_seconds.observe(time.monotonic() - started)
+        except Exception:  # the relay's own fault: said, counted, and the next second tries again
+            log.exception("building a summary failed")
+            self.summaries["failed"] += 1
+            return
+        if body is None:
+            return
+        self.summary_bytes = len(body)
+        headers = {"content-type": "application/json"}
+        token = self.forwarder.token()
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        try:
+            response = await self.forwarder.client.post(owner + SUMMARY_PATH, content=body, headers=headers,
+                                                        timeout=SUMMARY_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            self._summary_failed("failed", f"the monitor at {owner} is unreachable ({type(exc).__name__})")
+            return
+        if response.status_code not in (200, 202):
+            self._summary_failed("refused" if 400 <= response.status_code < 500 else "failed",
+                                 f"the monitor at {owner} answered a summary with HTTP {response.status_code}: "
+                                 f"{response.text[:200]}")
+            return
+        try:
+            hosts_full = orjson.loads(response.content).get("hosts_full") is True
+        except (orjson.JSONDecodeError, AttributeError):
+            hosts_full = True  # an answer not understood: every host's facts again cannot be wrong
+        self.summariser.answered(hosts_full)
+        self.summaries["sent"] += 1
+        if self._summary_problem is not None:
+            log.warning("the monitor at %s takes summaries again", owner)
+            self._summary_problem = None
+
+    def _summary_failed(self, outcome: str, why: str) -> None:
+        self.summaries[outcome] += 1
+        if self._summary_problem != why:  # once per distinct problem, not once a second
+            log.error("%s; the next summary tries again", why)
+            self._summary_problem = why
 
     async def _pass_upload(self, scope: Scope, receive: Receive) -> Outcome:
         """An agent's part of an evidence capture, to the monitor with the agent's own token."""
@@ -156,18 +240,25 @@ class RelayApp:
         # Under systemd (Type=notify): READY=1 once serving, WATCHDOG=1 from the event loop.
         notifier = Notifier.from_env()
         watchdog: asyncio.Task[None] | None = None
+        summarising: asyncio.Task[None] | None = None
         while True:
             message: Message = await receive()
             if message["type"] == "lifespan.startup":
                 if notifier.enabled:
                     watchdog = asyncio.create_task(_feed(notifier))
                     notifier.ready(f"relaying to {self.forwarder.owner}")
+                if self.summariser is not None:
+                    summarising = asyncio.create_task(self._summarise_forever())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 notifier.stopping()
                 if watchdog is not None:
                     watchdog.cancel()
+                if summarising is not None:
+                    summarising.cancel()
                 await self.forwarder.close()
+                if self.summariser is not None:
+                    self.summariser.close()
                 notifier.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -193,6 +284,15 @@ class _Counts:
         yield CounterMetricFamily("hangwatch_relay_batches", "Batches sent to the monitor", value=forwarder.batches)
         yield GaugeMetricFamily("hangwatch_relay_waiting_reports", "Reports waiting for the next batch",
                                 value=forwarder.waiting)
+        if self.app.summariser is not None:
+            summaries = CounterMetricFamily("hangwatch_relay_summaries", "Summaries of giant jobs posted to the "
+                                            "monitor, by outcome: sent (taken), refused (4xx), failed",
+                                            labels=["outcome"])
+            for outcome, count in sorted(self.app.summaries.items()):
+                summaries.add_metric([outcome], count)
+            yield summaries
+            yield GaugeMetricFamily("hangwatch_relay_summary_bytes", "The last summary's size",
+                                    value=self.app.summary_bytes)
 
 
 async def _feed(notifier: Notifier) -> None:

@@ -1,7 +1,7 @@
 """``hangwatch-relay``: take a share of the nodes' reports and forward them to the monitor in batches.
 
     hangwatch-relay --monitor http://monitor:8787 [--port 8788] [--token-file agents.tokens]
-                    [--relay-token-file relay.token]
+                    [--relay-token-file relay.token] [--summarise [--summarise-ranks 512]]
 
 Agents are pointed at the relay (``hangwatch-agent --monitor http://relay:8788``) instead of the
 monitor; docs/scaling.md says when a job needs relays and how many.
@@ -29,11 +29,13 @@ from hangwatch_common.logs import configure_logging, uvicorn_log_options
 from hangwatch_common.settings import DaemonSettings, SettingsError, add_flags, load, setting
 from hangwatch_common.token_file import TokenSource
 from hangwatch_common.watched_file import SecretFileError
+from monitor.engine.summaries import RELAY_NAME
 from monitor.web.auth import INGEST, METRICS, AuthLayer, TokenFile
 from monitor.web.http_guard import ConnectionLimits, HttpStats, connection_cap, guarded_protocol, raise_open_file_limit
 from monitor.web.log_limit import limit_repeated_logs
 from monitor.relay.app import RelayApp
 from monitor.relay.forwarder import FLUSH_S, Forwarder
+from monitor.relay.summariser import SUMMARISE_RANKS, Summariser, default_name
 
 PROG = "hangwatch-relay"
 EXIT_USAGE = 2
@@ -42,6 +44,12 @@ EXIT_USAGE = 2
 def _web_address(text: str) -> str:
     if not text.startswith(("http://", "https://")):
         raise ValueError("must be the monitor's http:// or https:// address")
+    return text
+
+
+def _relay_name(text: str) -> str:
+    if not RELAY_NAME.fullmatch(text):
+        raise ValueError("must be 1-200 characters of A-Z a-z 0-9 _ . : - (the monitor refuses other names)")
     return text
 
 
@@ -67,6 +75,15 @@ class RelaySettings(ConnectionLimits, DaemonSettings):
                                   "monitor's own limit, which also bounds each batch (its limit plus the batch's "
                                   "framing)")
     flush_ms: float = setting(FLUSH_S * 1000, at_least=0, help="how long a batch gathers reports before it is sent")
+    # docs/scaling.md, "One job of 100,000 ranks": the owner cannot apply every report of such a job.
+    summarise: bool = setting(False, help="keep the picture of giant jobs here and send the monitor a summary of "
+                              "each (its ranks grouped) instead of their reports; smaller jobs' reports are forwarded")
+    summarise_ranks: int = setting(SUMMARISE_RANKS, at_least=1, help="with --summarise, a job of this world size or "
+                                   "more is summarised")
+    summary_interval_s: float = setting(1.0, positive=True, help="with --summarise, seconds between summaries")
+    name: str | None = setting(None, parse=_relay_name, help="with --summarise, the relay's name in its summaries: "
+                               "stable across restarts, unique among the monitor's relays",
+                               shown_default="the host name and the port, as HOST:PORT")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -129,7 +146,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=settings.ca_file) if settings.ca_file else True
     forwarder = Forwarder(settings.monitor, token.current if token is not None else lambda: None,
                           max_batch_bytes=settings.max_body_bytes, flush_s=settings.flush_ms / 1000, verify=verify)
-    relay = RelayApp(forwarder, max_body_bytes=settings.max_body_bytes)
+    name = settings.name or default_name(settings.port)
+    if settings.summarise and not RELAY_NAME.fullmatch(name):
+        print(f"{PROG}: error: the host name makes a relay name the monitor refuses ({name!r}): give --name",
+              file=sys.stderr)
+        return EXIT_USAGE
+    summariser = Summariser(name, settings.summarise_ranks) if settings.summarise else None
+    relay = RelayApp(forwarder, max_body_bytes=settings.max_body_bytes, summariser=summariser,
+                     summary_interval_s=settings.summary_interval_s)
     stats = HttpStats()
     if INGEST not in files:
         logging.getLogger("hangwatch.relay").warning(
