@@ -188,7 +188,7 @@ class Monitor:
         # When each node owing a full report sends it, a herd spread (monitor/ingest/full_pacing.py).
         self._full_pacer = FullReportPacer()
         # Giant jobs' shares from summarising relays (monitor/engine/summaries.py).
-        self.summaries = SummaryIntake()
+        self._summaries = SummaryIntake()
 
     # --- ingest ---
 
@@ -246,13 +246,13 @@ class Monitor:
             raise ValueError(why)
         received_at = self.clock() if received_at is None else received_at
         with self._lock:
-            answer, touched = self.summaries.take(summary, received_at, self._state)
+            answer, touched = self._summaries.take(summary, received_at, self._state)
             self._dirty |= touched & self._state.jobs.keys()
         return answer
 
     def _rank_count(self, job: JobTrack) -> int:
         """The job's ranks: those reported here, and those relays summarise."""
-        return len(job.ranks) + self.summaries.rank_count(job.job_id)
+        return len(job.ranks) + self._summaries.rank_count(job.job_id)
 
     def _ingest_replayed(self, report: Any, received_at: float, attributed: bool = False) -> IngestAnswer:
         """Apply a report the agent kept through an outage at the time it was taken, and record
@@ -454,7 +454,7 @@ class Monitor:
             self.orders.expire(now)
             self._timeline.forget(self._state.jobs)
             self._dirty &= known
-            self._dirty |= self.summaries.forget(now, known) & known
+            self._dirty |= self._summaries.forget(now, known) & known
             # A node silent past the job retention (its jobs forgotten) starts over with a full report.
             self._full_seen &= {n for n, t in self._state.nodes.items() if now - t.last_report_at <= self.settings.job_retention_s}
             for gone in self._snapshot_due.keys() - self._state.nodes.keys():
@@ -509,8 +509,8 @@ class Monitor:
                 views = [rank_view(job.ranks[r]) for r in sorted(job.ranks)]
             view = job_view(job, self._state.nodes, now, self.started_at, tuple(views), self._state.cpu_level_window_s)
             # Summarising relays' shares, merged with the rules' run (pure work: outside the lock).
-            shares = self.summaries.book.shares(job_id)
-            hosts = self.summaries.book.hosts(shares) if shares else {}
+            shares = self._summaries.book.shares(job_id)
+            hosts = self._summaries.book.hosts(shares) if shares else {}
             # Reports from here on are news to the next pass, not covered by this one.
             self._dirty.discard(job_id)
         found: list[tuple[JobView, Diagnosis]] = []
@@ -536,9 +536,9 @@ class Monitor:
             job = self._state.jobs[job_id]
             view = job_view(job, self._state.nodes, now, self.started_at,
                             cpu_level_window_s=self._state.cpu_level_window_s)
-            shares = self.summaries.book.shares(job_id)
+            shares = self._summaries.book.shares(job_id)
             if shares:
-                view = merged_view(view, shares, self.summaries.book.hosts(shares))
+                view = merged_view(view, shares, self._summaries.book.hosts(shares))
             self._store(job, view, self._run_diagnosis(view), job.lifecycle_revision, now, live=live)
 
     def _store(self, job: JobTrack, view: JobView, found: Diagnosis, revision: int, now: float,
@@ -711,8 +711,8 @@ class Monitor:
                 action_counts=None if actions is None else tuple(sorted(dict(actions.counts).items())),
                 captures=capture_figures(self.captures),
                 readiness=readiness,
-                summaries_total=self.summaries.taken,
-                summarising_relays=tuple(self.summaries.book.relays()),
+                summaries_total=self._summaries.taken,
+                summarising_relays=tuple(self._summaries.book.relays()),
             )
 
     def knows_job(self, job_id: str) -> bool:

@@ -61,6 +61,9 @@ class JobTrack:
     # stack waits at a site not yet known to be a regular sync point (rank_ingest.learn_wait_sites).
     rank_progress_at: float | None = None
     pending_wait_ranks: set[int] = field(default_factory=set)
+    # (when its stack was taken, rank) for those ranks, oldest first (a heap; entries of stacks
+    # replaced since are skipped): the ranks a step learns from are those at its front.
+    pending_wait_heap: list[tuple[float, int]] = field(default_factory=list)
     wait_sites_learned_at: float | None = None
     # The job's rhythm from its ranks' CPU alone, for a job that logs no progress (JobView):
     # when a rank was first seen at work, and the longest pause any rank came back from.

@@ -7,6 +7,8 @@ monitor's hot path: what the agent re-sends unchanged is recognised and skipped.
 
 from __future__ import annotations
 
+import heapq
+
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -142,6 +144,7 @@ def apply_rank(
             _learn(job, track, site)
         elif site:
             job.pending_wait_ranks.add(track.rank)
+            _push_pending(job, track.stack.taken_at, track.rank)
         else:
             job.pending_wait_ranks.discard(track.rank)
         track.add_wait_sample(track.stack.taken_at, site is not None)
@@ -264,17 +267,34 @@ def learn_wait_sites(job: JobTrack) -> None:
     progressed_at = job.last_progress_at
     if progressed_at is None or not job.pending_wait_ranks or progressed_at == job.wait_sites_learned_at:
         return
-    # This runs for every report: it looks only at the ranks with a pending site, and only when
-    # the job progressed since it last looked (a stalled job's 10,000 waiting ranks are not walked
-    # again and again; one whose stack arrives late is learned at the next step).
+    # This runs for every report: it looks only when the job progressed since it last looked, and
+    # then only at the ranks whose stack was taken before that progress (the heap's front). After a
+    # monitor restart the job's progress moves a little with each node's full report while 10,000
+    # ranks wait in a stalled job: walking them all each time was a fifth of the rebuild.
     job.wait_sites_learned_at = progressed_at
-    for rank in list(job.pending_wait_ranks):
+    heap = job.pending_wait_heap
+    while heap and heap[0][0] < progressed_at:
+        taken_at, rank = heapq.heappop(heap)
         track = job.ranks.get(rank)
-        site = track.pending_wait_site if track is not None else None
-        if not site:
+        if rank not in job.pending_wait_ranks or track is None or track.stack is None:
+            continue
+        if track.stack.taken_at != taken_at:
+            continue  # a newer stack replaced it: that one has its own entry
+        if track.pending_wait_site:
+            _learn(job, track, track.pending_wait_site)
+        else:
             job.pending_wait_ranks.discard(rank)
-        elif track is not None and track.stack is not None and track.stack.taken_at < progressed_at:
-            _learn(job, track, site)
+
+
+def _push_pending(job: JobTrack, taken_at: float, rank: int) -> None:
+    heap = job.pending_wait_heap
+    heapq.heappush(heap, (taken_at, rank))
+    if len(heap) > 4 * len(job.pending_wait_ranks) + 64:
+        # A stalled job's ranks send new stacks while nothing progresses: keep one entry per rank.
+        latest = {r: t.stack.taken_at for r in job.pending_wait_ranks
+                  if (t := job.ranks.get(r)) is not None and t.stack is not None}
+        heap[:] = [(at, r) for r, at in latest.items()]
+        heapq.heapify(heap)
 
 
 def _learn(job: JobTrack, track: RankTrack, site: str) -> None:

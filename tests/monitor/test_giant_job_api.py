@@ -136,6 +136,30 @@ def test_a_wait_site_is_learned_once_the_job_progresses_past_its_stack(client: T
     assert job.known_wait_sites == {"all_reduce@train.py:50"} and job.pending_wait_ranks == set()
 
 
+def test_a_stalled_jobs_waiting_ranks_are_not_walked_as_its_progress_creeps(client: TestClient,
+                                                                             clock: FakeClock) -> None:
+    """After a restart each node's full report moves the job's progress a little, before every stack:
+    only ranks whose stack was taken before the progress are looked at, and a stalled job's new stacks
+    keep one entry per waiting rank."""
+    t = clock.now
+    waiting = [rank(job_id="j", rank=r, world_size=66, stack=stack(t - 0.5)) for r in range(64)]
+    post_report(client, report(ranks=waiting, sent_at=t))
+    job = monitor_of(client)._state.jobs["j"]
+    for k in range(20):  # progress creeps up to just before the stacks; new stacks keep coming
+        clock.advance(1)
+        post_report(client, report(node="node-b", ranks=[rank(job_id="j", rank=64 + k % 2, world_size=66, progress=progress(
+            k + 1, k + 1, [(t - 5 + k * 0.2, k + 1)]))], sent_at=clock.now))
+        post_report(client, report(ranks=[rank(job_id="j", rank=r, world_size=66, stack=stack(clock.now - 0.5))
+                                          for r in range(64)], sent_at=clock.now))
+    assert job.known_wait_sites == set() and len(job.pending_wait_ranks) == 64
+    assert len(job.pending_wait_heap) <= 4 * 64 + 64
+    # The job steps past the stacks: every waiting rank's site is learned.
+    clock.advance(2)
+    post_report(client, report(node="node-b", ranks=[rank(job_id="j", rank=64, world_size=66, progress=progress(
+        30, 30, [(clock.now - 0.1, 30)]))], sent_at=clock.now))
+    assert job.known_wait_sites == {"all_reduce@train.py:50"} and job.pending_wait_ranks == set()
+
+
 def test_metrics_count_a_giant_jobs_ranks_by_state_and_keep_per_rank_series_for_its_culprits(
         giant: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     def series(text: str, name: str) -> list[str]:

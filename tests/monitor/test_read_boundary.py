@@ -54,7 +54,7 @@ def test_what_a_monitor_shows_in_public_is_immutable_or_a_collaborator(tmp_path)
 # read must return what ``_assert_detached`` accepts (checked below, on a job with every kind of data).
 READS = {"results", "status", "figures", "nodes", "rank_timeline", "job_ids", "node_ids", "resolve", "knows_job",
          "history", "suspect_nodes", "cached_suspect_nodes", "readiness"}
-WRITES = {"ingest", "refusal", "make_room", "without_jobs", "reject", "replay", "tick", "tick_steps"}
+WRITES = {"ingest", "ingest_summary", "refusal", "make_room", "without_jobs", "reject", "replay", "tick", "tick_steps"}
 
 
 def test_every_public_member_of_the_monitor_is_a_known_read_or_write():
