@@ -412,8 +412,9 @@ RankState = Literal[
 ]
 
 
-@dataclass(frozen=True)
-class RankDiagnosis:
+class RankDiagnosis(NamedTuple):
+    """A rank's state in a diagnosis: a named tuple (one per rank per pass; made in C)."""
+
     rank: int
     state: str
     top_frame: str | None = None

@@ -147,9 +147,22 @@ def memo(stack: Stack, key: object, compute: Callable[[], T]) -> T:
     return value  # type: ignore[return-value]
 
 
+_WAIT_LOW_CPU, _WAIT_BUSY = ("wait", True), ("wait", False)
+
+
+def _memo_hit(stack: Stack, key: object) -> object:
+    """``memo``'s answer for ``stack`` if it has one, else _MISSING: no closure made on a hit (a pass
+    over 100,000 ranks asks each rank's stack twice)."""
+    cache = stack.__dict__.get("_memo")
+    return _MISSING if cache is None else cache.get(key, _MISSING)
+
+
 def top_python_frame(stack: Stack | None) -> Frame | None:
     if stack is None:
         return None
+    known = _memo_hit(stack, "top")
+    if known is not _MISSING:
+        return known  # type: ignore[return-value]
     return memo(stack, "top", lambda: next(iter(python_frames(stack)), None))
 
 
@@ -185,7 +198,11 @@ def wait_point(stack: Stack | None, cpu_percent: float | None = None) -> WaitPoi
         return None
     # CPU decides only whether an ambiguous frame waits: below 20% or not.
     low_cpu = cpu_percent is not None and cpu_percent < 20
-    return memo(stack, ("wait", low_cpu), lambda: _wait_point(stack, low_cpu))
+    key = _WAIT_LOW_CPU if low_cpu else _WAIT_BUSY
+    known = _memo_hit(stack, key)
+    if known is not _MISSING:
+        return known  # type: ignore[return-value]
+    return memo(stack, key, lambda: _wait_point(stack, low_cpu))
 
 
 def _wait_point(stack: Stack, low_cpu: bool) -> WaitPoint | None:
