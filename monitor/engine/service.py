@@ -596,6 +596,9 @@ class Monitor:
                 culprits.append(Culprit(rank, track.node, pid, track.latest.started_at, track.latest.job_id,
                                         reported_pids.conflict(track.node, job.job_id, rank, pid)))
         unattributed = why_unattributed(job, found.culprit_ranks, self._state.nodes, now)
+        if unattributed is None and self._summaries.rank_count(job.job_id):
+            # A summary speaks for thousands of ranks from one relay: no action acts on what it says.
+            unattributed = "ranks of the job come from summarising relays, not from their own nodes' reports"
         return JobFacts(job.job_id, found.verdict, found.summary, tuple(culprits), self._results[job.job_id].names,
                         unattributed)
 

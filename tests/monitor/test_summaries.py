@@ -203,3 +203,22 @@ def test_a_bad_summary_is_refused_whole_and_changes_nothing(
     answer = post_summary(client, msgspec.json.encode(body))
     assert answer.status_code == 422 and said in answer.json()["detail"], answer.text
     assert client.get("/diagnose", params={"format": "json"}).json()["jobs"] == []
+
+
+def test_no_action_acts_on_what_a_summary_says(
+        settings: Settings, relay_apps: list[TestClient], clock: FakeClock, tmp_path: Path) -> None:
+    """A summary speaks for thousands of ranks from one relay: an action on its culprit is audited
+    unattributed, never run (a signal would go to a pid the owner never heard from its node)."""
+    actions = tmp_path / "actions.toml"
+    actions.write_text('dry_run = false\n[[rule]]\nname = "stop"\nverdicts = ["deadlock"]\nafter_s = 0\n'
+                       'signal = "SIGTERM"\n')
+    owner_settings = dataclasses.replace(settings, db=tmp_path / "owner.db", actions_file=actions)
+    store = open_store(owner_settings, clock)
+    try:
+        with TestClient(create_app(owner_settings, store, clock=clock)) as owner:
+            deadlocked(owner, relay_apps, clock)
+            assert job_of(owner)["verdict"] == "deadlock"
+            [entry] = owner.get("/api/v1/actions", params={"job": JOB}).json()["actions"]
+            assert entry["outcome"] == "unattributed" and "summarising relays" in entry["detail"], entry
+    finally:
+        store.close()
