@@ -413,12 +413,14 @@ class Fabric:
             time.sleep(0.1)
         raise RuntimeError(f"monitor not healthy after {timeout}s:\n{self.monitor.log_tail()}")
 
-    def start_relay(self, *, port: int = 8788, timeout: float = 30.0) -> Service:
-        """A relay (hangwatch-relay) in the switch namespace on 10.231.0.254:port, in front of the monitor."""
+    def start_relay(self, *extra: str, port: int = 8788, timeout: float = 30.0) -> Service:
+        """A relay (hangwatch-relay) in the switch namespace on 10.231.0.254:port, in front of the monitor;
+        ``extra``: more of its arguments (``--summarise``, ...)."""
         log = self.workdir / "relay.log"
         with open(log, "wb") as out:
             proc = self.reaper.popen(["ip", "netns", "exec", self.switch_ns, tool("hangwatch-relay"),
-                                      "--monitor", self.monitor_url, "--host", SWITCH_ADDR, "--port", str(port)],
+                                      "--monitor", self.monitor_url, "--host", SWITCH_ADDR, "--port", str(port),
+                                      *extra],
                                      stdout=out, stderr=subprocess.STDOUT)
         relay = Service(proc, log, f"http://{SWITCH_ADDR}:{port}")
         self.relay_url = relay.url

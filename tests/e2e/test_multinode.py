@@ -17,12 +17,14 @@ import contextlib
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from hangwatch.demo.harness import MonitorClient
+from hangwatch.demo.harness import MonitorClient, Observation
 from tests.e2e.answers import compact, text_of
 from tests.netns import Fabric, NetnsUnavailable, check_available, sweep_stale
 
@@ -31,6 +33,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 MASTER_PORT = 29500  # each fabric has its own network: no clash with anything else
 MASTER_HOST, WORKER_HOST = 20, 10
 GLOO_OK = {"GLOO_SOCKET_IFNAME": "eth0"}
+# A relay that summarises every job, the two-rank one too (by default only those of 512 ranks or more).
+SUMMARISE_EVERY_JOB = ("--summarise", "--summarise-ranks", "1")
+# The relay's counts: summaries the monitor took; node-b's reports answered by the relay, and forwarded ones.
+SUMMARIES_SENT = ("hangwatch_relay_summaries_total", (("outcome", "sent"),))
+RELAY_ANSWERS = ("hangwatch_relay_answer_seconds_count", ())
+FORWARDED = ("hangwatch_relay_reports_total", (("outcome", "answered"), ("reason", "")))
+# Rank 1 leaves the loop at step 120: 6 s or more of training (each step sleeps 50 ms), longer than the
+# monitor takes to call a silent job stalled (monitor/diagnosis/cadence.py), the job healthy all the while.
+LINGER_AFTER_TRAINING = ("--steps", "100000", "--fail", "linger", "--fail-rank", "1", "--fail-at-step", "120")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -80,9 +91,10 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def two_nodes(tmp_path: Path, *, relay_for_b: bool = False,
+def two_nodes(tmp_path: Path, *, relay_for_b: Sequence[str] | None = None,
               before_agents: Callable[[Cluster], None] | None = None) -> Iterator[Cluster]:
-    """Two nodes and their monitor; ``before_agents`` runs once the monitor is up, before the agents start."""
+    """Two nodes and their monitor; ``before_agents`` runs once the monitor is up, before the agents start;
+    ``relay_for_b``: node-b's agent posts to a relay started with these arguments (none: to the monitor)."""
     try:
         check_available("iptables", "tc")
     except NetnsUnavailable as e:
@@ -94,7 +106,7 @@ def two_nodes(tmp_path: Path, *, relay_for_b: bool = False,
         c = Cluster(fabric)
         if before_agents is not None:
             before_agents(c)
-        c.start_agents(b_reports_to=fabric.start_relay().url if relay_for_b else None)
+        c.start_agents(b_reports_to=None if relay_for_b is None else fabric.start_relay(*relay_for_b).url)
         yield c
         c.client.close()
     finally:
@@ -105,6 +117,32 @@ def two_nodes(tmp_path: Path, *, relay_for_b: bool = False,
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     with two_nodes(tmp_path) as c:
         yield c
+
+
+def samples(scrape: str) -> dict[tuple[str, tuple], float]:
+    """(name, sorted labels) -> value of a /metrics scrape, read with Prometheus' own parser."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(scrape)
+            for s in family.samples}
+
+
+def monitor_samples(c: Cluster) -> dict[tuple[str, tuple], float]:
+    """The monitor's /metrics, read through the fabric's Unix socket."""
+    with httpx.Client(transport=httpx.HTTPTransport(uds=c.fabric.monitor_uds), timeout=5.0) as http:
+        scrape = http.get(c.fabric.monitor_url + "/metrics")
+    assert scrape.status_code == 200, scrape.text[:200]
+    return samples(scrape.text)
+
+
+def relay_samples(c: Cluster) -> dict[tuple[str, tuple], float]:
+    """The relay's /metrics, read from the switch namespace (where it listens)."""
+    scrape = c.fabric.in_switch(sys.executable, "-c", f"import httpx; print(httpx.get('{c.fabric.relay_url}/metrics').text)")
+    assert scrape.returncode == 0, scrape.stderr
+    return samples(scrape.stdout)
+
+
+def relay_log(c: Cluster) -> str:
+    lines = (c.fabric.workdir / "relay.log").read_text(errors="replace").splitlines()
+    return "\nrelay:\n" + "\n".join(lines[-12:])
 
 
 def syn_sent(node) -> list[tuple[str, int]]:
@@ -129,20 +167,55 @@ def test_two_nodes_healthy(cluster: Cluster):
     assert not bad, compact(bad[0])
 
 
-def test_a_deadlock_is_named_when_one_node_reports_through_a_relay(tmp_path: Path):
-    """node-b's agent posts to a relay (hangwatch-relay) in front of the monitor, node-a's to the
-    monitor itself: one job, its deadlock and culprit named as when both post directly."""
-    with two_nodes(tmp_path, relay_for_b=True) as c:
-        c.launch(c.a, 0, "--steps", "100000", "--fail", "linger", "--fail-rank", "1", "--fail-at-step", "20")
-        c.launch(c.b, 1, "--steps", "100000", "--fail", "linger", "--fail-rank", "1", "--fail-at-step", "20")
-        got = c.wait_for_verdict("deadlock", timeout=90, culprits=[1])
+def test_a_deadlock_is_named_when_one_node_reports_through_a_summarising_relay(tmp_path: Path):
+    """node-b's agent posts to a summarising relay (hangwatch-relay --summarise, every job summarised), node-a's
+    to the monitor itself: rank 1 reaches the monitor only in the relay's summaries, and the job's deadlock and
+    culprit are named as when both post directly; healthy while the job trains, never deadlock before rank 1
+    leaves the loop.
+
+    The forwarding relay (no --summarise) in front of the real monitor: tests/monitor/test_relay.py, and with
+    the agent's sender, tests/agent/test_outage_journal.py."""
+    with two_nodes(tmp_path, relay_for_b=SUMMARISE_EVERY_JOB) as c:
+        trains = c.launch(c.a, 0, *LINGER_AFTER_TRAINING)
+        lingers = c.launch(c.b, 1, *LINGER_AFTER_TRAINING)
+        # The relay's counts once the monitor lists rank 1: node-b's reports from before its job started
+        # (none of a job to summarise) went on to the monitor; none of them may from then on.
+        listed: list[dict[tuple[str, tuple], float]] = []
+        trained_at: list[float] = []  # when rank 0's log first showed a step
+
+        def note(job: dict | None) -> None:
+            if not listed and job and any(r["rank"] == 1 for r in job["ranks"]):
+                listed.append(relay_samples(c))
+            if not trained_at and "step 1/" in trains.text():
+                trained_at.append(time.time())
+
+        seen: list[Observation] = []
+        try:
+            got = c.client.wait_for_verdict(c.job_id, "deadlock", timeout=90, culprits=[1], observations=seen,
+                                            on_poll=note, context=lambda: c.context() + relay_log(c))
+        except AssertionError as e:
+            pytest.fail(str(e), pytrace=False)
         assert {(r["rank"], r["node"]) for r in got["ranks"]} == {(0, "node-a"), (1, "node-b")}, compact(got)
         assert sorted(got["culprit_ranks"]) == [1], compact(got)
-        # node-b's reports went through the relay, answered by the monitor.
-        metrics = c.fabric.in_switch(sys.executable, "-c", "import httpx; print(httpx.get("
-                                     f"'{c.fabric.relay_url}/metrics').text)")
-        answered = re.search(r'hangwatch_relay_reports_total\{outcome="answered",reason=""\} (\d+)', metrics.stdout)
-        assert answered and int(answered.group(1)) >= 5, metrics.stdout + metrics.stderr
+        stalled_at = lingers.stall_time()
+        assert stalled_at is not None, lingers.log_tail(15)
+        before = [o.verdict for o in seen if o.at < stalled_at]
+        assert "deadlock" not in before, f"before rank 1 left the loop: {before}"
+        training = [o.verdict for o in seen if trained_at and trained_at[0] <= o.at < stalled_at]
+        assert training and set(training) == {"healthy"}, f"while the job trained: {training}"
+
+        relay, monitor = relay_samples(c), monitor_samples(c)
+        [at_listing] = listed
+        # node-b's agent went on reporting to the relay (about once a second), and the relay kept them all.
+        counts = {name: (at_listing.get(key), relay.get(key)) for name, key in
+                  (("reports in", RELAY_ANSWERS), ("forwarded", FORWARDED), ("summaries", SUMMARIES_SENT))}
+        assert relay[RELAY_ANSWERS] - at_listing[RELAY_ANSWERS] >= 5, counts
+        assert relay[FORWARDED] == at_listing[FORWARDED], counts
+        assert relay.get(SUMMARIES_SENT, 0) > 0, counts
+        assert monitor[("hangwatch_monitor_summaries_total", ())] > 0, monitor
+        assert [v for (name, _), v in monitor.items() if name == "hangwatch_monitor_relay_nodes"] == [1.0], monitor
+        print(f"summarising relay: healthy while training {stalled_at - trained_at[0]:.1f}s, deadlock named "
+              f"{seen[-1].at - stalled_at:.1f}s after it; relay counts (at listing, at the end) {counts}")
 
 
 def test_master_named_by_address_on_one_node_and_by_name_on_the_other_is_one_job(cluster: Cluster):
