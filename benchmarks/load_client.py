@@ -3,10 +3,12 @@
 A minimal keep-alive HTTP client on asyncio streams, because the load generator shares the
 machine with the monitor it measures: every CPU-microsecond it spends is one the monitor
 does not get. Each node keeps its own connection (like one agent per node), sends one report
-a second at its own phase, and, like the agent, sends the newest report rather than catching
-up when a post ran long.
+an interval (a second unless ``Behaviour.interval_s`` says otherwise) at its own phase, and, like
+the agent, sends the newest report rather than catching up when a post ran long.
 
-``Behaviour`` says how the simulated agents meet a monitor that restarts: whether they take the
+``Behaviour`` says how often the simulated agents report (``interval_s``: they say so in their
+reports, as the agent does, and the monitor holds a node fresh for three of them), and how they
+meet a monitor that restarts: whether they take the
 monitor's pacing of full reports (``full_in_s``; off: as agents before it, the full report at the
 next one), and whether they keep an outage journal as the agent does (agent/outage_journal.py:
 the report at the outage's start and one every KEEP_EVERY_S, delivered replayed when the monitor
@@ -41,6 +43,7 @@ KEEP_EVERY_S = 5.0
 class Behaviour:
     ignore_full_in: bool = False
     journal: bool = False
+    interval_s: float = 1.0
 
 
 @dataclass
@@ -56,12 +59,16 @@ class LoadStats:
     latency_at: list[float] = field(default_factory=list)  # when each of those was sent
     full_at: list[float] = field(default_factory=list)  # when each full report of the window was sent
     failed_at: list[float] = field(default_factory=list)  # when each failed post of the window was sent
+    # Why posts of the window failed: "timeout", "connection", or "HTTP <status>".
+    failed_why: dict[str, int] = field(default_factory=dict)
 
     def merge(self, other: LoadStats) -> None:
         for name in ("sent", "accepted", "shed", "failed", "full_reports", "replayed", "bytes_sent"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("latencies", "latency_at", "full_at", "failed_at"):
             getattr(self, name).extend(getattr(other, name))
+        for why, count in other.failed_why.items():
+            self.failed_why[why] = self.failed_why.get(why, 0) + count
 
 
 class HttpConnection:
@@ -73,6 +80,10 @@ class HttpConnection:
         self._writer: asyncio.StreamWriter | None = None
 
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        if self._reader is not None and self._reader.at_eof():
+            # Closed by the server while idle (uvicorn's keep-alive timeout, 5 s: every post of an agent
+            # that reports less often): a fresh connection, as the agent's httpx pool opens one.
+            self.close()
         if self._writer is None:
             self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
         assert self._reader is not None
@@ -116,18 +127,22 @@ class HttpConnection:
 
 async def run_node(node: SimulatedNode, ports: list[int], protocol: str, start: float, window: tuple[float, float],
                    end: float, stats: LoadStats, behaviour: Behaviour = Behaviour()) -> None:
-    """One node's agent: a report a second, split by job owner when there are several monitors."""
+    """One node's agent: a report an interval, split by job owner when there are several monitors."""
     monitors = [f"http://127.0.0.1:{p}" for p in ports]
     conns = {m: HttpConnection("127.0.0.1", p) for m, p in zip(monitors, ports)}
     deltas = {m: DeltaState() for m in monitors}
     journals: dict[str, list[tuple[dict, float]]] = {m: [] for m in monitors}
     down = dict.fromkeys(monitors, False)
     backoff = 0.0
-    slot = start + random.random()
+    interval = behaviour.interval_s
+    slot = start + random.random() * interval
     while slot < end:
         await asyncio.sleep(max(0.0, slot - time.time()))
         now = time.time()
-        parts = split(node.report(now), monitors)
+        report = node.report(now)
+        # The agent's --interval, in its report (simulated_nodes says 1 s): the monitor's freshness window.
+        report["agent"]["interval_s"] = interval
+        parts = split(report, monitors)
         results = await asyncio.gather(*(send(conns[m], deltas[m], part, protocol, now, window, stats, behaviour,
                                               journals[m], down, m)
                                          for m, part in parts.items()))
@@ -139,7 +154,7 @@ async def run_node(node: SimulatedNode, ports: list[int], protocol: str, start: 
         backoff = 0.0
         # Like the agent: the next report is the newest one, at the next whole interval.
         late = time.time() + max(results) - slot
-        slot += int(late) + 1 if late > 1 else 1
+        slot += (int(late / interval) + 1) * interval if late > interval else interval
     for conn in conns.values():
         conn.close()
 
@@ -169,11 +184,15 @@ async def send(conn: HttpConnection, delta: DeltaState, full: dict, protocol: st
 
 
 async def _post(conn: HttpConnection, body: bytes) -> tuple[int | None, bytes]:
+    """The answer's status and body; no status and why not (``timeout``, ``connection``) when none came."""
     try:
         return await asyncio.wait_for(conn.request("POST", "/api/v1/reports", body), POST_TIMEOUT_S)
-    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
+    except asyncio.TimeoutError:
         conn.close()
-        return None, b""
+        return None, b"timeout"
+    except (OSError, asyncio.IncompleteReadError, ValueError):
+        conn.close()
+        return None, b"connection"
 
 
 async def post(conn: HttpConnection, delta: DeltaState, full: dict, protocol: str, now: float,
@@ -195,6 +214,8 @@ async def post(conn: HttpConnection, delta: DeltaState, full: dict, protocol: st
         if in_window:
             stats.failed += 1
             stats.failed_at.append(now)
+            why = answer.decode()
+            stats.failed_why[why] = stats.failed_why.get(why, 0) + 1
         return None
     took = time.time() - now
     if status == 202:
@@ -211,6 +232,8 @@ async def post(conn: HttpConnection, delta: DeltaState, full: dict, protocol: st
     if in_window:
         stats.shed += status == 503
         stats.failed += status != 503
+        if status != 503:
+            stats.failed_why[f"HTTP {status}"] = stats.failed_why.get(f"HTTP {status}", 0) + 1
     if status == 503:
         return 2.0  # the monitor's default Retry-After
     return None if status >= 500 else 0.0  # a relay whose monitor is down answers 502

@@ -4,12 +4,14 @@
         [--duration 60] [--warmup 15] [--monitor-cpus 0,1] [--monitors 1] [--load-procs 1] [--json out.json]
         [--fault deadlock|straggler] [--sweep 64,1000,2000,4000,10000]
         [--restart [--down-s 3] [--restart-after 20] [--watch-s 30] [--ignore-full-in] [--journal]]
+        [--relays N [--relay-cpus 1] [--summarise]] [--report-interval 1]
 
 Starts a real ``hangwatch-monitor`` (optionally pinned with ``taskset``; with ``--monitors N``,
 N of them sharded by job id the way agents given N ``--monitor`` URLs shard, each pinned to
 one CPU of ``--monitor-cpus`` in turn), feeds it ``--nodes``
-simulated nodes of 8 ranks (one report a second each, built by ``simulated_nodes`` from the
-wire schema; ``--protocol full`` replays what pre-delta agents send), probes the read
+simulated nodes of 8 ranks (one report a second each, or one every ``--report-interval`` seconds,
+said in the reports' ``agent.interval_s`` as the agent says its own; built by ``simulated_nodes`` from
+the wire schema; ``--protocol full`` replays what pre-delta agents send), probes the read
 endpoints the way people and Prometheus do, and injects a fault into one job a third of
 the way into the measured window: a deadlock (rank 1 leaves the loop), or with ``--fault
 straggler`` rank 1 doing 30% more work per step than the rest (the job steps on, slower;
@@ -33,6 +35,15 @@ false one), the full reports a second at their peak, and the posts' p99 while it
 ``--ignore-full-in``: the simulated agents send the full report at once when asked, as agents
 before the monitor paced them did. ``--journal``: they keep an outage journal as the agent does,
 and deliver it (replayed reports) before their first live report.
+
+``--summarise`` (with ``--relays N``): the relays run ``hangwatch-relay --summarise``, each with a
+name of its own, keep the giant job's picture and send the monitor (the owner) a summary of it a
+second instead of its reports. It prints, beside the above, the owner's CPU-seconds a second and
+its last diagnosis passes, the summaries it took a second, the relays' CPU, RSS, summary sizes and
+build times, and the load generator's CPU (is it offering what was asked).
+
+The monitor's and relays' limits (world size, nodes, ranks, connections) are raised past their
+defaults where the simulated cluster needs it (``limit_flags``).
 
 It asserts nothing: figures go in benchmarks/README.md.
 """
@@ -99,9 +110,33 @@ def db_bytes(db: Path) -> int:
     return sum(p.stat().st_size for p in db.parent.glob(db.name + "*") if p.is_file())
 
 
-def start_relay(port: int, monitor_port: int, cpus: str | None, log: Path) -> subprocess.Popen:
+# The monitor's defaults (monitor/ingest/limits.py, monitor/web/http_guard.py): a cluster past them
+# is given room rather than refused.
+DEFAULT_MAX_WORLD_SIZE = 65536
+DEFAULT_MAX_NODES = 10_000
+DEFAULT_MAX_RANKS = 100_000
+DEFAULT_MAX_CONNECTIONS = 4096
+
+
+def limit_flags(nodes: int, ranks_per_job: int, connections: int) -> list[str]:
+    """The monitor's flags for a cluster of ``nodes`` nodes, in jobs of ``ranks_per_job`` ranks,
+    posting on ``connections`` connections; none where its defaults hold it."""
+    flags = []
+    if ranks_per_job > DEFAULT_MAX_WORLD_SIZE:
+        flags += ["--max-world-size", str(2 * ranks_per_job)]
+    if nodes > DEFAULT_MAX_NODES:
+        flags += ["--max-nodes", str(2 * nodes)]
+    if nodes * RANKS_PER_NODE >= DEFAULT_MAX_RANKS:
+        flags += ["--max-ranks", str(2 * nodes * RANKS_PER_NODE)]
+    if connections > DEFAULT_MAX_CONNECTIONS - 100:  # the probes' connections too
+        flags += ["--max-connections", str(connections + 1000)]
+    return flags
+
+
+def start_relay(port: int, monitor_port: int, cpus: str | None, log: Path, extra: list[str]) -> subprocess.Popen:
     exe = str(Path(sys.executable).with_name("hangwatch-relay"))
-    cmd = [exe, "--port", str(port), "--monitor", f"http://127.0.0.1:{monitor_port}", "--log-level", "warning"]
+    cmd = [exe, "--port", str(port), "--monitor", f"http://127.0.0.1:{monitor_port}", "--log-level", "warning",
+           *extra]
     if cpus:
         cmd = ["taskset", "-c", cpus, *cmd]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
@@ -130,7 +165,9 @@ async def wait_ready(port: int, deadline: float) -> None:
 
 
 async def probe(port: int, name: str, path: str, every: float, until: float, window: tuple[float, float],
-                latencies: dict[str, list[float]], sizes: dict[str, int], lags: list[float]) -> None:
+                latencies: dict[str, list[float]], sizes: dict[str, int], gauges: dict[bytes, list[float]]) -> None:
+    """Read ``path`` every ``every`` seconds until ``until``; its answer times in the window, and from
+    ``/metrics`` the monitor's own gauges named in ``gauges``."""
     conn = HttpConnection("127.0.0.1", port)
     while time.time() < until:
         started = time.time()
@@ -146,11 +183,13 @@ async def probe(port: int, name: str, path: str, every: float, until: float, win
             latencies.setdefault(name, []).append(took if status == 200 else float("inf"))
             sizes[name] = len(body)
             if path == "/metrics" and status == 200:
-                # The monitor's own view of being behind: its event loop's lag over the last second.
-                # Found, not parsed: the body is megabytes, and every probe shares this loop.
-                at = body.find(b"\n" + LAG_SERIES)
-                if at >= 0:
-                    lags.append(float(body[at + len(LAG_SERIES) + 1:body.index(b"\n", at + 1)]))
+                # The monitor's own view of being behind: its event loop's lag over the last second,
+                # its last diagnosis pass. Found, not parsed: the body is megabytes, and every probe
+                # shares this loop.
+                for series, values in gauges.items():
+                    at = body.find(b"\n" + series)
+                    if at >= 0:
+                        values.append(float(body[at + len(series) + 1:body.index(b"\n", at + 1)]))
         await asyncio.sleep(max(0.0, every - took))
     conn.close()
 
@@ -184,29 +223,40 @@ async def watch_fault(port: int, job: str, verdict: str, culprit: int, inject_at
 
 async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tuple[float, float], end: float,
                   job: str, fault: str, culprit: int, inject_at: float, relay_pids: list[int] | None = None,
-                  relay_ports: list[int] | None = None) -> dict:
+                  relay_ports: list[int] | None = None, load_pids: list[int] | None = None) -> dict:
     latencies: dict[str, list[float]] = {}
     sizes: dict[str, int] = {}
     lags: list[float] = []
+    passes: list[float] = []
+    gauges = {LAG_SERIES: lags, PASS_SERIES: passes}
     owner_port = ports[[f"http://127.0.0.1:{p}" for p in ports].index(owner(job, [f"http://127.0.0.1:{p}" for p in ports]))]
     probes = [asyncio.create_task(probe(owner_port if "{job}" in path else port, name, path.format(job=job), every,
-                                        end, window, latencies, sizes, lags))
+                                        end, window, latencies, sizes, gauges))
               for name, path, every in PROBES for port in ports if "{job}" not in path or port == ports[0]]
     other: list[str] = []
     detect = asyncio.create_task(watch_fault(owner_port, job, fault, culprit, inject_at, end, other))
     await asyncio.sleep(max(0.0, window[0] - time.time()))
     cpu0, db0, peak = sum(map(cpu_seconds, pids)), sum(map(db_bytes, dbs)), 0
     relay_cpu0 = sum(map(cpu_seconds, relay_pids or []))
+    load_cpu0 = sum(map(cpu_seconds, load_pids or []))
+    relay_rss_peak = 0
     lag0 = await lag_buckets(ports)
     answered0 = await lag_buckets(relay_ports or [], RELAY_ANSWER_BUCKET)
+    built0 = await lag_buckets(relay_ports or [], SUMMARY_BUILD_BUCKET)
+    counters0 = await scrape_counters(ports, relay_ports or [])
     while time.time() < window[1]:
         peak = max(peak, sum(map(rss_bytes, pids)))
+        relay_rss_peak = max([relay_rss_peak, *map(rss_bytes, relay_pids or [])])
         await asyncio.sleep(1.0)
     cpu1, db1 = sum(map(cpu_seconds, pids)), sum(map(db_bytes, dbs))
     relay_cpu_s = sum(map(cpu_seconds, relay_pids or [])) - relay_cpu0
+    load_cpu_s = sum(map(cpu_seconds, load_pids or [])) - load_cpu0
     lag1 = await lag_buckets(ports)
     answered1 = await lag_buckets(relay_ports or [], RELAY_ANSWER_BUCKET)
+    built1 = await lag_buckets(relay_ports or [], SUMMARY_BUILD_BUCKET)
+    counters1 = await scrape_counters(ports, relay_ports or [])
     relay_answers = {bound: answered1.get(bound, 0) - answered0.get(bound, 0) for bound in answered1}
+    summary_builds = {bound: built1.get(bound, 0) - built0.get(bound, 0) for bound in built1}
     probe_lags = {bound: lag1.get(bound, 0) - lag0.get(bound, 0) for bound in lag1}
     detected = await detect
     await asyncio.gather(*probes)
@@ -226,13 +276,49 @@ async def observe(pids: list[int], ports: list[int], dbs: list[Path], window: tu
         own += [f"{port}: {line}" for line in metrics.decode().splitlines() if line.startswith("hangwatch_monitor_")]
     return {"cpu_s": cpu1 - cpu0, "db_start": db0, "db_end": db1, "rss_peak": peak, "latencies": latencies,
             "sizes": sizes, "detected_s": detected, "judged_s": judged, "other_answers": other, "monitor_metrics": own, "lags": lags,
-            "probe_lags": probe_lags, "relay_cpu_s": relay_cpu_s,
+            "probe_lags": probe_lags, "relay_cpu_s": relay_cpu_s, "load_cpu_s": load_cpu_s,
+            "relay_rss_peak": relay_rss_peak, "passes": passes,
+            "counters": {name: counters1[name] - counters0[name] for name, _, _ in COUNTERS},
+            "summary_bytes": counters1.get("summary_bytes_each", []),
+            "summary_build_p50_ms": (histogram_quantile(0.5, summary_builds) or 0) * 1000 if summary_builds else None,
+            "summary_build_p99_ms": (histogram_quantile(0.99, summary_builds) or 0) * 1000 if summary_builds else None,
             "relay_answer_p50_ms": (histogram_quantile(0.5, relay_answers) or 0) * 1000 if relay_answers else None,
             "relay_answer_p99_ms": (histogram_quantile(0.99, relay_answers) or 0) * 1000 if relay_answers else None}
 
 
 LAG_BUCKET = "hangwatch_monitor_event_loop_probe_lag_seconds_bucket{le=\""
 RELAY_ANSWER_BUCKET = "hangwatch_relay_answer_seconds_bucket{le=\""
+SUMMARY_BUILD_BUCKET = "hangwatch_relay_summary_build_seconds_bucket{le=\""
+PASS_SERIES = b"hangwatch_monitor_diagnosis_pass_seconds "
+# Counters read at the window's edges: (name in the figures, whose /metrics, the series' line start).
+COUNTERS = (
+    ("summaries_taken", "monitors", "hangwatch_monitor_summaries_total "),
+    ("summaries_sent", "relays", 'hangwatch_relay_summaries_total{outcome="sent"} '),
+    ("summaries_refused", "relays", 'hangwatch_relay_summaries_total{outcome="refused"} '),
+    ("summaries_failed", "relays", 'hangwatch_relay_summaries_total{outcome="failed"} '),
+    ("relay_reports_refused", "relays", 'hangwatch_relay_reports_total{outcome="refused"'),
+)
+SUMMARY_BYTES = "hangwatch_relay_summary_bytes "
+
+
+async def scrape_counters(ports: list[int], relay_ports: list[int]) -> dict:
+    """``COUNTERS`` summed over the monitors and the relays, and each relay's last summary's size
+    (``summary_bytes_each``)."""
+    out: dict = {name: 0.0 for name, _, _ in COUNTERS}
+    out["summary_bytes_each"] = []
+    for kind, port in [("monitors", p) for p in ports] + [("relays", p) for p in relay_ports]:
+        conn = HttpConnection("127.0.0.1", port)
+        try:
+            _, body = await asyncio.wait_for(conn.request("GET", "/metrics"), 30)
+        finally:
+            conn.close()
+        for line in body.decode().splitlines():
+            for name, whose, start in COUNTERS:
+                if whose == kind and line.startswith(start):
+                    out[name] += float(line.rsplit(" ", 1)[1])
+            if kind == "relays" and line.startswith(SUMMARY_BYTES):
+                out["summary_bytes_each"].append(int(float(line.rsplit(" ", 1)[1])))
+    return out
 
 
 async def lag_buckets(ports: list[int], bucket: str = LAG_BUCKET) -> dict[float, int]:
@@ -417,9 +503,15 @@ def main() -> int:
     parser.add_argument("--relays", type=int, default=0, help="relays (hangwatch-relay) in front of the one monitor, "
                         "each taking an equal share of the nodes (default 0: nodes post to the monitor)")
     parser.add_argument("--relay-cpus", help="taskset CPU list for the relays, e.g. 2-5")
+    parser.add_argument("--summarise", action="store_true", help="the relays summarise giant jobs for the monitor "
+                        "(hangwatch-relay --summarise, each --name relay-I) instead of forwarding their reports")
+    parser.add_argument("--report-interval", type=float, default=1.0, metavar="S",
+                        help="seconds between a simulated node's reports, said in its reports (default 1)")
     parser.add_argument("--load-procs", type=int, default=1, help="load generator processes")
     parser.add_argument("--port", type=int, default=18787)
     parser.add_argument("--monitor-arg", action="append", default=[], help="extra hangwatch-monitor argument")
+    parser.add_argument("--relay-arg", action="append", default=[], help="extra hangwatch-relay argument "
+                        "(e.g. --relay-arg=--summary-interval=2)")
     parser.add_argument("--fault", choices=("deadlock", "straggler"), default="deadlock",
                         help="what goes wrong in the first job a third of the way in")
     parser.add_argument("--json", help="also write the figures here")
@@ -472,13 +564,21 @@ def run(args: argparse.Namespace) -> dict:
     ports = [args.port + i for i in range(args.monitors)]
     dbs = [tmp / f"monitor-{i}.db" for i in range(args.monitors)]
     cpus = args.monitor_cpus.split(",") if args.monitor_cpus and args.monitors > 1 else [args.monitor_cpus]
-    monitors = [start_monitor(port, db, cpus[i % len(cpus)], args.monitor_arg)
-                for i, (port, db) in enumerate(zip(ports, dbs))]
     relays = getattr(args, "relays", 0)
+    summarising = getattr(args, "summarise", False)
+    if summarising and not relays:
+        raise SystemExit("--summarise is the relays' way: give --relays N")
+    # The monitor's connections: the nodes' own without relays, the relays' few with them.
+    monitor_args = limit_flags(args.nodes, args.ranks_per_job, 0 if relays else args.nodes) + args.monitor_arg
+    monitors = [start_monitor(port, db, cpus[i % len(cpus)], monitor_args)
+                for i, (port, db) in enumerate(zip(ports, dbs))]
     if relays and args.monitors > 1:
         raise SystemExit("--relays forwards to one monitor: leave --monitors at 1")
     relay_ports = [args.port + 100 + i for i in range(relays)]
-    monitors += [start_relay(port, ports[0], args.relay_cpus, tmp / f"relay-{i}.log")
+    relay_connections = limit_flags(0, 0, -(-args.nodes // relays)) if relays else []
+    monitors += [start_relay(port, ports[0], args.relay_cpus, tmp / f"relay-{i}.log",
+                             relay_connections + (["--summarise", "--name", f"relay-{i}"] if summarising else [])
+                             + getattr(args, "relay_arg", []))
                  for i, port in enumerate(relay_ports)]
     restarting = getattr(args, "restart", False)
     if restarting and args.monitors > 1:
@@ -509,7 +609,8 @@ def run(args: argparse.Namespace) -> dict:
             parent, child = ctx.Pipe()
             # With relays, node k posts to relay k mod N (node-sharded ingest); else to the monitors.
             targets = (lambda node, k=len(relay_ports): [relay_ports[node.index % k]]) if relay_ports else ports
-            behaviour = Behaviour(getattr(args, "ignore_full_in", False), getattr(args, "journal", False))
+            behaviour = Behaviour(getattr(args, "ignore_full_in", False), getattr(args, "journal", False),
+                                  getattr(args, "report_interval", 1.0))
             proc = ctx.Process(target=shard_main, args=(child, nodes[i::args.load_procs], targets, args.protocol,
                                                         start, window, end, behaviour))
             proc.start()
@@ -525,13 +626,13 @@ def run(args: argparse.Namespace) -> dict:
                  f"--output {args.py_spy}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         if restarting:
             def again() -> subprocess.Popen:
-                return start_monitor(ports[0], dbs[0], cpus[0], args.monitor_arg)
+                return start_monitor(ports[0], dbs[0], cpus[0], monitor_args)
             observed = asyncio.run(observe_restart(monitors, again, ports[0], victim, args.fault, culprit, restart_at,
                                                    args.down_s, window[1], args.py_spy))
         else:
             observed = asyncio.run(observe([m.pid for m in monitors[:len(ports)]], ports, dbs, window, end, victim,
                                            args.fault, culprit, inject_at, [m.pid for m in monitors[len(ports):]],
-                                           relay_ports))
+                                           relay_ports, [proc.pid for proc in procs]))
         stats = LoadStats()
         for parent, proc in zip(pipes, procs):
             stats.merge(parent.recv())
@@ -596,7 +697,7 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
         "ranks": args.nodes * RANKS_PER_NODE, "nodes": args.nodes, "ranks_per_job": args.ranks_per_job,
         "protocol": args.protocol, "monitors": args.monitors,
         "reports_per_s": stats.accepted / duration, "offered_per_s": stats.sent / duration,
-        "shed": stats.shed, "failed": stats.failed, "mean_report_bytes": stats.bytes_sent / max(1, stats.sent),
+        "shed": stats.shed, "failed": stats.failed, "failed_why": stats.failed_why, "mean_report_bytes": stats.bytes_sent / max(1, stats.sent),
         "full_reports": stats.full_reports,
         "ingest_p50_ms": (percentile(stats.latencies, 0.5) or 0) * 1000,
         "ingest_p99_ms": (percentile(stats.latencies, 0.99) or 0) * 1000,
@@ -618,11 +719,26 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
         "fault_detected_s": observed["detected_s"], "fault_judged_s": observed["judged_s"],
         "other_answers": observed["other_answers"],
         "monitor_metrics": observed["monitor_metrics"],
+        "report_interval_s": getattr(args, "report_interval", 1.0), "relays": getattr(args, "relays", 0),
+        "summarise": getattr(args, "summarise", False),
+        "expected_per_s": args.nodes / getattr(args, "report_interval", 1.0),
+        "owner_cpu_s_per_s": observed["cpu_s"] / duration, "load_cpu_s_per_s": observed["load_cpu_s"] / duration,
+        "relay_cpu_s_per_s": observed["relay_cpu_s"] / duration, "relay_rss_peak_mib": observed["relay_rss_peak"] / 2**20,
+        "pass_s_p50": percentile(observed["passes"], 0.5), "pass_s_max": max(observed["passes"], default=None),
+        "pass_s_last": observed["passes"][-1] if observed["passes"] else None,
+        "summaries_taken_per_s": observed["counters"]["summaries_taken"] / duration,
+        "relay_summaries": {k: observed["counters"][k] for k in ("summaries_sent", "summaries_refused",
+                                                                 "summaries_failed", "relay_reports_refused")},
+        "summary_bytes": observed["summary_bytes"],
+        "summary_build_p50_ms": observed["summary_build_p50_ms"],
+        "summary_build_p99_ms": observed["summary_build_p99_ms"],
     }
     print(f"ranks {figures['ranks']} ({args.nodes} nodes x {RANKS_PER_NODE}, jobs of {args.ranks_per_job}), "
           f"protocol {args.protocol}, {args.monitors} monitor(s), {duration:.0f} s measured")
     print(f"reports/s accepted {figures['reports_per_s']:.0f} of {figures['offered_per_s']:.0f} offered "
-          f"(shed {stats.shed}, failed {stats.failed}); mean report {figures['mean_report_bytes'] / 1024:.1f} KiB, "
+          f"({figures['expected_per_s']:.0f} asked: a report every {figures['report_interval_s']:g} s a node; "
+          f"the load generator {figures['load_cpu_s_per_s']:.2f} CPU-s a second) "
+          f"(shed {stats.shed}, failed {stats.failed} {stats.failed_why or ''}); mean report {figures['mean_report_bytes'] / 1024:.1f} KiB, "
           f"{stats.full_reports} full")
     print(f"ingest p50 {ms(percentile(stats.latencies, 0.5))} p99 {ms(percentile(stats.latencies, 0.99))} "
           "(seen by the load generator, its own scheduling delay included)")
@@ -643,6 +759,17 @@ def summarise(args: argparse.Namespace, stats: LoadStats, observed: dict) -> dic
         print(f"relays ({args.relays}): {figures['relay_cpu_ms_per_report'] or float('nan'):.2f} CPU-ms per node "
               f"report, all relays together; a report's answer at the relay (its histogram over the window) "
               f"p50 {ms((figures['relay_answer_p50_ms'] or 0) / 1000)}, p99 {ms((figures['relay_answer_p99_ms'] or 0) / 1000)}")
+    if figures["summarise"]:
+        built = (figures["summary_build_p50_ms"], figures["summary_build_p99_ms"])
+        print(f"owner: {figures['owner_cpu_s_per_s']:.2f} CPU-s a second, peak RSS {figures['rss_peak_mib']:.0f} MiB, "
+              f"{figures['summaries_taken_per_s']:.1f} summaries taken a second")
+        print(f"summarising relays ({args.relays}): {figures['relay_cpu_s_per_s']:.2f} CPU-s a second together, "
+              f"peak RSS {figures['relay_rss_peak_mib']:.0f} MiB (the largest); last summary's bytes "
+              f"{figures['summary_bytes']}; building one p50 {ms((built[0] or 0) / 1000)}, p99 "
+              f"{ms((built[1] or 0) / 1000)}; {figures['relay_summaries']}")
+    passes = observed["passes"]
+    print(f"owner's diagnosis pass (its last, read at each /metrics probe): p50 {ms(percentile(passes, 0.5))}, "
+          f"max {ms(max(passes) if passes else None)}, last {ms(passes[-1] if passes else None)}")
     print(f"database {figures['db_mib']:.1f} MiB, growth {figures['db_growth_mib_per_h']:.0f} MiB/h")
     detected = observed["detected_s"]
     judged = observed["judged_s"]
