@@ -37,10 +37,11 @@ class Share:
     offset: float
     nodes: tuple[str, ...]
     job: JobSummary
+    rank_count: int
 
-    @property
-    def rank_count(self) -> int:
-        return len(self.job.ranks) + sum(len(g.members) for g in self.job.groups)
+
+def rank_count(job: JobSummary) -> int:
+    return len(job.ranks) + sum(len(g.members) for g in job.groups)
 
 
 @dataclass
@@ -74,7 +75,8 @@ class SummaryBook:
                 del shares[summary.relay]  # the relay's nodes no longer run it
                 touched.add(job_id)
         for job in summary.jobs:
-            self._shares.setdefault(job.job_id, {})[summary.relay] = Share(summary.relay, received_at, offset, nodes, job)
+            self._shares.setdefault(job.job_id, {})[summary.relay] = Share(summary.relay, received_at, offset, nodes, job,
+                                                                           rank_count(job))
             touched.add(job.job_id)
         for job_id in [j for j, shares in self._shares.items() if not shares]:
             del self._shares[job_id]

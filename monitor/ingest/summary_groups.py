@@ -29,8 +29,10 @@ DETAIL_MAX = 4
 # Settings that name the rank itself: not part of what a group shares, and not given to its members.
 PER_RANK_ENV = frozenset({"ROLE_RANK", "GROUP_RANK", "TORCHELASTIC_ERROR_FILE", "CUDA_VISIBLE_DEVICES"})
 # Fields of a view a group key takes in another form (below), or that are a rank's own.
+# The cgroup names the node's pod or slice: one group per node if it were the group's (a member is
+# given none; its CPU denied, throttling included, is its own row's).
 _OWN_OR_DERIVED = frozenset(MEMBER_FIELDS) | {"exit", "progress_times", "progress_points", "sockets", "stack",
-                                              "log_phase", "env", "step_time_s", "blocked_io"}
+                                              "log_phase", "env", "step_time_s", "blocked_io", "cgroup"}
 KEY_FIELDS = tuple(f.name for f in dataclasses.fields(RankView) if f.name not in _OWN_OR_DERIVED)
 # Times a view holds, shifted onto the owner's clock when a relay's clock is off by more than
 # CLOCK_SKEW_S; within it, a second's grain does not care.
@@ -48,26 +50,48 @@ def group_key(view: RankView) -> tuple[Any, ...]:
             None if blocked is None else blocked.syscall)
 
 
-def group_ranks(views: Iterable[RankView], node_index: dict[str, int]) -> tuple[list[RankView], list[RankGroup]]:
+# id(view) -> (the view, its group key, its member row): what the last summary worked out of each rank's
+# view. A rank that did not report since has the same view object (monitor/engine/views.rank_view),
+# so at a report every 10 s nine ranks in ten cost a lookup.
+RowMemo = dict[int, tuple[RankView, tuple[Any, ...], Member | None]]
+
+
+def group_ranks(views: Iterable[RankView], node_index: dict[str, int],
+                memo: RowMemo | None = None) -> tuple[list[RankView], list[RankGroup]]:
     """(ranks sent whole, groups). ``node_index``: node name -> its index in the summary's list,
-    added to for nodes not in it yet."""
-    groups: dict[tuple[Any, ...], list[RankView]] = {}
+    added to for nodes not in it yet. ``memo``: the last call's, replaced by this one's."""
+    groups: dict[tuple[Any, ...], list[tuple[RankView, Member | None]]] = {}
     whole: list[RankView] = []
+    known = memo if memo is not None else {}
     for view in views:
         if view.exit is not None or not view.alive:
             whole.append(view)
             continue
-        key = group_key(view)
+        hit = known.get(id(view))
+        if hit is not None and hit[0] is view:
+            key, row = hit[1], hit[2]
+        else:
+            key, row = group_key(view), None
         try:
-            groups.setdefault(key, []).append(view)
+            groups.setdefault(key, []).append((view, row))
         except TypeError:  # a field that does not hash: the rank goes whole
             whole.append(view)
     out: list[RankGroup] = []
-    for members in groups.values():
+    kept: RowMemo = {}
+    for key, members in groups.items():
         if len(members) <= DETAIL_MAX:
-            whole.extend(members)
-        else:
-            out.append(RankGroup(exemplar=members[0], members=[member_row(m, node_index) for m in members]))
+            whole.extend(view for view, _ in members)
+            continue
+        rows = []
+        for view, row in members:
+            if row is None or node_index.get(view.node) != row.node:
+                row = member_row(view, node_index)
+            rows.append(row)
+            kept[id(view)] = (view, key, row)
+        out.append(RankGroup(exemplar=members[0][0], members=rows))
+    if memo is not None:
+        memo.clear()
+        memo.update(kept)
     whole.sort(key=lambda v: v.rank)
     return whole, out
 
@@ -128,6 +152,7 @@ def expand(group: RankGroup, nodes: list[str], offset: float = 0.0) -> list[Rank
         fields["node"] = nodes[row[1]]
         fields["stack"] = held
         fields["progress_times"] = history
+        fields["cgroup"] = None
         view = new(RankView)
         set_attribute(view, "__dict__", fields)
         out.append(view)
@@ -156,9 +181,9 @@ def shift(view: RankView, offset: float) -> RankView:
 
 
 def job_summary(view: JobView, node_index: dict[str, int], last_report_at: float,
-                last_progress_at: float | None, lifecycle_revision: int) -> JobSummary:
+                last_progress_at: float | None, lifecycle_revision: int, memo: RowMemo | None = None) -> JobSummary:
     """A relay's share of a job, from its own view of the job (monitor/engine/views.job_view)."""
-    whole, groups = group_ranks(view.ranks, node_index)
+    whole, groups = group_ranks(view.ranks, node_index, memo)
     return JobSummary(
         job_id=view.job_id, world_size=view.world_size, first_seen_at=view.first_seen_at,
         last_report_at=last_report_at, last_progress_at=last_progress_at, ranks=whole, groups=groups,

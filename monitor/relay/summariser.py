@@ -19,7 +19,7 @@ from typing import Any
 from monitor.engine.engine_settings import EngineSettings
 from monitor.engine.relay_picture import HostSeen, giant_jobs, host_changes, job_share, summarised_jobs
 from monitor.engine.service import Monitor
-from monitor.ingest.summary_groups import job_summary
+from monitor.ingest.summary_groups import RowMemo, job_summary
 from monitor.ingest.summary_wire import JobSummary, Summary, encode_summary
 from monitor.storage.store import Store, StoreSettings
 from monitor.web.routes.ingest import Answer
@@ -69,6 +69,8 @@ class Summariser:
         self._owner_holds_jobs = False
         # What the summary in flight holds, kept once the owner accepts it.
         self._pending: tuple[dict[str, HostSeen], bool] | None = None
+        # Per giant job, what the last summary worked out of each rank's view (summary_groups.RowMemo).
+        self._rows: dict[str, RowMemo] = {}
 
     def close(self) -> None:
         self.store.close()
@@ -115,6 +117,8 @@ class Summariser:
         silent (the job retention), as the monitor's passes do."""
         now = self.clock() if now is None else now
         giant, fresh = giant_jobs(self.monitor, self.summarise_ranks, now)
+        for gone in self._rows.keys() - set(giant):
+            del self._rows[gone]
         if not giant and not self._owner_holds_jobs:
             return None
         node_index = {node: i for i, node in enumerate(fresh)}
@@ -124,7 +128,7 @@ class Summariser:
             if share is None:
                 continue  # forgotten meanwhile
             summarised = job_summary(share.view, node_index, share.last_report_at, share.last_progress_at,
-                                     share.lifecycle_revision)
+                                     share.lifecycle_revision, self._rows.setdefault(job_id, {}))
             for view in summarised.ranks:  # a silent node's ranks: its name must be listed too
                 node_index.setdefault(view.node, len(node_index))
             jobs.append(summarised)

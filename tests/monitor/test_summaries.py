@@ -222,3 +222,37 @@ def test_no_action_acts_on_what_a_summary_says(
             assert entry["outcome"] == "unattributed" and "summarising relays" in entry["detail"], entry
     finally:
         store.close()
+
+
+def test_ranks_alike_on_nodes_of_their_own_cgroups_are_one_group() -> None:
+    """A pod per node (Kubernetes) names each node's cgroup: not what the ranks do, so not the group's."""
+    from monitor.diagnosis.model import RankView
+    from monitor.ingest.summary_groups import group_ranks
+
+    views = [RankView(rank=r, node=f"node-{r // 8}", pid=100 + r, alive=True, observed_at=10.0, first_seen_at=1.0,
+                      proc_state="S", cpu_percent=0.5, cgroup=f"/kubepods/burstable/pod-{r // 8}") for r in range(64)]
+    node_index: dict[str, int] = {}
+    whole, groups = group_ranks(views, node_index)
+    assert whole == [] and len(groups) == 1 and len(groups[0].members) == 64
+    members = expand(groups[0], list(node_index))
+    assert members[0].cgroup is None and {m.node for m in members} == {f"node-{n}" for n in range(8)}
+
+
+def test_a_rank_whose_view_did_not_change_is_grouped_from_the_last_summary() -> None:
+    from monitor.diagnosis.model import RankView
+    from monitor.ingest.summary_groups import RowMemo, group_ranks
+
+    views = [RankView(rank=r, node=f"node-{r // 8}", pid=100 + r, alive=True, observed_at=10.0, first_seen_at=1.0,
+                      proc_state="S", cpu_percent=0.5) for r in range(32)]
+    memo: RowMemo = {}
+    first = group_ranks(views, {}, memo)
+    assert len(memo) == 32
+    assert group_ranks(views, {}, memo) == first  # the same answer, from the memo
+    # The nodes listed in another order: each row's node index follows, not the memo's.
+    order = {f"node-{n}": 3 - n for n in range(4)}
+    _, [group] = group_ranks(views, dict(order), memo)
+    assert [list(order)[3 - m.node] for m in group.members] == [v.node for v in views]
+    # A rank that reported since has a new view: its own row.
+    views[5] = dataclasses.replace(views[5], cpu_percent=0.7)
+    _, [group] = group_ranks(views, dict(order), memo)
+    assert group.members[5].cpu_percent == 0.7
