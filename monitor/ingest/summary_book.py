@@ -13,6 +13,7 @@ Not thread-safe: the engine's lock; ``shares`` hands a pass immutable pieces to 
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -25,6 +26,8 @@ RELAY_SILENT_S = 5.0
 # A relay silent this long is forgotten, its shares with it (the job retention's order).
 RELAY_FORGET_S = 600.0
 PROGRESS_KEPT = 64
+# The relay's clock offset is taken over its last this many summaries.
+SKEW_SAMPLES = 30
 PHASE_MARKS_KEPT = 64
 
 
@@ -50,6 +53,7 @@ class _Relay:
     received_at: float
     offset: float
     hosts: dict[str, HostFacts] = field(default_factory=dict)
+    skews: deque[float] = field(default_factory=deque)
 
 
 class SummaryBook:
@@ -60,13 +64,17 @@ class SummaryBook:
 
     def take(self, summary: Summary, received_at: float) -> set[str]:
         """Keep ``summary`` as its relay's latest; the ids of the jobs it touched (and those it no longer holds)."""
-        skew = received_at - summary.sent_at
-        offset = skew if abs(skew) > CLOCK_SKEW_S else 0.0
         known = self._relays.get(summary.relay)
+        # The relay's clock against this one: the least of its recent (arrival - sending) gaps, as NTP
+        # filters, since a summary of megabytes can queue a second behind a busy loop and its wait is no skew.
+        skews = known.skews if known is not None else deque(maxlen=SKEW_SAMPLES)
+        skews.append(received_at - summary.sent_at)
+        skew = min(skews)
+        offset = skew if abs(skew) > CLOCK_SKEW_S else 0.0
         restarted = known is not None and known.summary.started_at != summary.started_at
         hosts = {} if known is None or summary.hosts_full or restarted else known.hosts
         hosts.update(summary.hosts)
-        self._relays[summary.relay] = _Relay(summary, received_at, offset, hosts)
+        self._relays[summary.relay] = _Relay(summary, received_at, offset, hosts, skews)
         nodes = tuple(summary.nodes)
         touched: set[str] = set()
         held = {j.job_id for j in summary.jobs}

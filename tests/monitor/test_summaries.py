@@ -256,3 +256,18 @@ def test_a_rank_whose_view_did_not_change_is_grouped_from_the_last_summary() -> 
     views[5] = dataclasses.replace(views[5], cpu_percent=0.7)
     _, [group] = group_ranks(views, dict(order), memo)
     assert group.members[5].cpu_percent == 0.7
+
+
+@pytest.mark.parametrize("clock_behind_s, waits, offset", [
+    (0.0, [0.02, 0.03, 1.4], 0.0),  # in step: a summary queued 1.4 s is late, not skewed
+    (3.0, [0.02, 0.9, 0.05], 3.02),  # 3 s behind: the least gap is the skew
+    (-2.0, [0.3, 0.01, 1.0], -1.99),  # ahead
+])
+def test_a_relays_clock_is_read_from_its_least_gap(clock_behind_s: float, waits: list[float], offset: float) -> None:
+    from monitor.ingest.summary_book import SummaryBook
+
+    book, now = SummaryBook(), 1_000.0
+    for wait in waits:
+        now += 1.0
+        book.take(Summary(relay="r", sent_at=now - wait - clock_behind_s, started_at=0.0, nodes=[]), now)
+    assert book._relays["r"].offset == pytest.approx(offset)
