@@ -34,7 +34,9 @@ def test_junk_cannot_lock_new_jobs_out(tmp_path: Path) -> None:
     spread over reports of 63 once passed a per-report count); only the excess is refused, never
     the node's other jobs; junk sent once under many names fills the monitor, then gives its places
     to a real job once silent, while junk that keeps talking keeps its."""
-    env = {"HANGWATCH_MAX_JOBS": "10", "HANGWATCH_MAX_JOBS_PER_NODE": "4", "HANGWATCH_JOB_ROOM_SILENT_S": "2"}
+    # Silent for 5 s: long enough that the greedy node's first jobs are not silent between its posts on a
+    # loaded machine (2 s once let them go: the third post was taken), short enough to wait for below.
+    env = {"HANGWATCH_MAX_JOBS": "10", "HANGWATCH_MAX_JOBS_PER_NODE": "4", "HANGWATCH_JOB_ROOM_SILENT_S": "5"}
     with running_monitor(tmp_path, extra_env=env) as monitor, httpx.Client(base_url=monitor.base, timeout=5) as http:
         def post(node: str, *jobs: str) -> httpx.Response:
             return http.post(URL, json=report(node=node, ranks=[rank(job_id=job, rank=0) for job in jobs]))
@@ -52,7 +54,7 @@ def test_junk_cannot_lock_new_jobs_out(tmp_path: Path) -> None:
         # A new job past max_jobs is refused alone: the node's live job is still taken.
         both = post("node-real", "job-real", "job-real-2")
         assert both.status_code == 202 and both.json()["refused_jobs"]["jobs"] == ["job-real-2"], both.text
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 30
         while True:
             assert post("junk-0", "junk-0").status_code == 202  # the one that keeps talking
             both = post("node-real", "job-real", "job-real-2")
