@@ -301,18 +301,23 @@ COUNTERS = (
 SUMMARY_BYTES = "hangwatch_relay_summary_bytes "
 
 
+async def metrics_lines(port: int) -> list[str]:
+    """The lines of ``/metrics`` on ``port``."""
+    conn = HttpConnection("127.0.0.1", port)
+    try:
+        _, body = await asyncio.wait_for(conn.request("GET", "/metrics"), 30)
+    finally:
+        conn.close()
+    return body.decode().splitlines()
+
+
 async def scrape_counters(ports: list[int], relay_ports: list[int]) -> dict:
     """``COUNTERS`` summed over the monitors and the relays, and each relay's last summary's size
     (``summary_bytes_each``)."""
     out: dict = {name: 0.0 for name, _, _ in COUNTERS}
     out["summary_bytes_each"] = []
     for kind, port in [("monitors", p) for p in ports] + [("relays", p) for p in relay_ports]:
-        conn = HttpConnection("127.0.0.1", port)
-        try:
-            _, body = await asyncio.wait_for(conn.request("GET", "/metrics"), 30)
-        finally:
-            conn.close()
-        for line in body.decode().splitlines():
+        for line in await metrics_lines(port):
             for name, whose, start in COUNTERS:
                 if whose == kind and line.startswith(start):
                     out[name] += float(line.rsplit(" ", 1)[1])
@@ -326,12 +331,7 @@ async def lag_buckets(ports: list[int], bucket: str = LAG_BUCKET) -> dict[float,
     ``bucket``, another histogram of theirs (the relays' answer times)."""
     counts: dict[float, int] = {}
     for port in ports:
-        conn = HttpConnection("127.0.0.1", port)
-        try:
-            _, body = await asyncio.wait_for(conn.request("GET", "/metrics"), 30)
-        finally:
-            conn.close()
-        for line in body.decode().splitlines():
+        for line in await metrics_lines(port):
             if line.startswith(bucket):
                 bound, value = line[len(bucket):].split('"} ')
                 counts[float(bound)] = counts.get(float(bound), 0) + int(float(value))
