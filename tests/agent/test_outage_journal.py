@@ -222,7 +222,9 @@ def _deliver_after_an_outage(tmp_path: Path, port: int, db: Path, sender: Sender
             delivered_in = time.monotonic() - back
             # At its own time, from the replays (the live report after them records the present again).
             exit_change = [h for h in _history(monitor.base, "job-j") if h["verdict"] == "rank_exited"][0]
-            assert outage_started < exit_change["at"] <= exited_at + 1.5
+            # Within seconds of the exit (a loaded machine's sender journals a report late: 1.6 s was seen in
+            # a clean-clone run), long before the delivery, which comes 5 s or more after it.
+            assert outage_started < exit_change["at"] <= exited_at + 3.0
             assert exit_change["culprit_ranks"] == [1]
             # The history can show the exit before the sender is through: a report offered meanwhile
             # joins the journal until the delivery ends (through a relay, 50 ms or more a report).
