@@ -89,7 +89,8 @@ def recent_conflict(job: JobTrack, now: float) -> ClaimConflict | None:
 
 
 def note_conflict(job: JobTrack, rank: int, claimed_by: str, held_by: str, at: float, reason: str = "") -> None:
-    """Keep the refused claim on the job; the oldest conflict gives way past ``CONFLICTS_KEPT``."""
+    """Keep the refused claim on the job; the oldest conflict gives way past ``CONFLICTS_KEPT``. A new
+    conflict moves the job's lifecycle: its answer shows it at the next read, not at the next refresh."""
     conflicts = job.claim_conflicts
     known = conflicts.get(rank)
     if known is not None and (known.claimed_by, known.held_by, known.reason) == (claimed_by, held_by, reason):
@@ -99,4 +100,5 @@ def note_conflict(job: JobTrack, rank: int, claimed_by: str, held_by: str, at: f
     if rank not in conflicts and len(conflicts) >= CONFLICTS_KEPT:
         del conflicts[min(conflicts, key=lambda r: conflicts[r].last_at)]
     conflicts[rank] = ClaimConflict(rank, claimed_by, held_by, at, at, reason=reason)
+    job.lifecycle_revision += 1
 

@@ -92,12 +92,14 @@ class MonitorState:
             if beyond is not None:
                 note_conflict(job, rank_report.rank, report.node, beyond[0], received_at, reason=beyond[1])
                 self.claims_refused += 1
+                touched.add(job.job_id)  # its conflicts changed: its answer is due again
                 continue
             if rank_report.alive:
                 holder = rival_holder(job, report.node, rank_report.rank, self.nodes, received_at)
                 if holder is not None:
                     note_conflict(job, rank_report.rank, report.node, holder, received_at)
                     self.claims_refused += 1
+                    touched.add(job.job_id)
                     continue
                 conflict = job.claim_conflicts.get(rank_report.rank)
                 if conflict is not None and conflict.claimed_by == report.node:
