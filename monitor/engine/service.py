@@ -225,10 +225,9 @@ class Monitor:
                 self.full_reports_total += 1
                 if snapshot_due:
                     self.store.add_snapshot(node, received_at, msgspec.json.encode(report))
-                    self._snapshot_due[node] = received_at + self.settings.snapshot_interval_s * _spread(node)
-                elif first_full:
-                    # Its full report after a restart; the snapshot restored is less than an interval old. The
-                    # next full report is asked for an interval on, not a few seconds after this one.
+                if snapshot_due or first_full:
+                    # After a restart the snapshot restored is less than an interval old: the next full
+                    # report is asked for an interval on, not a few seconds after this one.
                     self._snapshot_due[node] = received_at + self.settings.snapshot_interval_s * _spread(node)
             # A delta builds on a picture this process may not have (it restarted, or forgot
             # the node): it asks until a full report arrives, so a lost answer costs nothing.

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from monitor.diagnosis.model import HostFacts, JobView, RankView
-from monitor.ingest.summary_groups import CLOCK_SKEW_S, expand, shift
+from monitor.ingest.summary_groups import CLOCK_SKEW_S, expand, shift, shifted_time
 from monitor.ingest.summary_wire import JobSummary, Summary
 
 # A relay silent this long: its ranks are not the present (an agent's silence threshold, and a margin).
@@ -147,7 +147,7 @@ def merged_view(base: JobView, shares: Iterable[Share], hosts: dict[str, HostFac
         relay_silent = now - share.received_at > RELAY_SILENT_S
         views: list[RankView] = [shift(v, offset) for v in job.ranks]
         for group in job.groups:
-            views.extend(expand(group, list(share.nodes), offset))
+            views.extend(expand(group, share.nodes, offset))
         for view in views:
             held = ranks.get(view.rank)
             if held is None or view.observed_at > held.observed_at:
@@ -161,18 +161,13 @@ def merged_view(base: JobView, shares: Iterable[Share], hosts: dict[str, HostFac
             silent[node] = at + offset
     jobs = [s.job for s in shares]
     offsets = [s.offset for s in shares]
-
-    def shifted(pairs_of: Iterable[tuple[float, list[float]]]) -> list[float]:
-        return [t + off for off, times in pairs_of for t in times]
-
-    progress = sorted(list(base.job_progress_times) + shifted(zip(offsets, [j.job_progress_times for j in jobs])))
+    progress = sorted(list(base.job_progress_times) + [t + s.offset for s in shares for t in s.job.job_progress_times])
     marks = sorted(list(base.phase_marks) + [(t + s.offset, p) for s in shares for t, p in s.job.phase_marks])
     pauses = dict(base.pauses_by_site)
     for job in jobs:
         for site, seconds in job.pauses_by_site:
             pauses[site] = max(pauses.get(site, 0.0), seconds)
-    working = [w for w in [base.working_since] + [j.working_since and j.working_since + o for j, o in zip(jobs, offsets)]
-               if w is not None]
+    working = [w for w in [base.working_since] + [shifted_time(s.job.working_since, s.offset) for s in shares] if w is not None]
     reasons = [j.stacks_unavailable_reason for j in jobs]
     if base.ranks:
         reasons.append(base.stacks_unavailable_reason)

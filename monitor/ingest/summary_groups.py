@@ -16,7 +16,7 @@ out, and the answer says ranks' details come from the relay's own page.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -116,7 +116,7 @@ _ROW_TIMES = tuple(i for i, f in enumerate(_ROW_FIELDS)
                    if f in ("observed_at", "first_seen_at", "state_since", "idle_since", "moved_at", "held_since"))
 
 
-def expand(group: RankGroup, nodes: list[str], offset: float = 0.0) -> list[RankView]:
+def expand(group: RankGroup, nodes: Sequence[str], offset: float = 0.0) -> list[RankView]:
     """The group's members as rank views (the owner's clock: ``offset`` added to the relay's times).
     IndexError: a member names a node the summary does not list."""
     exemplar = group.exemplar if offset == 0.0 else shift(group.exemplar, offset)
@@ -137,7 +137,7 @@ def expand(group: RankGroup, nodes: list[str], offset: float = 0.0) -> list[Rank
                 if shifted[i] is not None:
                     shifted[i] += offset
             row = tuple(shifted)
-            taken_at, progress_at = _at(taken_at, offset), _at(progress_at, offset)
+            taken_at, progress_at = shifted_time(taken_at, offset), shifted_time(progress_at, offset)
         held = stacks.get(taken_at, _NONE)
         if held is _NONE:
             held = stacks[taken_at] = stack if stack is None or taken_at is None or taken_at == stack.taken_at else \
@@ -159,7 +159,7 @@ def expand(group: RankGroup, nodes: list[str], offset: float = 0.0) -> list[Rank
     return out
 
 
-def _at(t: float | None, offset: float) -> float | None:
+def shifted_time(t: float | None, offset: float) -> float | None:
     return None if t is None else t + offset
 
 
@@ -169,8 +169,8 @@ def shift(view: RankView, offset: float) -> RankView:
         return view
     return dataclasses.replace(
         view, observed_at=view.observed_at + offset, first_seen_at=view.first_seen_at + offset,
-        state_since=_at(view.state_since, offset), idle_since=_at(view.idle_since, offset),
-        moved_at=_at(view.moved_at, offset), held_since=_at(view.held_since, offset),
+        state_since=shifted_time(view.state_since, offset), idle_since=shifted_time(view.idle_since, offset),
+        moved_at=shifted_time(view.moved_at, offset), held_since=shifted_time(view.held_since, offset),
         progress_times=tuple(t + offset for t in view.progress_times),
         progress_points=tuple((t + offset, s) for t, s in view.progress_points),
         stack=None if view.stack is None else dataclasses.replace(view.stack, taken_at=view.stack.taken_at + offset),
