@@ -183,6 +183,15 @@ class SilentMonitor:
 
 
 @pytest.fixture
+def down() -> Iterator[str]:
+    """The URL of a monitor that is down: its port bound and not listening (connections refused), held so
+    that nothing else (a silent monitor of the same test) takes it meanwhile."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", free_port()))
+        yield f"http://127.0.0.1:{held.getsockname()[1]}"
+
+
+@pytest.fixture
 def silent() -> Iterator[Callable[[], SilentMonitor]]:
     made: list[SilentMonitor] = []
 
@@ -207,10 +216,9 @@ SILENT_TIMEOUT_S = 6
 
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
 def test_an_alarm_on_one_monitor_is_shown_while_others_are_down_or_silent(
-        cmd: str, alarm_monitor: RunningMonitor, silent: Callable[[], SilentMonitor], beating) -> None:
+        cmd: str, alarm_monitor: RunningMonitor, silent: Callable[[], SilentMonitor], beating, down: str) -> None:
     beating(alarm_monitor, exited=True)
     wait_for(alarm_monitor, "job-bad", "rank_exited")
-    down = f"http://127.0.0.1:{free_port()}"
     quiet = [silent(), silent()]
     res = run(cmd, "--monitor", alarm_monitor.base, "--monitor", down, "--monitor", quiet[0].url,
               "--monitor", quiet[1].url, "--timeout", str(SILENT_TIMEOUT_S))
@@ -238,10 +246,10 @@ def test_an_alarm_on_one_monitor_is_shown_while_others_are_down_or_silent(
 
 
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
-def test_a_monitor_down_is_not_hidden_by_healthy_answers(cmd: str, healthy_monitor: RunningMonitor, beating) -> None:
+def test_a_monitor_down_is_not_hidden_by_healthy_answers(cmd: str, healthy_monitor: RunningMonitor, beating,
+                                                         down: str) -> None:
     beating(healthy_monitor, exited=False)
     wait_for(healthy_monitor, "job-ok", "healthy")
-    down = f"http://127.0.0.1:{free_port()}"
     res = run(cmd, "--monitor", down, "--monitor", healthy_monitor.base)
     assert res.returncode == EXIT_UNREACHABLE, res
     assert "job-ok" in res.stdout and "HEALTHY" in res.stdout.upper(), res
@@ -273,9 +281,9 @@ def test_diagnose_json_lists_the_monitors_that_did_not_answer(alarm_monitor: Run
 
 
 @pytest.mark.parametrize("cmd", ["diagnose", "status"])
-def test_an_unknown_job_with_a_monitor_down_is_unreachable_not_unknown(cmd: str, healthy_monitor: RunningMonitor) -> None:
+def test_an_unknown_job_with_a_monitor_down_is_unreachable_not_unknown(cmd: str, healthy_monitor: RunningMonitor,
+                                                                       down: str) -> None:
     post_jobs(healthy_monitor, exited=False)
-    down = f"http://127.0.0.1:{free_port()}"
     res = run(cmd, "--monitor", healthy_monitor.base, "--monitor", down, "--job", "no-such-job")
     # The monitor that is down may hold it: not "unknown" (3), but "could not ask every monitor" (2).
     assert res.returncode == EXIT_UNREACHABLE and res.stdout == "", res
