@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from monitor.diagnosis.model import RankView
 from monitor.diagnosis.phases import current_phase, phase_of
-from monitor.diagnosis.stacks import WaitPoint, top_python_frame, wait_point
+from monitor.diagnosis.stacks import WaitPoint, top_frame_text, wait_point
 
 # Two ranks sharing a core each show ~50%; a rank waiting or sleeping stays near 0-15%.
 BUSY_CPU_PERCENT = 25.0
@@ -97,8 +97,7 @@ def classify(rank: RankView, fresh_after: float | None) -> Activity:
     stack = rank.stack
     if stack is not None and fresh_after is not None and stack.taken_at < fresh_after:
         stack = None
-    top = top_python_frame(stack)
-    top_text = top.where() if top else None
+    top_text = top_frame_text(stack)
     if not rank.alive:
         failed = rank.exit is not None and rank.exit.failed
         return Activity(rank, "failed" if failed else "exited", top_frame=top_text)

@@ -6,6 +6,8 @@ with them. Only the main thread is looked at: that is where training code runs.
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -104,8 +106,9 @@ class WaitPoint:
     call_site: str  # "train.py:50"
     detail: str  # human text: "all_reduce called from sync_grads (train.py:50)"
 
-    @property
+    @functools.cached_property
     def site(self) -> str:
+        # Worked out once per wait point: a pass over a giant job asks each rank's (shared) point twice.
         return f"{self.kind}@{self.call_site}"
 
     @property
@@ -164,6 +167,21 @@ def top_python_frame(stack: Stack | None) -> Frame | None:
     if known is not _MISSING:
         return known  # type: ignore[return-value]
     return memo(stack, "top", lambda: next(iter(python_frames(stack)), None))
+
+
+def top_frame_text(stack: Stack | None) -> str | None:
+    """``top_python_frame(stack).where()``, worked out once per stack."""
+    if stack is None:
+        return None
+    known = _memo_hit(stack, "top_text")
+    if known is not _MISSING:
+        return known  # type: ignore[return-value]
+
+    def text() -> str | None:
+        top = top_python_frame(stack)
+        return top.where() if top is not None else None
+
+    return memo(stack, "top_text", text)
 
 
 def _caller(frames: list[Frame], start: int) -> Frame | None:

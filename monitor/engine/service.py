@@ -37,7 +37,7 @@ from monitor.engine.rank_timeline import RankTimeline
 from monitor.engine.verdict_ledger import VerdictLedger
 from monitor.ingest.state import MonitorState
 from monitor.ingest.summary_book import merged_view
-from monitor.ingest.summary_wire import Summary
+from monitor.ingest.summary_wire import DETAIL_RANKS_MAX, Summary
 from monitor.engine.incidents import ENDS_INCIDENT, SuspectNode, incidents, suspect_nodes
 from monitor.engine.actions.orders import AgentOrders, ReportedPids
 from monitor.engine.actions.policy import Culprit, JobFacts
@@ -247,7 +247,11 @@ class Monitor:
         with self._lock:
             answer, touched = self._summaries.take(summary, received_at, self._state)
             self._dirty |= touched & self._state.jobs.keys()
-        return answer
+            # The ranks the job's answer names (its culprits) come whole from here on: a member of a group
+            # carries no sockets, progress history or settings of its own, and those are their evidence.
+            named = {job.job_id: sorted(result.diagnosis.culprit_ranks)[:DETAIL_RANKS_MAX] for job in summary.jobs
+                     if (result := self._results.get(job.job_id)) is not None and result.diagnosis.culprit_ranks}
+        return dataclasses.replace(answer, detail=named) if named else answer
 
     def _rank_count(self, job: JobTrack) -> int:
         """The job's ranks: those reported here, and those relays summarise."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from monitor.ingest.job_track import JobTrack
 from monitor.ingest.limits import Limits
@@ -31,6 +31,8 @@ class SummaryAnswer:
     # Ask the relay for every host's facts in its next summary (this process has none of them yet).
     hosts_full: bool
     jobs: int
+    # Ranks to send whole from now on, per job (summary_wire.detail_request): those the job's answer names.
+    detail: dict[str, list[int]] = field(default_factory=dict)
 
 
 def check_summary(summary: Summary, limits: Limits) -> str | None:

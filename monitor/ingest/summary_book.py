@@ -148,13 +148,16 @@ def merged_view(base: JobView, shares: Iterable[Share], hosts: dict[str, HostFac
         views: list[RankView] = [shift(v, offset) for v in job.ranks]
         for group in job.groups:
             views.extend(expand(group, share.nodes, offset))
-        for view in views:
-            held = ranks.get(view.rank)
-            if held is None or view.observed_at > held.observed_at:
-                ranks[view.rank] = view
-            job_nodes.add(view.node)
-            if relay_silent and view.alive:
-                silent[view.node] = min(silent.get(view.node, share.received_at), share.received_at)
+        # Whole dicts and sets made in C: a share is thousands of ranks, seldom any also held elsewhere.
+        fresh = {view.rank: view for view in views}
+        for rank in fresh.keys() & ranks.keys():
+            if fresh[rank].observed_at <= ranks[rank].observed_at:
+                del fresh[rank]  # the newer view of a rank two sources hold wins
+        ranks.update(fresh)
+        job_nodes.update({view.node for view in views})
+        if relay_silent:
+            for node in {view.node for view in views if view.alive}:
+                silent[node] = min(silent.get(node, share.received_at), share.received_at)
         if not relay_silent:
             reporting.update(share.nodes)
         for node, at in job.silent_nodes:
@@ -179,7 +182,7 @@ def merged_view(base: JobView, shares: Iterable[Share], hosts: dict[str, HostFac
         base,
         world_size=max([base.world_size if base.ranks or base.launchers else 0] + [j.world_size for j in jobs]),
         first_seen_at=min([base.first_seen_at] + [j.first_seen_at + o for j, o in zip(jobs, offsets)]),
-        ranks=tuple(ranks[r] for r in sorted(ranks)),
+        ranks=tuple([ranks[r] for r in sorted(ranks)]),
         job_progress_times=tuple(progress[-PROGRESS_KEPT:]),
         job_step=max(steps, default=None),
         known_wait_sites=base.known_wait_sites.union(*(j.known_wait_sites for j in jobs)),

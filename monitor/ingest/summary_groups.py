@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import msgspec
@@ -56,15 +57,16 @@ def group_key(view: RankView) -> tuple[Any, ...]:
 RowMemo = dict[int, tuple[RankView, tuple[Any, ...], Member | None]]
 
 
-def group_ranks(views: Iterable[RankView], node_index: dict[str, int],
-                memo: RowMemo | None = None) -> tuple[list[RankView], list[RankGroup]]:
+def group_ranks(views: Iterable[RankView], node_index: dict[str, int], memo: RowMemo | None = None,
+                detail: AbstractSet[int] = frozenset()) -> tuple[list[RankView], list[RankGroup]]:
     """(ranks sent whole, groups). ``node_index``: node name -> its index in the summary's list,
-    added to for nodes not in it yet. ``memo``: the last call's, replaced by this one's."""
+    added to for nodes not in it yet. ``memo``: the last call's, replaced by this one's. ``detail``:
+    ranks the owner asked to have whole (summary_wire.detail_request)."""
     groups: dict[tuple[Any, ...], list[tuple[RankView, Member | None]]] = {}
     whole: list[RankView] = []
     known = memo if memo is not None else {}
     for view in views:
-        if view.exit is not None or not view.alive:
+        if view.exit is not None or not view.alive or view.rank in detail:
             whole.append(view)
             continue
         hit = known.get(id(view))
@@ -181,9 +183,11 @@ def shift(view: RankView, offset: float) -> RankView:
 
 
 def job_summary(view: JobView, node_index: dict[str, int], last_report_at: float,
-                last_progress_at: float | None, lifecycle_revision: int, memo: RowMemo | None = None) -> JobSummary:
-    """A relay's share of a job, from its own view of the job (monitor/engine/views.job_view)."""
-    whole, groups = group_ranks(view.ranks, node_index, memo)
+                last_progress_at: float | None, lifecycle_revision: int, memo: RowMemo | None = None,
+                detail: AbstractSet[int] = frozenset()) -> JobSummary:
+    """A relay's share of a job, from its own view of the job (monitor/engine/views.job_view);
+    ``detail``: its ranks the owner asked to have whole."""
+    whole, groups = group_ranks(view.ranks, node_index, memo, detail)
     return JobSummary(
         job_id=view.job_id, world_size=view.world_size, first_seen_at=view.first_seen_at,
         last_report_at=last_report_at, last_progress_at=last_progress_at, ranks=whole, groups=groups,

@@ -10,6 +10,10 @@ ranks that stand out (a group of a few, an exited rank) go as full views of thei
 merges the summaries of its relays into the job's view and runs its rules as for any job
 (monitor/ingest/summary_groups.py, monitor/ingest/summary_book.py).
 
+The owner's answer to a summary may ask for ranks in ``detail`` ({job id: [rank, ...]}): the ranks its
+answer names (a verdict's culprits), which the relay sends whole from then on, sockets, progress
+history and settings included, for as long as the owner asks (``detail_request``).
+
 Times are the relay's clock; the owner shifts them by ``received_at - sent_at`` past a skew that
 matters at a second's grain. Everything here is checked against the monitor's limits before it
 reaches a rule (monitor/engine/summaries.py): a summary is data from another process.
@@ -105,6 +109,26 @@ class Summary(msgspec.Struct, frozen=True):
     # The facts of the hosts that changed since the summary before (all of them when ``hosts_full``).
     hosts: dict[str, HostFacts] = {}
     hosts_full: bool = False
+
+
+# The most ranks of one job the owner asks to have whole, and the most jobs it asks for at once.
+DETAIL_RANKS_MAX = 64
+DETAIL_JOBS_MAX = 64
+
+
+def detail_request(asked: object, job_ids: set[str]) -> dict[str, frozenset[int]]:
+    """The ranks the owner's answer asks to have whole, per job of ``job_ids`` (the summary's): its
+    ``detail`` field read with care, what does not fit left out, and at most DETAIL_RANKS_MAX ranks a job."""
+    if not isinstance(asked, dict):
+        return {}
+    out: dict[str, frozenset[int]] = {}
+    for job_id, ranks in list(asked.items())[:DETAIL_JOBS_MAX]:
+        if job_id not in job_ids or not isinstance(ranks, list):
+            continue
+        wanted = frozenset(r for r in ranks[:DETAIL_RANKS_MAX] if type(r) is int and r >= 0)
+        if wanted:
+            out[job_id] = wanted
+    return out
 
 
 def decode_summary(body: bytes) -> Summary:

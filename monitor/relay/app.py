@@ -198,10 +198,11 @@ class RelayApp:
                                  f"{response.text[:200]}")
             return
         try:
-            hosts_full = orjson.loads(response.content).get("hosts_full") is True
+            answer = orjson.loads(response.content)
+            hosts_full, detail = answer.get("hosts_full") is True, answer.get("detail")
         except (orjson.JSONDecodeError, AttributeError):
-            hosts_full = True  # an answer not understood: every host's facts again cannot be wrong
-        self.summariser.answered(hosts_full)
+            hosts_full, detail = True, None  # an answer not understood: every host's facts again cannot be wrong
+        self.summariser.answered(hosts_full, detail)
         self.summaries["sent"] += 1
         if self._summary_problem is not None:
             log.warning("the monitor at %s takes summaries again", owner)

@@ -20,7 +20,7 @@ from monitor.engine.engine_settings import EngineSettings
 from monitor.engine.relay_picture import HostSeen, giant_jobs, host_changes, job_share, summarised_jobs
 from monitor.engine.service import Monitor
 from monitor.ingest.summary_groups import RowMemo, job_summary
-from monitor.ingest.summary_wire import JobSummary, Summary, encode_summary
+from monitor.ingest.summary_wire import JobSummary, Summary, detail_request, encode_summary
 from monitor.storage.store import Store, StoreSettings
 from monitor.web.routes.ingest import Answer
 
@@ -68,9 +68,11 @@ class Summariser:
         self._send_all_hosts = True
         self._owner_holds_jobs = False
         # What the summary in flight holds, kept once the owner accepts it.
-        self._pending: tuple[dict[str, HostSeen], bool] | None = None
+        self._pending: tuple[dict[str, HostSeen], set[str]] | None = None
         # Per giant job, what the last summary worked out of each rank's view (summary_groups.RowMemo).
         self._rows: dict[str, RowMemo] = {}
+        # Per giant job, the ranks the owner's last answer asked to have whole (summary_wire.detail_request).
+        self._detail: dict[str, frozenset[int]] = {}
 
     def close(self) -> None:
         self.store.close()
@@ -128,12 +130,13 @@ class Summariser:
             if share is None:
                 continue  # forgotten meanwhile
             summarised = job_summary(share.view, node_index, share.last_report_at, share.last_progress_at,
-                                     share.lifecycle_revision, self._rows.setdefault(job_id, {}))
+                                     share.lifecycle_revision, self._rows.setdefault(job_id, {}),
+                                     self._detail.get(job_id, frozenset()))
             for view in summarised.ranks:  # a silent node's ranks: its name must be listed too
                 node_index.setdefault(view.node, len(node_index))
             jobs.append(summarised)
         hosts, seen = host_changes(self.monitor, node_index, self._sent_hosts, self._send_all_hosts)
-        self._pending = (seen, bool(jobs))
+        self._pending = (seen, {j.job_id for j in jobs})
         return Summary(relay=self.name, sent_at=self.clock(), started_at=self.started_at, nodes=list(node_index),
                        jobs=jobs, hosts=hosts, hosts_full=self._send_all_hosts)
 
@@ -142,12 +145,16 @@ class Summariser:
         summary = self.summary()
         return None if summary is None else encode_summary(summary)
 
-    def answered(self, hosts_full: bool) -> None:
-        """The owner accepted the last summary; ``hosts_full``: it asks for every host's facts next."""
+    def answered(self, hosts_full: bool, detail: object = None) -> None:
+        """The owner accepted the last summary; ``hosts_full``: it asks for every host's facts next;
+        ``detail``: its answer's ranks to send whole (summary_wire.detail_request), kept until the next answer."""
+        jobs: set[str] = set()
         if self._pending is not None:
-            self._sent_hosts, self._owner_holds_jobs = self._pending
+            self._sent_hosts, jobs = self._pending
+            self._owner_holds_jobs = bool(jobs)
         self._pending = None
         self._send_all_hosts = hosts_full
+        self._detail = detail_request(detail, jobs)
 
 
 def merge_answer(owner: dict[str, Any], local: dict[str, Any]) -> dict[str, Any]:

@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from monitor_reports import frame, rank, report, stack
-from monitor_testkit import FakeClock
+from monitor_reports import frame, progress, rank, report, socket, stack
+from monitor_testkit import FakeClock, TestClient, monitor_of
 from real_monitor import metric, running_monitor, running_relay
 
 from monitor.ingest.fastwire import decode_for_forwarding
-from monitor.ingest.summary_wire import Summary, decode_summary, encode_summary
+from monitor.ingest.summary_wire import Summary, decode_summary, detail_request, encode_summary
 from monitor.relay.summariser import Summariser, merge_answer
 from monitor.web.routes.ingest import Answer
 
@@ -227,3 +227,66 @@ def test_a_summarising_relay_answers_its_agents_and_the_monitor_sees_every_rank(
         # Only node-0's report (the small job's rank) went on to the monitor each round; the rest stayed here.
         assert metric(relay.base, "hangwatch_relay_reports_total", outcome="answered") == rounds
         assert "Traceback" not in relay.log_text() and "Traceback" not in monitor.log_text()
+
+
+@pytest.mark.parametrize("asked, expected", [
+    ({GIANT: [3, 5]}, {GIANT: frozenset({3, 5})}),
+    ({GIANT: [3], "another-job": [1]}, {GIANT: frozenset({3})}),  # a job the summary did not hold
+    ({GIANT: [-1, "7", 2.0, True, None, 4]}, {GIANT: frozenset({4})}),  # only ranks
+    ({GIANT: list(range(1000))}, {GIANT: frozenset(range(64))}),  # at most DETAIL_RANKS_MAX
+    ({GIANT: 3}, {}), ([GIANT], {}), ("detail", {}), (None, {}), ({GIANT: []}, {}),
+])
+def test_the_owners_request_for_detail_is_read_with_care(asked: object, expected: dict) -> None:
+    assert detail_request(asked, {GIANT}) == expected
+
+
+def test_the_ranks_the_owners_answer_names_come_whole_from_the_relay(
+        summariser: Summariser, clock: FakeClock, client: TestClient) -> None:
+    """Every rank parked in the same all_reduce, one of them stopped stepping first: the culprit is a
+    member of the one big group, so the owner asks for it and the relay sends it whole, its sockets
+    and progress history with it."""
+    first, steps_stopped = 6, clock.now + 5
+
+    def feed_progress() -> None:
+        for node in range(NODES):
+            ranks = []
+            for r in range(node * PER_NODE, node * PER_NODE + PER_NODE):
+                last = min(clock.now, steps_stopped - (3 if r == first else 0))
+                recent = [(last - 2 * k, 100 - k) for k in (2, 1, 0)]
+                ranks.append(rank(job_id=GIANT, rank=r, world_size=WORLD, pid=10_000 + r, cpu_percent=0.5,
+                                  stack=stack(clock.now - 0.5), progress=progress(events=100, step=100, recent=recent),
+                                  sockets=[socket(f"10.0.0.{node + 2}:{41_000 + r}", GIANT)]))
+            taken = summariser.take(decoded(report(node=f"node-{node}", ranks=ranks, sent_at=clock.now)), False)
+            assert taken.answer is not None and taken.answer["accepted"], taken
+
+    def summarise() -> tuple[Summary, dict[str, Any]]:
+        summary = wire(summariser.summary())
+        answer = client.post("/api/v1/summaries", content=encode_summary(summary),
+                             headers={"content-type": "application/json"})
+        assert answer.status_code == 202, answer.text
+        return summary, answer.json()
+
+    clock.advance(6)
+    feed_progress()
+    summary, answer = summarise()
+    assert [v.rank for v in summary.jobs[0].ranks] == [] and "detail" not in answer  # no culprit yet: one group
+    summariser.answered(answer["hosts_full"], answer.get("detail"))
+    clock.advance(12)  # parked past the pace of their steps
+    feed_progress()
+    summary, answer = summarise()
+    [job] = client.get("/diagnose", params={"format": "json", "job": GIANT}).json()["jobs"]
+    assert (job["verdict"], job["culprit_ranks"]) == ("deadlock", [first]), job["summary"]
+    # The culprit was a member of the group: no sockets of its own at the owner until it comes whole.
+    assert [v.rank for v in summary.jobs[0].ranks] == []
+    summary, answer = summarise()  # the owner's answer names it now
+    assert answer["detail"] == {GIANT: [first]}
+    summariser.answered(answer["hosts_full"], answer["detail"])
+    summary, _ = summarise()
+    [culprit] = summary.jobs[0].ranks
+    assert culprit.rank == first and [s.local for s in culprit.sockets] == [f"10.0.0.3:{41_000 + first}"]
+    assert len(culprit.progress_times) == 3
+    assert first not in {m.rank for g in summary.jobs[0].groups for m in g.members}
+    [result] = monitor_of(client).results(job_id=GIANT)
+    assert [s.local for s in next(v for v in result.view.ranks if v.rank == first).sockets] == [
+        f"10.0.0.3:{41_000 + first}"]
+    assert result.diagnosis.culprit_ranks == (first,)

@@ -49,4 +49,7 @@ async def post_summary(request: Request, monitor: MonitorDep, settings: Settings
         answer = monitor.ingest_summary(summary)
     except ValueError as exc:
         return JSONResponse({"accepted": False, "detail": str(exc)[:1000]}, 422)
-    return JSONResponse({"accepted": True, "jobs": answer.jobs, "hosts_full": answer.hosts_full}, 202)
+    out = {"accepted": True, "jobs": answer.jobs, "hosts_full": answer.hosts_full}
+    if answer.detail:
+        out["detail"] = answer.detail  # ranks to send whole (summary_wire.detail_request)
+    return JSONResponse(out, 202)
