@@ -33,9 +33,9 @@ def giant_jobs(monitor: Monitor, min_world_size: int, now: float) -> tuple[list[
     """(the ids of the jobs of at least ``min_world_size`` ranks of world size, the nodes whose
     reports say what is true now), after forgetting what ended or fell silent past the job
     retention, as the monitor's passes do (the relay runs none)."""
+    monitor.forget_stale(now)  # what a pass would forget, the engine's per-node maps included
     with monitor._lock:
         state = monitor._state
-        state.prune(now, monitor.settings.job_retention_s)
         giant = [job_id for job_id, job in state.jobs.items() if job.world_size >= min_world_size]
         return giant, sorted(n for n, track in state.nodes.items() if is_fresh(track, now))
 

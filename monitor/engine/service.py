@@ -427,6 +427,38 @@ class Monitor:
                 return True
         return False
 
+    def forget_stale(self, now: float) -> list[str]:
+        """Forget what ended or fell silent past the job retention, and everything kept per job and
+        per node with it; the ids of the jobs left. Each pass starts with it; a summarising relay,
+        which runs no passes, calls it before each summary."""
+        with self._lock:
+            return self._forget_stale(now)
+
+    def _forget_stale(self, now: float) -> list[str]:
+        self._state.prune(now, self.settings.job_retention_s)
+        # Silence means nothing until the monitor has listened that long (see ``refusal``).
+        if now - self.started_at > self.limits.job_room_silent_s:
+            self._silent_budget.enforce(self._state, now, self.limits.job_room_silent_s)
+        known = set(self._state.jobs)
+        # What the monitor keeps per job goes with the job.
+        for per_job in (self._results, self._revisions, self._settled):
+            for gone in set(per_job) - known:
+                del per_job[gone]
+        self._ledger.keep_only(known, now)
+        if self.actions is not None:
+            self.actions.keep_only(known)
+        if self.captures is not None:
+            self.captures.keep_only(known)
+        self.orders.expire(now)
+        self._timeline.forget(self._state.jobs)
+        self._dirty &= known
+        self._dirty |= self._summaries.forget(now, known) & known
+        # A node silent past the job retention (its jobs forgotten) starts over with a full report.
+        self._full_seen &= {n for n, t in self._state.nodes.items() if now - t.last_report_at <= self.settings.job_retention_s}
+        for gone in self._snapshot_due.keys() - self._state.nodes.keys():
+            del self._snapshot_due[gone]  # else every node name ever heard stays here
+        return list(self._state.jobs)
+
     def tick(self, now: float | None = None) -> None:
         """One diagnosis pass over every job, so verdict changes are recorded even while nobody asks."""
         for step in self.tick_steps(now):
@@ -440,29 +472,7 @@ class Monitor:
         now = self.clock() if now is None else now
         started = time.perf_counter()
         with self._lock:
-            self._state.prune(now, self.settings.job_retention_s)
-            # Silence means nothing until the monitor has listened that long (see ``refusal``).
-            if now - self.started_at > self.limits.job_room_silent_s:
-                self._silent_budget.enforce(self._state, now, self.limits.job_room_silent_s)
-            known = set(self._state.jobs)
-            # What the monitor keeps per job goes with the job.
-            for per_job in (self._results, self._revisions, self._settled):
-                for gone in set(per_job) - known:
-                    del per_job[gone]
-            self._ledger.keep_only(known, now)
-            if self.actions is not None:
-                self.actions.keep_only(known)
-            if self.captures is not None:
-                self.captures.keep_only(known)
-            self.orders.expire(now)
-            self._timeline.forget(self._state.jobs)
-            self._dirty &= known
-            self._dirty |= self._summaries.forget(now, known) & known
-            # A node silent past the job retention (its jobs forgotten) starts over with a full report.
-            self._full_seen &= {n for n, t in self._state.nodes.items() if now - t.last_report_at <= self.settings.job_retention_s}
-            for gone in self._snapshot_due.keys() - self._state.nodes.keys():
-                del self._snapshot_due[gone]  # else every node name ever heard stays here
-            ids = list(self._state.jobs)
+            ids = self._forget_stale(now)
         step_started = time.perf_counter()
         for job_id in ids:
             with self._lock:

@@ -18,6 +18,7 @@ from monitor_testkit import FakeClock, TestClient, monitor_of
 from real_monitor import metric, running_monitor, running_relay
 
 from monitor.ingest.fastwire import decode_for_forwarding
+from monitor.ingest.retention import SILENT_NODE_KEPT_S
 from monitor.ingest.summary_wire import Summary, decode_summary, detail_request, encode_summary
 from monitor.relay.summariser import Summariser, merge_answer
 from monitor.web.routes.ingest import Answer
@@ -290,3 +291,18 @@ def test_the_ranks_the_owners_answer_names_come_whole_from_the_relay(
     assert [s.local for s in next(v for v in result.view.ranks if v.rank == first).sockets] == [
         f"10.0.0.3:{41_000 + first}"]
     assert result.diagnosis.culprit_ranks == (first,)
+
+
+def test_a_relay_forgets_nodes_and_jobs_silent_past_the_retention_as_a_monitor_does(
+        summariser: Summariser, clock: FakeClock) -> None:
+    clock.advance(1)
+    feed(summariser, clock)
+    assert wire(summariser.summary()).jobs
+    engine = summariser.monitor
+    assert engine._snapshot_due.keys() == {f"node-{n}" for n in range(NODES)}
+    clock.advance(max(engine.settings.job_retention_s, SILENT_NODE_KEPT_S) + 60)
+    summary = summariser.summary()
+    assert summary is None or not summary.jobs
+    # A relay runs no passes: what a pass forgets is forgotten before each summary instead, or every
+    # node ever heard would stay in the engine's per-node maps.
+    assert not engine._snapshot_due and not engine._full_seen and not engine._state.nodes
