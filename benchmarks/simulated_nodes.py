@@ -70,6 +70,8 @@ class SimulatedNode:
     _stacks: dict[int, dict] = field(default_factory=dict)
     _next_dump: dict[int, float] = field(default_factory=dict)
     _cpu_seconds: float = 0.0
+    # The node's report before: a rank's CPU is over the interval since (agent/procstat.py).
+    _reported_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -78,11 +80,13 @@ class SimulatedNode:
     def report(self, now: float) -> dict:
         """The full report the agent's runner builds (the sender may turn it into a delta)."""
         self._advance(now)
-        return {"schema_version": 1, "node": self.name, "sent_at": now,
+        body = {"schema_version": 1, "node": self.name, "sent_at": now,
                 "agent": {"version": "0.1.0", "pid": 100 + self.index, "interval_s": 1.0, "py_spy": "ok"},
                 "host": self._host(),
                 "collectors": [{"name": n, "ok": True, "duration_s": 0.002} for n in ("procs", "logs", "stacks")],
                 "ranks": [self._rank(i, now) for i in range(RANKS_PER_NODE)]}
+        self._reported_at = now
+        return body
 
     def _stuck(self, now: float) -> bool:
         return self.deadlocked_at is not None and now >= self.deadlocked_at
@@ -103,12 +107,18 @@ class SimulatedNode:
         return STEP_S * (STRAGGLER_FACTOR if self._straggling(at) else 1.0)
 
     def _cpu(self, rank: int, now: float) -> float:
-        if self._stuck(now):
-            return 0.4
         busy = random.uniform(90, 99)
         if self._straggling(now) and rank != self.straggler_rank:
-            return busy / STRAGGLER_FACTOR  # the rest of each step waits for the straggler
-        return busy
+            busy /= STRAGGLER_FACTOR  # the rest of each step waits for the straggler
+        if not self._stuck(now):
+            return busy
+        # Averaged over the interval since the node's report before, as the agent measures it: the
+        # first reading after the fault is partly of the time before it.
+        began = self._reported_at
+        if began is None or self.deadlocked_at is None or began >= self.deadlocked_at:
+            return 0.4
+        worked = (self.deadlocked_at - began) / (now - began)
+        return busy * worked + 0.4 * (1 - worked)
 
     def _rank(self, local: int, now: float) -> dict:
         rank = self.first_rank + local

@@ -179,6 +179,9 @@ class RankView:
     proc_state: str | None = None
     state_since: float | None = None
     cpu_percent: float | None = None
+    # The start of the interval ``cpu_percent`` covers (the rank's report before; None: its first): a
+    # reading from an agent that reports every 10 s may be mostly of the time before a stall began.
+    cpu_since: float | None = None
     # The median of its CPU percent over the last half-minute of reports (monitor.ingest.tracks): the work
     # it does per second, steady enough to compare ranks by. None until the window is full enough.
     cpu_level_percent: float | None = None

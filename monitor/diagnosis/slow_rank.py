@@ -35,12 +35,19 @@ from monitor.diagnosis.model import Diagnosis
 
 # A rank's level (monitor.ingest.tracks keeps it): the median of its per-report CPU over a window
 # (model.CPU_LEVEL_WINDOW_S by default, the monitor's straggler_window_s setting), worked out again
-# every CPU_LEVEL_EVERY of the window once CPU_LEVEL_MIN_SAMPLES per second of window span at
-# least CPU_LEVEL_MIN_SPAN of it. (A median of 30 values per report and rank would cost a
+# every CPU_LEVEL_EVERY of the window once half the reports it should hold (CPU_LEVEL_MIN_SAMPLES)
+# span at least CPU_LEVEL_MIN_SPAN of it. (A median of 30 values per report and rank would cost a
 # 10,000-rank job 30 ms a second; a level 5 s old is fresh enough for a half-minute judgement.)
+# - The window spans at least CPU_LEVEL_MIN_REPORTS of the rank's own report intervals: at one report
+#   every 10 s a half-minute holds 3 or 4 samples, too few for a level, and a median that one new
+#   sample moves. Past the straggler window, over which this rule checks the job's steps, such a
+#   stretched window gives no level while a pause of the job lies inside it.
+# - A level is not worked out again until the job has stepped since the last time: a deadlock's first
+#   samples would move the levels of the ranks whose nodes reported since it, not yet the others'.
 CPU_LEVEL_EVERY = 1 / 6
 CPU_LEVEL_MIN_SAMPLES = 0.5
 CPU_LEVEL_MIN_SPAN = 2 / 3
+CPU_LEVEL_MIN_REPORTS = 8
 
 # The slow rank does at least this much more work per second than the others' median ...
 MIN_RATIO = 1.2

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from hangwatch_common.name_lists import nodes_text
-from monitor.diagnosis.activity import Activity
+from monitor.diagnosis.activity import BUSY_CPU_PERCENT, Activity
 from monitor.diagnosis.context import Context, describe_all, progress_evidence, ranks_text, wait_verb
 from monitor.diagnosis.flight_recorder import with_flight_recorder
 from monitor.diagnosis.held import phase_void, stuck_in_io, stuck_io_text
@@ -216,12 +216,34 @@ def stall(ctx: Context, since: float | None) -> Diagnosis:
     return with_flight_recorder(ctx.job, result, since, superseded=(SAME_COLLECTIVE_HINT,))
 
 
+def busy_since_stall(a: Activity, since: float | None) -> bool:
+    """Whether a computing rank's CPU reading shows it at work after the stall began. The agent
+    measures CPU over the interval since its report before: at one report every 10 s, the reading of
+    a rank whose node has not reported since the fault is mostly of the time before it, and would
+    name it a straggler among ranks already parked. Taken as fully busy before ``since``, the reading
+    must still show BUSY_CPU_PERCENT after it; one wholly from before says nothing yet."""
+    rank = a.rank
+    began, cpu = rank.cpu_since, rank.cpu_percent
+    if a.kind != "computing" or since is None or began is None or began >= since or cpu is None:
+        return True
+    after = rank.observed_at - since
+    if after <= 0:
+        return False
+    work_after = cpu / 100 * (rank.observed_at - began) - (since - began)
+    return work_after >= after * BUSY_CPU_PERCENT / 100
+
+
 def _stall(ctx: Context, since: float | None) -> Diagnosis:
     live = ctx.live()
     waiting = [a for a in live if a.waiting]
-    busy = [a for a in live if a.busy]
+    busy, unknown = [], []
+    for a in live:
+        if a.kind == "unknown":
+            unknown.append(a)
+        elif a.busy:
+            # A reading from before the stall is no evidence of work now: unknown until the next report.
+            (busy if busy_since_stall(a, since) else unknown).append(a)
     idle = [a for a in live if a.kind == "idle"]
-    unknown = [a for a in live if a.kind == "unknown"]
     evidence = progress_evidence(ctx) + describe_all(live)
 
     # Ranks that finished an evaluation or wait for a rank-0 checkpoint are expected to

@@ -57,6 +57,7 @@ def _build_rank_view(track: RankTrack) -> RankView:
         cpu_percent=rr.cpu_percent,
         cpu_level_percent=track.cpu.value,
         idle_since=track.idle_since,
+        cpu_since=track.cpu_since,
         write_bytes_per_s=rr.write_bytes_per_s,
         moved_at=track.moved_at,
         step=rr.progress.step if rr.progress else None,

@@ -99,10 +99,13 @@ def apply_rank(
     main_cpu = rr.threads.main_cpu_percent if rr.threads is not None else None
     if main_cpu is not None and main_cpu > 0:
         track.main_moved_at = received_at
+    # Levels move only while the job steps (monitor.ingest.tracks.Level): its latest step so far.
+    progressed_at = job.last_progress_at
     if rr.sched is not None:
-        _apply_sched(track, rr.sched, received_at, cpu_level_window_s)
+        _apply_sched(track, rr.sched, received_at, cpu_level_window_s, progressed_at)
     if rr.cpu_percent is not None:
-        track.cpu.add(received_at, rr.cpu_percent, cpu_level_window_s)
+        track.cpu_since = previous_observed  # the agent measures CPU over the interval since its report before
+        track.cpu.add(received_at, rr.cpu_percent, cpu_level_window_s, progressed_at)
         # Idle is neither computing nor moving data: a rank sending over a slow link or
         # writing a checkpoint at low CPU is at work.
         if rr.cpu_percent < IDLE_CPU_PERCENT and not moving:
@@ -138,7 +141,6 @@ def apply_rank(
             job.mark_phase(track.stack.taken_at, phase)
         site = wait_site(track.stack, rr.cpu_percent)
         track.pending_wait_site = site
-        progressed_at = job.last_progress_at
         if site and progressed_at is not None and track.stack.taken_at < progressed_at:
             # A stack that arrives after the step it preceded: a regular sync point already.
             _learn(job, track, site)
@@ -176,12 +178,13 @@ def apply_rank(
         apply_progress(job, track, node, rr.progress, received_at, offset)
 
 
-def _apply_sched(track: RankTrack, sched: SchedReport, received_at: float, window_s: float) -> None:
+def _apply_sched(track: RankTrack, sched: SchedReport, received_at: float, window_s: float,
+                 progressed_at: float | None) -> None:
     """The CPU denied to the rank over the agent's last interval, into its levels."""
     if sched.run_queue_wait_percent is not None:
-        track.run_queue_wait.add(received_at, sched.run_queue_wait_percent, window_s)
+        track.run_queue_wait.add(received_at, sched.run_queue_wait_percent, window_s, progressed_at)
     if sched.cpu_throttled_percent is not None:
-        track.cpu_throttled.add(received_at, sched.cpu_throttled_percent, window_s)
+        track.cpu_throttled.add(received_at, sched.cpu_throttled_percent, window_s, progressed_at)
     if sched.cgroup:
         track.cgroup = sched.cgroup
 

@@ -104,7 +104,7 @@ def member_row(view: RankView, node_index: dict[str, int]) -> Member:
                   view.cpu_percent, view.cpu_level_percent, view.idle_since, view.moved_at, view.step,
                   view.held_since, view.collective_wait_share, view.write_bytes_per_s,
                   view.run_queue_wait_level_percent, view.cpu_throttled_level_percent,
-                  view.gpu_utilization_percent, view.gpu_sm_clock_mhz,
+                  view.gpu_utilization_percent, view.gpu_sm_clock_mhz, view.cpu_since,
                   view.stack.taken_at if view.stack is not None else None,
                   view.progress_times[-1] if view.progress_times else None)
 
@@ -113,9 +113,9 @@ def member_row(view: RankView, node_index: dict[str, int]) -> Member:
 _ROW_FIELDS = ("rank", "node", "pid", "observed_at", "first_seen_at", "state_since", "cpu_percent",
                "cpu_level_percent", "idle_since", "moved_at", "step", "held_since", "collective_wait_share",
                "write_bytes_per_s", "run_queue_wait_level_percent", "cpu_throttled_level_percent",
-               "gpu_utilization_percent", "gpu_sm_clock_mhz")
-_ROW_TIMES = tuple(i for i, f in enumerate(_ROW_FIELDS)
-                   if f in ("observed_at", "first_seen_at", "state_since", "idle_since", "moved_at", "held_since"))
+               "gpu_utilization_percent", "gpu_sm_clock_mhz", "cpu_since")
+_ROW_TIMES = tuple(i for i, f in enumerate(_ROW_FIELDS) if f in (
+    "observed_at", "first_seen_at", "state_since", "idle_since", "moved_at", "held_since", "cpu_since"))
 
 
 def expand(group: RankGroup, nodes: Sequence[str], offset: float = 0.0) -> list[RankView]:
@@ -172,6 +172,7 @@ def shift(view: RankView, offset: float) -> RankView:
     return dataclasses.replace(
         view, observed_at=view.observed_at + offset, first_seen_at=view.first_seen_at + offset,
         state_since=shifted_time(view.state_since, offset), idle_since=shifted_time(view.idle_since, offset),
+        cpu_since=shifted_time(view.cpu_since, offset),
         moved_at=shifted_time(view.moved_at, offset), held_since=shifted_time(view.held_since, offset),
         progress_times=tuple(t + offset for t in view.progress_times),
         progress_points=tuple((t + offset, s) for t, s in view.progress_points),

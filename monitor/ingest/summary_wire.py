@@ -30,7 +30,7 @@ from monitor.diagnosis.model import HostFacts, LauncherView, NcclComm, OrphanVie
 MEMBER_FIELDS = ("rank", "node", "pid", "observed_at", "first_seen_at", "state_since", "cpu_percent",
                  "cpu_level_percent", "idle_since", "moved_at", "step", "held_since", "collective_wait_share",
                  "write_bytes_per_s", "run_queue_wait_level_percent", "cpu_throttled_level_percent",
-                 "gpu_utilization_percent", "gpu_sm_clock_mhz")
+                 "gpu_utilization_percent", "gpu_sm_clock_mhz", "cpu_since")
 
 
 class Member(msgspec.Struct, array_like=True, frozen=True):
@@ -55,6 +55,7 @@ class Member(msgspec.Struct, array_like=True, frozen=True):
     cpu_throttled_level_percent: float | None
     gpu_utilization_percent: float | None
     gpu_sm_clock_mhz: int | None
+    cpu_since: float | None
     stack_taken_at: float | None
     progress_at: float | None
 

@@ -12,7 +12,12 @@ from statistics import median
 
 from monitor.diagnosis import ExitView, HostFacts, LogPhase, RankView, Stack
 from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S, FlightRecord
-from monitor.diagnosis.slow_rank import CPU_LEVEL_EVERY, CPU_LEVEL_MIN_SAMPLES, CPU_LEVEL_MIN_SPAN
+from monitor.diagnosis.slow_rank import (
+    CPU_LEVEL_EVERY,
+    CPU_LEVEL_MIN_REPORTS,
+    CPU_LEVEL_MIN_SAMPLES,
+    CPU_LEVEL_MIN_SPAN,
+)
 from monitor.ingest.report_order import LastTaken, Run
 from monitor.ingest.wire import (
     AgentInfo,
@@ -57,26 +62,51 @@ class ProgressCursor:
 @dataclass
 class Level:
     """A rank's steady level of a per-report figure: the median of its samples over a window,
-    worked out again once a sixth of the window has passed, from at least half a window's samples
-    spanning two thirds of it (one report a second: 15 samples over 20 s of the default half-minute).
-    None until the window holds enough (monitor.diagnosis.slow_rank)."""
+    worked out again once a sixth of the window has passed, from at least half the samples the
+    window should hold spanning two thirds of it (one report a second: 15 samples over 20 s of the
+    default half-minute). The window is the straggler window, or CPU_LEVEL_MIN_REPORTS of the
+    rank's own report intervals where that is longer (one report every 10 s: 80 s). While the job
+    does not step the level stays as it was; a window stretched past the straggler window (the rule
+    checks the job's steps over that one only: monitor.diagnosis.slow_rank) gives no level while
+    such a stop lies inside it. None until the window holds enough."""
 
     # Made at the first sample: most ranks of most agents never send some of the figures.
     samples: deque[tuple[float, float]] | None = None
     value: float | None = None
     at: float | None = None
+    # The window, worked out with the level (0: the straggler window, until then).
+    span_s: float = 0.0
+    # The latest sample the level was due at while the job had not stepped since the last one.
+    paused_at: float | None = None
 
-    def add(self, at: float, sample: float, window_s: float = CPU_LEVEL_WINDOW_S) -> None:
+    def add(self, at: float, sample: float, window_s: float = CPU_LEVEL_WINDOW_S,
+            progressed_at: float | None = None) -> None:
+        """One more sample, taken at ``at``; ``progressed_at``: the job's latest step (None: the job
+        logs none, and levels follow every sample)."""
         samples = self.samples
         if samples is None:
             samples = self.samples = deque(maxlen=LEVEL_SAMPLES_KEPT)
         samples.append((at, sample))
-        while samples[0][0] < at - window_s:
+        span = self.span_s or window_s
+        while samples[0][0] < at - span:
             samples.popleft()
-        if self.at is not None and at - self.at < window_s * CPU_LEVEL_EVERY:
-            return
+        if self.at is not None:
+            if at - self.at < span * CPU_LEVEL_EVERY:
+                return
+            if progressed_at is not None and progressed_at <= self.at:
+                # A hang, a checkpoint: its samples would move the levels of the ranks whose nodes
+                # reported since it began, and not yet the others'.
+                self.paused_at = at
+                return
         self.at = at
-        if len(samples) < window_s * CPU_LEVEL_MIN_SAMPLES or at - samples[0][0] < window_s * CPU_LEVEL_MIN_SPAN:
+        # The rank's report interval, on average over the samples kept: worked out with the level
+        # only (ingest is the hot path).
+        count = len(samples)
+        interval = (at - samples[0][0]) / (count - 1) if count > 1 else 0.0
+        span = self.span_s = max(window_s, CPU_LEVEL_MIN_REPORTS * interval)
+        expected = span / interval if interval else span
+        if (count < expected * CPU_LEVEL_MIN_SAMPLES or at - samples[0][0] < span * CPU_LEVEL_MIN_SPAN
+                or (span > window_s and self.paused_at is not None and self.paused_at >= at - span)):
             self.value = None
             return
         self.value = median(p for _, p in samples)
@@ -101,6 +131,8 @@ class RankTrack:
     proc_state: str | None = None
     state_since: float | None = None
     idle_since: float | None = None
+    # Where the interval of its latest CPU reading began (RankView.cpu_since).
+    cpu_since: float | None = None
     # The last report in which the rank was at work (CPU at or over the idle level, or data moving).
     worked_at: float | None = None
     # Where the stacks taken since the rank went idle show its main thread (its Python frames), how
