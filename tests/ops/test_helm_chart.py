@@ -77,9 +77,18 @@ def rendered() -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="module")
 def operator_models():
-    # Imported once: the generated models are a 2 MB module.
-    from cloudcoil.models.prometheus_operator import v1
-
+    # Imported once: the generated models are a 2 MB module (~2 s of CPU making its pydantic
+    # classes). Its package's __init__ would also import v1alpha1, another 2 s of classes for kinds
+    # the chart has none of (AlertmanagerConfig, ScrapeConfig, ...): v1 is loaded on its own, under
+    # its own name (pydantic resolves the models' annotations through sys.modules).
+    name = "cloudcoil.models.prometheus_operator.v1"
+    v1 = sys.modules.get(name)
+    if v1 is None:
+        (models_dir,) = importlib.util.find_spec("cloudcoil.models").submodule_search_locations
+        spec = importlib.util.spec_from_file_location(name, Path(models_dir) / "prometheus_operator" / "v1.py")
+        v1 = importlib.util.module_from_spec(spec)
+        sys.modules[name] = v1
+        spec.loader.exec_module(v1)
     return {"ServiceMonitor": v1.ServiceMonitor, "PrometheusRule": v1.PrometheusRule}
 
 
