@@ -22,6 +22,7 @@ from monitor.engine.capture_requests import CaptureRequests
 from monitor.storage.capture_store import CaptureStore
 from monitor.web.auth import INGEST, METRICS, READ, RELAY, AuthLayer, TokenFile
 from monitor.web.http_guard import HttpStats
+from monitor.web.job_series import JobSeries
 from monitor.web.load import LoadGuard
 from monitor.web.routes import actions, captures, diagnose, health, metrics, nodes, page, summaries
 from monitor.web.routes.ingest import IngestLayer
@@ -98,6 +99,7 @@ def create_app(settings: Settings, store: Store, clock: Callable[[], float] = ti
     app.state.load_guard = guard
     app.state.answers = answers
     app.state.http_stats = http_stats = HttpStats()
+    app.state.job_series = JobSeries()  # each job's /metrics text, kept while its published result stands
     # Reports are answered by a plain ASGI layer in front of the app (routes/ingest.py).
     app.add_middleware(IngestLayer, monitor=monitor, settings=settings, guard=guard)
     # Around everything below it: nothing runs for a request whose token is missing or wrong.

@@ -8,7 +8,6 @@ The output parses the same (tests read it with prometheus_client's own parser).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
 from prometheus_client.metrics_core import Metric
@@ -21,12 +20,14 @@ def escape(value: str) -> str:
     return value
 
 
+_NOT_FINITE = {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}
+
+
 def number(value: float) -> str:
-    if value != value:
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
+    """A sample's value as the text format writes it (``2`` as ``2.0``, infinity as ``+Inf``)."""
+    text = repr(float(value))
+    # Every finite float's repr ends in a digit; "nan", "inf" and "-inf" do not.
+    return text if text[-1] <= "9" else _NOT_FINITE[text]
 
 
 def labels(names: Sequence[str], values: Sequence[str]) -> str:

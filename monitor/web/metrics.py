@@ -3,23 +3,22 @@
 Nothing is kept in sync: each scrape renders the jobs of the latest diagnosis pass (see
 ``Monitor.results``), so a job that is forgotten simply stops appearing. No pid, stack text
 or error text becomes a label. The job's label is ``job_id``: Prometheus reserves ``job``
-for the scrape job. The families are written by ``monitor.web.exposition`` (10,000 ranks are
-~150,000 series); the monitor's own health is under ``hangwatch_monitor_*``. Times are Unix
-timestamps (``*_timestamp_seconds``), never ages: PromQL takes ``time() - x``, and a late scrape
-cannot show a wrong age. A silent node keeps its series (its last report time frozen) for as long
+for the scrape job. The families are written by ``monitor.web.exposition``; the per-job ones (most
+of a scrape: 4,000 ranks in jobs of 64 are ~74,000 series) by ``monitor.web.job_series``, which
+keeps each job's text while its result stands. The monitor's own health is under
+``hangwatch_monitor_*``. Times are Unix timestamps (``*_timestamp_seconds``), never ages: PromQL
+takes ``time() - x``, and a late scrape cannot show a wrong age. A silent node keeps its series (its last report time frozen) for as long
 as the monitor remembers it, so the alert on it holds.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 
-from monitor.diagnosis import VERDICTS
-from monitor.diagnosis.activity import ACTIVITIES
 from monitor.web.exposition import Family, labels, number, render
 from monitor.web.http_guard import HttpStats
+from monitor.web.job_series import JOB_FAMILIES, JOB_INFO_LABELS, RANK_LABELS, RANK_STATES, JobSeries, job_chunks
 from monitor.web.load import LAG_BUCKETS, LoadGuard
 from monitor.web.process_metrics import build_info, process_families
 from monitor.engine.incidents import SuspectNode
@@ -27,109 +26,18 @@ from monitor.engine.published import JobResult, MonitorFigures
 from monitor.engine.readiness import REASONS, Readiness
 from monitor.storage.capture_store import REFUSAL_REASONS
 
-# hangwatch_job_info's labels, from monitor/engine/job_names.py (pods are left out: a job has many).
-JOB_INFO_LABELS = ("job_id", "slurm_job", "slurm_job_name", "k8s_namespace", "torchelastic_run_id", "display")
-# Every word a rank's state can take: the activities plus "running" for a healthy job.
-RANK_STATES = ("running", *ACTIVITIES)
-# The labels every per-rank family (hangwatch_rank_*) carries, in this order: the node is on each,
-# so any per-rank series can be joined or grouped by where the rank runs (and an alert name it).
-RANK_LABELS = ("job_id", "rank", "node")
-# Jobs of more ranks than this export per-rank series (hangwatch_rank_*) for their culprits only;
-# hangwatch_job_ranks counts every job's ranks by state. 10,000 ranks x 18 series was 17 MB a scrape.
-RANK_SERIES_MAX_RANKS = 1024
-
 
 def render_metrics(results: Sequence[JobResult], figures: MonitorFigures, suspects: Sequence[SuspectNode],
-                   load: Sequence[Family], http: Sequence[Family]) -> bytes:
+                   load: Sequence[Family], http: Sequence[Family], series: JobSeries | None = None) -> bytes:
     """The scrape, from what the engine published (``results``, ``figures``: immutable) and the web
     layer's own families taken on the event loop (``load_families``, ``http_families``): it touches
-    nothing live, so it runs on a worker thread while reports keep arriving."""
-
-    verdict = Family("hangwatch_job_verdict", "1 for the job's current verdict, 0 for the others")
-    last_progress = Family("hangwatch_job_last_progress_timestamp_seconds",
-                           "Unix time the job last made progress (when first seen if it never did)")
-    info = Family("hangwatch_job_info", "1 per job, with the names people know it by: Slurm job, Kubernetes "
-                  "namespace, torchelastic run, and display (what the page and alerts show)")
-    culprits = Family("hangwatch_job_culprit_ranks", "Number of culprit ranks")
-    world = Family("hangwatch_job_world_size", "World size the ranks report")
-    cpu_total = Family("hangwatch_rank_cpu_seconds", "CPU time the rank process used", "counter")
-    cpu_ratio = Family("hangwatch_rank_cpu_ratio", "Rank CPU use over the last interval, 1 = one core")
-    step = Family("hangwatch_rank_step", "Last training step the rank's log showed")
-    up = Family("hangwatch_rank_alive", "1 while the rank process is alive")
-    rank_progress = Family("hangwatch_rank_last_progress_timestamp_seconds",
-                           "Unix time the rank (or, without its own, its job) last progressed")
-    wait_ratio = Family("hangwatch_rank_collective_wait_ratio",
-                        "Share of the rank's recent stack samples waiting in a collective (0-1)")
-    rank_state = Family("hangwatch_rank_state", "1 for the rank's current state, 0 for the others")
-    ranks_by_state = Family("hangwatch_job_ranks", "Ranks of the job in each state (the rank states of hangwatch_rank_state)")
-    lost_rank = Family("hangwatch_job_lost_rank_seconds",
-                       "Seconds the job spent under each alarm verdict, times its live ranks (rank-seconds lost)",
-                       "counter")
-    lost_gpu = Family("hangwatch_job_lost_gpu_seconds",
-                      "GPU-seconds the job lost under each alarm verdict (its live ranks with GPUs known)", "counter")
-    culprit = Family("hangwatch_rank_culprit", "1 if the diagnosis names this rank as a culprit; node: where it runs")
-    pace_ratio = Family("hangwatch_job_pace_ratio",
-                        "The job's time per progress line now over its best settled pace of the last hour "
-                        "(1 at pace, 3 at a third of it); absent until the pace settled")
-    goodput = Family("hangwatch_job_goodput_ratio",
-                     "Progress the job made over what its best pace makes in the same time, since its pace "
-                     "settled (the last hour at most): 1 at pace, 0 stalled")
-    step_seconds = Family("hangwatch_job_progress_interval_seconds",
-                          "Seconds per progress line: pace=\"now\" (the last 10 s or more), pace=\"baseline\" "
-                          "(the job's best settled pace of the last hour)")
-    for result in results:
-        view, d = result.view, result.diagnosis
-        job = view.job_id
-        job_l = labels(("job_id",), (job,))
-        for word in VERDICTS:
-            verdict.add(labels(("job_id", "verdict"), (job, word)), 1.0 if d.verdict == word else 0.0)
-        last = result.last_progress_at if result.last_progress_at is not None else view.first_seen_at
-        last_progress.add(job_l, last)
-        # One series per job: the names cost no cardinality beyond the job id's own.
-        names = result.names
-        info.add(labels(JOB_INFO_LABELS, (job, *(str(names.get(k, "")) for k in JOB_INFO_LABELS[1:]))), 1.0)
-        culprits.add(job_l, float(len(d.culprit_ranks)))
-        for word, seconds in sorted(result.lost_rank_seconds.items()):
-            lost_rank.add(labels(("job_id", "verdict"), (job, word)), seconds)
-        for word, seconds in sorted(result.lost_gpu_seconds.items()):
-            lost_gpu.add(labels(("job_id", "verdict"), (job, word)), seconds)
-        world.add(job_l, float(view.world_size))
-        if view.pace is not None:
-            pace_ratio.add(job_l, view.pace.ratio)
-            step_seconds.add(labels(("job_id", "pace"), (job, "now")), view.pace.now_s)
-            step_seconds.add(labels(("job_id", "pace"), (job, "baseline")), view.pace.baseline_s)
-            if view.pace.goodput is not None:
-                goodput.add(job_l, view.pace.goodput)
-        job_last = view.job_progress_times[-1] if view.job_progress_times else None
-        states = {rd.rank: rd.state for rd in d.ranks}
-        by_state = Counter(states.values())
-        for word in RANK_STATES:
-            ranks_by_state.add(labels(("job_id", "state"), (job, word)), float(by_state.get(word, 0)))
-        culprit_set = set(d.culprit_ranks)
-        # A giant job's per-rank series would be most of the scrape (18 per rank): past
-        # RANK_SERIES_MAX_RANKS its ranks are counted by state above and only its culprits get them.
-        per_rank = view.ranks if len(view.ranks) <= RANK_SERIES_MAX_RANKS else [
-            r for r in view.ranks if r.rank in culprit_set]
-        for r in per_rank:
-            rank_l = labels(RANK_LABELS, (job, str(r.rank), r.node))
-            current = states.get(r.rank, "unknown")
-            prefix = rank_l[:-1]
-            for word in RANK_STATES:
-                rank_state.add(f'{prefix},state="{word}"}}', 1.0 if current == word else 0.0)
-            culprit.add(rank_l, 1.0 if r.rank in culprit_set else 0.0)
-            seconds = result.cpu_seconds.get(r.rank)
-            if seconds is not None:
-                cpu_total.add(rank_l, seconds)
-            if r.cpu_percent is not None:
-                cpu_ratio.add(rank_l, r.cpu_percent / 100.0)
-            if r.step is not None:
-                step.add(rank_l, float(r.step))
-            up.add(rank_l, 1.0 if r.alive else 0.0)
-            rank_last = r.progress_times[-1] if r.progress_times else job_last
-            if rank_last is not None:
-                rank_progress.add(rank_l, rank_last)
-            if r.collective_wait_share is not None:
-                wait_ratio.add(rank_l, r.collective_wait_share)
+    nothing live, so it runs on a worker thread while reports keep arriving. ``series``: the jobs'
+    text kept from earlier scrapes (monitor/web/job_series.py); without it every job is written anew."""
+    job_families = [Family(name, help_text, kind) for name, help_text, kind in JOB_FAMILIES]
+    for chunks in (series.chunks(results) if series is not None else [job_chunks(r) for r in results]):
+        for family, chunk in zip(job_families, chunks):
+            if chunk:
+                family.lines.append(chunk)  # the job's lines of the family, joined
 
     last_report = Family("hangwatch_agent_last_report_timestamp_seconds",
                          "Unix time the monitor last took a report from the node's agent (kept for a day "
@@ -162,9 +70,7 @@ def render_metrics(results: Sequence[JobResult], figures: MonitorFigures, suspec
     for reason, count in figures.rejected:
         rejected.add(labels(("reason",), (reason,)), float(count))
 
-    families = [build_info(), verdict, info, last_progress, culprits, lost_rank, lost_gpu, world, pace_ratio, goodput,
-                step_seconds, ranks_by_state, cpu_total, cpu_ratio, step, up,
-                rank_progress, wait_ratio, rank_state, culprit, last_report, collector_up, collector_errors,
+    families = [build_info(), *job_families, last_report, collector_up, collector_errors,
                 dump_failures, agent_cpu, agent_memory, reports, rejected]
     return render([*families, *own_families(figures, suspects, load), *http, *process_families()])
 
@@ -334,4 +240,4 @@ def http_families(http: HttpStats) -> list[Family]:
     return [unauthorized, open_connections, closed]
 
 
-__all__ = ["RANK_LABELS", "RANK_STATES", "http_families", "load_families", "render_metrics"]
+__all__ = ["JOB_INFO_LABELS", "RANK_LABELS", "RANK_STATES", "http_families", "load_families", "render_metrics"]

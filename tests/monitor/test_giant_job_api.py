@@ -13,6 +13,7 @@ from monitor_testkit import FakeClock, TestClient, monitor_of, post_report
 
 from monitor.present.job_answer import RANKS_LISTED_BY_DEFAULT
 from monitor.present.render_text import LAUNCHERS_LISTED
+from monitor.web.job_series import JobSeries
 
 JOB = "10.0.0.1:29500"
 NODES = 75
@@ -167,7 +168,9 @@ def test_metrics_count_a_giant_jobs_ranks_by_state_and_keep_per_rank_series_for_
 
     full = giant.get("/metrics").text
     assert len(series(full, "hangwatch_rank_alive")) == RANKS  # under the cap: every rank
-    monkeypatch.setattr("monitor.web.metrics.RANK_SERIES_MAX_RANKS", RANKS - 1)
+    monkeypatch.setattr("monitor.web.job_series.RANK_SERIES_MAX_RANKS", RANKS - 1)
+    # The job's text is kept while its result stands (monitor/web/job_series.py): it was written under the old cap.
+    monkeypatch.setattr(giant.app.state, "job_series", JobSeries())
     capped = giant.get("/metrics").text
     assert series(capped, "hangwatch_rank_alive") == [
         f'hangwatch_rank_alive{{job_id="{JOB}",rank="{CULPRIT}",node="node-{CULPRIT // 8:03d}"}} 1.0']

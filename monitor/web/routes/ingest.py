@@ -86,7 +86,8 @@ class IngestLayer:
     async def _ingest(self, scope: Scope, receive: Receive) -> dict[str, Any]:
         monitor = self.monitor
         body = await receive_body(scope, receive, self.settings.max_body_bytes, monitor.reject)
-        if self.guard.should_shed(peek_node(body), time.monotonic()):
+        # The node's name is looked for in the body only while the loop is behind (a regex over its head).
+        if self.guard.overloaded and self.guard.should_shed(peek_node(body), time.monotonic()):
             raise self._shed()
         report = decode_or_refuse(body, monitor.reject)
         bound_node = scope.get(BOUND_NODE_KEY)

@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
 from monitor.web.exposition import Family
+from monitor.web.job_series import JobSeries
 from monitor.web.metrics import http_families, load_families, render_metrics
 from monitor.web.routes.deps import MonitorDep
 from monitor.engine.incidents import SuspectNode
@@ -50,8 +51,8 @@ def accepts_gzip(accept_encoding: str | None) -> bool:
 
 
 def scrape_body(results: Sequence[JobResult], figures: MonitorFigures, suspects: Sequence[SuspectNode],
-                load: Sequence[Family], http: Sequence[Family], compress: bool) -> bytes:
-    body = render_metrics(results, figures, suspects, load, http)
+                load: Sequence[Family], http: Sequence[Family], compress: bool, series: JobSeries | None = None) -> bytes:
+    body = render_metrics(results, figures, suspects, load, http, series)
     # mtime=0: the same text compresses to the same bytes.
     return gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0) if compress else body
 
@@ -66,7 +67,8 @@ async def get_metrics(request: Request, monitor: MonitorDep) -> Response:
     load, http = load_families(request.app.state.load_guard), http_families(request.app.state.http_stats)
     # The suspect nodes are a database read, at most once a minute: off the event loop too.
     suspects = await run_in_threadpool(monitor.cached_suspect_nodes)
-    body = await run_in_threadpool(scrape_body, results, figures, suspects, load, http, compress)
+    body = await run_in_threadpool(scrape_body, results, figures, suspects, load, http, compress,
+                                   request.app.state.job_series)
     # Vary on both answers: a cache between Prometheus and the monitor keeps the two apart.
     headers = {"Vary": "Accept-Encoding", **({"Content-Encoding": "gzip"} if compress else {})}
     return Response(body, media_type=CONTENT_TYPE_LATEST, headers=headers)
