@@ -6,10 +6,7 @@ its own work. While the lag stays above ``shed_lag_s``, a report from a node the
 heard from within ``shed_keep_s`` is refused with 503 and ``Retry-After``: the agent sends
 its newest report a little later (latest report per node wins), every node's picture stays
 at most a few seconds old, and the diagnosis keeps its share of the loop. A node not heard
-from for ``shed_keep_s`` always gets in, so no node goes dark; so does a node whose full report
-the monitor asked for, from the time it said (after a restart every node owes one, and a node
-whose full report is shed stays out of the rebuilt picture: its agent tries again after
-``Retry-After``, shed again while the loop lags, and the job stays ``unknown``).
+from for ``shed_keep_s`` always gets in, so no node goes dark.
 """
 
 from __future__ import annotations
@@ -61,8 +58,6 @@ class LoadGuard:
     _lags: deque[tuple[float, float]] = field(default_factory=deque)
     _sheds: deque[float] = field(default_factory=deque)
     _accepted_at: dict[str, float] = field(default_factory=dict)
-    # Nodes the monitor asked for a full report: from when it is due (monotonic time).
-    _full_due_at: dict[str, float] = field(default_factory=dict)
     # Probes per bucket of LAG_BUCKETS (not cumulative; the last is past the largest bound).
     lag_counts: list[int] = field(default_factory=lambda: [0] * (len(LAG_BUCKETS) + 1))
     lag_sum_s: float = 0.0
@@ -86,26 +81,16 @@ class LoadGuard:
         last = self._accepted_at.get(node)
         if last is None or now - last >= self.shed_keep_s:
             return False
-        due = self._full_due_at.get(node)
-        if due is not None and now >= due:
-            return False  # most likely the full report the monitor asked for: what completes the node's picture
         self.shed_total += 1
         self._sheds.append(now)
         return True
 
-    def accepted(self, node: str, now: float, full_in_s: float | None = None) -> None:
-        """``full_in_s``: the answer asked for the node's full report, that many seconds from now."""
+    def accepted(self, node: str, now: float) -> None:
         self._accepted_at[node] = now
-        if full_in_s is None:
-            self._full_due_at.pop(node, None)
-        else:
-            self._full_due_at[node] = now + full_in_s
 
     def forget(self, nodes: AbstractSet[str]) -> None:
         for node in set(self._accepted_at) - nodes:
             del self._accepted_at[node]
-        for node in set(self._full_due_at) - nodes:
-            del self._full_due_at[node]
 
     def shed_recently(self, now: float) -> int:
         while self._sheds and self._sheds[0] < now - SHED_WINDOW_S:

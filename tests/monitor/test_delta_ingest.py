@@ -100,22 +100,6 @@ def test_rejected_and_shed_reports_store_nothing(client: TestClient, clock: Fake
     assert client.post(URL, json=report(node="node-b", sent_at=clock.now)).status_code == 202
 
 
-def test_the_full_report_a_monitor_asked_for_is_never_shed(client: TestClient, clock: FakeClock) -> None:
-    """After a restart every node owes its full report; shedding it keeps the node out of the
-    rebuilt picture for as long as the loop lags (monitor/web/load.py)."""
-    delta = report(ranks=[delta_rank()], host=None, delta=True)
-    answer = post(client, dict(delta, sent_at=clock.now))  # a delta this monitor cannot build on
-    assert answer["send_full"] is True and answer["full_in_s"] == 0.0
-    guard = client.app.state.load_guard
-    guard.note_lag(5.0, time.monotonic())  # far behind: reports of nodes heard moments ago wait
-    clock.advance(1)
-    assert client.post(URL, json=report(ranks=[full_rank(clock)], sent_at=clock.now)).status_code == 202
-    assert guard.shed_total == 0
-    # Whole again, the node's next report may wait like any other.
-    clock.advance(1)
-    assert client.post(URL, json=dict(delta, sent_at=clock.now)).status_code == 503
-
-
 def test_the_old_reports_table_becomes_snapshots(tmp_path: Path, clock: FakeClock) -> None:
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db)

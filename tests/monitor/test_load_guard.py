@@ -27,25 +27,6 @@ def test_should_shed(lag: float, last_accepted: float | None, now: float, shed: 
     assert guard.shed_recently(now) == int(shed)
 
 
-@pytest.mark.parametrize(
-    ("full_in_s", "now", "shed"),
-    [
-        (None, 100.0, True),   # a delta taken: the node's picture is whole, its next report may wait
-        (0.0, 100.0, False),   # asked for its full report now: that report always gets in
-        (3.0, 100.0, True),    # asked for it 3 s on (a herd spread): deltas before then may wait
-        (3.0, 102.0, False),   # ... from then on, it gets in
-    ],
-)
-def test_a_node_asked_for_its_full_report_is_not_shed_once_it_is_due(
-        full_in_s: float | None, now: float, shed: bool) -> None:
-    guard = LoadGuard(shed_lag_s=0.5, shed_keep_s=5.0)
-    guard.note_lag(2.0, now)
-    guard.accepted("n1", 99.0, full_in_s)
-    assert guard.should_shed("n1", now) is shed
-    guard.accepted("n1", 99.0)  # then a report that leaves it whole: shed as any other
-    assert guard.should_shed("n1", now)
-
-
 def test_lag_is_the_worst_of_the_last_second() -> None:
     guard = LoadGuard()
     guard.note_lag(0.9, 10.0)

@@ -153,8 +153,7 @@ class IngestLayer:
             # Only the excess is refused: the node's other jobs keep being heard.
             report, refused_jobs = rest, sorted(refusal.excess_jobs)
         answer = monitor.ingest(report, attributed=attributed)
-        # A node asked for its full report is not shed once it is due (monitor/web/load.py).
-        self.guard.accepted(report.node, time.monotonic(), answer.full_in_s if answer.send_full else None)
+        self.guard.accepted(report.node, time.monotonic())
         # "delta": this monitor takes delta reports (agent/delta.py); "send_full": make the next one full,
         # "full_in_s" seconds from now (deltas until then: a herd spread, monitor/ingest/full_pacing.py).
         # "replay": this monitor applies reports kept through an outage at their own times.
