@@ -66,6 +66,10 @@ REFRESH_S = 5.0
 GIANT_JOB_RANKS = 500
 # Ranks whose views a pass takes between two chances for requests to run.
 VIEW_CHUNK = 500
+# After a restart, the last nodes owing their full report (this share of those restored, or this
+# many) are never shed (``in_rebuild_tail``).
+REBUILD_TAIL_SHARE = 0.05
+REBUILD_TAIL_MIN = 16
 
 # A report kept through an outage longer ago than this is not applied (its verdicts are history
 # nobody will page on, and the state it would set up is long gone).
@@ -672,6 +676,16 @@ class Monitor:
                 chosen = (leading + [r for r in kept if r not in lead])[:limit]
             runs = self._timeline.runs(job_id, chosen)
         return TimelineSpans(now, self._timeline.window_s, len(kept), self._timeline.clipped(runs, now))
+
+    def in_rebuild_tail(self, node: str) -> bool:
+        """Whether ``node`` is one of the last few a restarted monitor still waits on for a full report.
+        Its posts are not shed (monitor/web/routes/ingest.py): shedding the herd keeps the loop ahead
+        (measured: letting every owing node in made 5-10 times as many posts time out), but a job is
+        ``unknown`` until its last node is heard, so the last ones' reports are what its verdict waits for."""
+        with self._lock:
+            awaiting = self._awaiting_restored
+            return node in awaiting and len(awaiting) <= max(REBUILD_TAIL_MIN,
+                                                             self._restored_nodes * REBUILD_TAIL_SHARE)
 
     def _rebuild_progress(self, now: float | None = None) -> RebuildProgress | None:
         """How far the rebuild after a restart is; None once every restored node sent a full report, or

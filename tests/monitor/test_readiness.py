@@ -96,6 +96,31 @@ def test_a_restart_rebuilds_until_the_restored_nodes_report_and_no_longer_than_t
         store.close()
 
 
+def test_the_last_nodes_a_restart_waits_on_are_its_rebuild_tail(tmp_path: Path) -> None:
+    """Their posts are not shed (monitor/web/routes/ingest.py): the herd's are, the tail's are what
+    the jobs' verdicts wait for."""
+    clock = FakeClock(time.time())
+    store = Store(tmp_path / "monitor.db", clock=clock)
+    nodes = [f"node-{i:02d}" for i in range(40)]
+    try:
+        first = Monitor(store, clock=clock)
+        for node in nodes:
+            first.ingest(_full_report(node, clock))
+        store.flush()
+        clock.advance(5)
+        restarted = Monitor(store, clock=clock)
+        assert restarted.replay() == 40
+        assert not restarted.in_rebuild_tail(nodes[-1])  # 40 owe their full report: the herd
+        for node in nodes[:24]:
+            restarted.ingest(_full_report(node, clock))
+        assert restarted.in_rebuild_tail(nodes[-1])  # 16 left: the tail (REBUILD_TAIL_MIN)
+        assert not restarted.in_rebuild_tail(nodes[0])  # heard in full already
+        assert not restarted.in_rebuild_tail("node-never-seen")
+        assert not first.in_rebuild_tail(nodes[0])  # a first start waits on nobody
+    finally:
+        store.close()
+
+
 def test_probes_need_no_token_where_everything_else_does(tmp_path: Path) -> None:
     files = {}
     for kind in ("token_file", "read_token_file", "metrics_token_file"):

@@ -87,7 +87,7 @@ class IngestLayer:
         monitor = self.monitor
         body = await receive_body(scope, receive, self.settings.max_body_bytes, monitor.reject)
         # The node's name is looked for in the body only while the loop is behind (a regex over its head).
-        if self.guard.overloaded and self.guard.should_shed(peek_node(body), time.monotonic()):
+        if self.guard.overloaded and self._should_shed(peek_node(body)):
             raise self._shed()
         report = decode_or_refuse(body, monitor.reject)
         bound_node = scope.get(BOUND_NODE_KEY)
@@ -120,7 +120,7 @@ class IngestLayer:
                 if entry.report is None:
                     monitor.reject("too_large")
                     raise too_large(self.settings.max_body_bytes)
-                if self.guard.should_shed(entry.report.node, time.monotonic()):
+                if self._should_shed(entry.report.node):
                     raise self._shed()
                 results.append({"status": 202, "body": self._take(entry.report, attributed=entry.attributed and vouched)})
             except Answer as refusal:
@@ -132,6 +132,12 @@ class IngestLayer:
                 log.exception("applying a report of a relay's batch failed")
                 results.append({"status": 500, "body": {"accepted": False, "detail": "internal error"}})
         return {"results": results}
+
+    def _should_shed(self, node: str | None) -> bool:
+        # The last nodes a restarted monitor waits on are let in (Monitor.in_rebuild_tail).
+        if node is None or not self.guard.overloaded or self.monitor.in_rebuild_tail(node):
+            return False
+        return self.guard.should_shed(node, time.monotonic())
 
     def _shed(self) -> Answer:
         # Past capacity: this node reported moments ago, its next report will do.
