@@ -4,8 +4,6 @@ False alarms are defects: a checkpoint save, an evaluation pass, a slow first st
 steps must never be called ``deadlock`` or ``stalled``. Launch failures must show the real
 cause (the error file's traceback, the process holding the master port), and bf16 on a CPU
 without bf16 instructions is ``slow_compute`` with the dtype and the CPU flags as evidence.
-Cases of one shape run as one test, their jobs at once (tests/e2e/concurrent_jobs.py): the waits
-overlap, and a failure names its case.
 """
 
 from __future__ import annotations
@@ -28,13 +26,10 @@ from hangwatch.demo.harness import (
     start_monitor,
     start_orphan_listener,
 )
-from tests.e2e.answers import compact, text_of
-from tests.e2e.concurrent_jobs import Case, Watched, check_together
 from tests.e2e.conftest import STALL_STEP
+from tests.e2e.answers import compact, text_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
-# A test of jobs run at once lasts as long as its slowest case, each started slower than alone.
-TOGETHER = pytest.mark.timeout(180)
 
 FAIL_AT = ("--fail-at-step", str(STALL_STEP))
 ALARMS = ("deadlock", "stalled")
@@ -82,60 +77,41 @@ def assert_no_alarm(seen, allowed) -> None:
                      f"first wrong answer:\n{compact(bad[0][1])}")
 
 
-@TOGETHER
-def test_a_checkpoint_save_plain_or_in_bursts_and_an_evaluation_pass_are_not_a_hang(reaper, tmp_path: Path, monitor,
-                                                                                     agent):
-    check_together([
-        Case("checkpoint save by rank 0",
-             launch_torchrun(reaper, tmp_path, ["--fail", "checkpoint", "--fail-rank", "0", "--busy-seconds", "14",
-                                                *FAIL_AT], name="checkpoint"),
-             _checkpoint_save_by_rank0_is_not_a_hang),
-        Case("checkpoint written in bursts",
-             launch_torchrun(reaper, tmp_path, ["--fail", "checkpoint", "--fail-rank", "0", "--busy-seconds", "14",
-                                                "--checkpoint-burst-mb", "4", "--checkpoint-pause", "1", *FAIL_AT],
-                             name="checkpoint-bursts"),
-             _checkpoint_written_in_bursts_never_leaves_healthy),
-        Case("evaluation pass",
-             launch_torchrun(reaper, tmp_path, ["--fail", "eval", "--busy-seconds", "20", "--eval-every",
-                                                str(STALL_STEP), *HALF_A_CORE], name="eval"),
-             _evaluation_pass_is_not_a_hang),
-    ], monitor, agent)
-
-
-def _checkpoint_save_by_rank0_is_not_a_hang(w: Watched) -> None:
+def test_checkpoint_save_by_rank0_is_not_a_hang(torchrun_job, client, wait_for_verdict):
     """rank 0 writes a checkpoint for 14 s (4x the stall threshold of a job this fast); rank 1 waits
     at dist.barrier() meanwhile."""
-    job = w.job
+    job = torchrun_job("--fail", "checkpoint", "--fail-rank", "0", "--busy-seconds", "14", *FAIL_AT)
     job.wait_for_step(5, timeout=60)
-    seen = watch(w.client, job, 60, until="checkpoint saved")
+    seen = watch(client, job, 60, until="checkpoint saved")
     assert "checkpoint saved" in job.text(), job.log_tail()
     # healthy, or a straggler whose culprit is the writer: never deadlock or stalled.
     assert_no_alarm(seen, lambda v, c: v == "healthy" or (v == "straggler" and c == (0,)))
-    w.wait_for_verdict("healthy", timeout=20)
+    wait_for_verdict(job, "healthy", timeout=20)
 
 
-def _checkpoint_written_in_bursts_never_leaves_healthy(w: Watched) -> None:
+def test_checkpoint_written_in_bursts_never_leaves_healthy(torchrun_job, client):
     """rank 0 saves for 14 s in bursts (4 MB, fsync, 1 s pause) while rank 1 waits at a barrier:
     the monitor's own record of published verdicts (not just our polls) stays healthy."""
-    job = w.job
+    job = torchrun_job("--fail", "checkpoint", "--fail-rank", "0", "--busy-seconds", "14",
+                       "--checkpoint-burst-mb", "4", "--checkpoint-pause", "1", *FAIL_AT)
     job.wait_for_step(5, timeout=60)
-    seen = watch(w.client, job, 60, until="checkpoint saved")
+    seen = watch(client, job, 60, until="checkpoint saved")
     assert "checkpoint saved" in job.text(), job.log_tail()
     # As for the plain save: healthy, or at most a straggler naming the writer; never a
     # deadlock or a stall, in our polls or in any change the monitor published between them.
     allowed = {("healthy", ()), ("straggler", (0,))}
     assert_no_alarm(seen, lambda v, c: (v, tuple(c)) in allowed)
-    history = w.client.history(job.job_id)
+    history = client.history(job.job_id)
     assert history, "the monitor recorded no verdict for the job"
     assert all((h["verdict"], tuple(h["culprit_ranks"])) in allowed for h in history), history
 
 
-def _evaluation_pass_is_not_a_hang(w: Watched) -> None:
+def test_evaluation_pass_is_not_a_hang(torchrun_job, client, wait_for_verdict):
     """Every rank evaluates for 20 s (printing ``eval ...`` lines) every STALL_STEP steps: well past
     the stall threshold however the loaded machine stretched the job's pace (12 s was not, in CI)."""
-    job = w.job
+    job = torchrun_job("--fail", "eval", "--busy-seconds", "20", "--eval-every", str(STALL_STEP), *HALF_A_CORE)
     job.wait_for_step(5, timeout=60)
-    seen = watch(w.client, job, 50, until=f"eval step {STALL_STEP} | val loss")
+    seen = watch(client, job, 50, until=f"eval step {STALL_STEP} | val loss")
     assert f"eval step {STALL_STEP} | val loss" in job.text(), job.log_tail()
     assert_no_alarm(seen, lambda v, c: v == "healthy")
     # The pause was recognised as an evaluation, with the rank's own log line as evidence.
@@ -145,29 +121,20 @@ def _evaluation_pass_is_not_a_hang(w: Watched) -> None:
                for j in in_phase for line in j["evidence"]), compact(in_phase[-1])
 
 
-@TOGETHER
-def test_a_slow_first_step_and_slow_steps_are_not_a_hang(reaper, tmp_path: Path, monitor, agent):
-    check_together([
-        Case("slow first step",
-             launch_torchrun(reaper, tmp_path, ["--first-step-seconds", "14", *HALF_A_CORE], name="slow-first-step"),
-             _slow_first_step_is_not_a_hang),
-        Case("slow steps", launch_torchrun(reaper, tmp_path, ["--step-seconds", "8", *HALF_A_CORE], name="slow-steps"),
-             _slow_steps_are_not_a_hang),
-    ], monitor, agent)
-
-
-def _slow_first_step_is_not_a_hang(w: Watched) -> None:
+def test_slow_first_step_is_not_a_hang(torchrun_job, client):
     """Step 1 takes 14 s on every rank (a torch.compile-like warm-up, past the 10-s allowance for a
     job whose pace is not known yet); then steps are quick."""
-    seen = watch(w.client, w.job, 60, until="step 20/")
-    assert "step 20/" in w.job.text(), w.job.log_tail()
+    job = torchrun_job("--first-step-seconds", "14", *HALF_A_CORE)
+    seen = watch(client, job, 60, until="step 20/")
+    assert "step 20/" in job.text(), job.log_tail()
     assert_no_alarm(seen, lambda v, c: v == "healthy")
 
 
-def _slow_steps_are_not_a_hang(w: Watched) -> None:
+def test_slow_steps_are_not_a_hang(torchrun_job, client):
     """8-second steps: the cadence is learned; 8 s of silence between steps is normal."""
-    w.job.wait_for_step(1, timeout=60)
-    seen = watch(w.client, w.job, 26)
+    job = torchrun_job("--step-seconds", "8", *HALF_A_CORE)
+    job.wait_for_step(1, timeout=60)
+    seen = watch(client, job, 26)
     assert_no_alarm(seen, lambda v, c: v == "healthy")
 
 
@@ -210,31 +177,20 @@ def test_a_rank_doing_30_percent_more_work_is_named_straggler_while_the_job_step
         client.close()
 
 
-@TOGETHER
-def test_a_ranks_own_error_is_shown_when_it_raises_and_when_get_future_crashes_on_gloo(reaper, tmp_path: Path,
-                                                                                       monitor, agent):
-    check_together([
-        Case("child failed error",
-             launch_torchrun(reaper, tmp_path, ["--fail", "exit-error", *FAIL_AT], name="exit-error"),
-             _child_failed_error_shows_the_real_error),
-        Case("get_future on gloo",
-             launch_torchrun(reaper, tmp_path, ["--fail", "get-future", *FAIL_AT], name="get-future"),
-             _get_future_on_gloo_crash),
-    ], monitor, agent)
-
-
-def _child_failed_error_shows_the_real_error(w: Watched) -> None:
+def test_child_failed_error_shows_the_real_error(torchrun_job, wait_for_verdict):
     """rank 1 raises; torchrun's ChildFailedError alone says little: show the rank's own error."""
-    got = w.wait_for_verdict("rank_exited", culprits=[1])
+    job = torchrun_job("--fail", "exit-error", *FAIL_AT)
+    got = wait_for_verdict(job, "rank_exited", culprits=[1])
     text = text_of(got)
     assert f"simulated failure on rank 1 at step {STALL_STEP}" in text, compact(got)
     assert "RuntimeError" in text, compact(got)
 
 
-def _get_future_on_gloo_crash(w: Watched) -> None:
+def test_get_future_on_gloo_crash(torchrun_job, wait_for_verdict):
     """nanochat's optimizer pattern: reduce_scatter(async_op=True).get_future() on gloo raises on
     every rank at once."""
-    got = w.wait_for_verdict("rank_exited", timeout=60)
+    job = torchrun_job("--fail", "get-future", *FAIL_AT)
+    got = wait_for_verdict(job, "rank_exited", timeout=60)
     assert "Work::getFuture not implemented" in text_of(got), compact(got)
 
 

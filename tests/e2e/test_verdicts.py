@@ -1,9 +1,8 @@
 """Every verdict on a real 2-rank gloo job, diagnosed by the real agent and a real monitor.
 
-Each case starts the workload (hangwatch/demo/workloads/train.py) so that it goes wrong in one way
+Each test starts the workload (hangwatch/demo/workloads/train.py) so that it goes wrong in one way
 at step STALL_STEP (or from outside: SIGKILL / SIGSTOP), then polls ``/diagnose?format=json``
-until the expected verdict and culprit ranks show up. Cases of one shape run as one test, their
-jobs at once (tests/e2e/concurrent_jobs.py): the waits overlap, and a failure names its case.
+until the expected verdict and culprit ranks show up.
 """
 
 from __future__ import annotations
@@ -11,23 +10,17 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Callable
 
 import pytest
 
-from hangwatch.demo.harness import Observation, launch_plain, launch_torchrun
-from tests.e2e.concurrent_jobs import VERDICT_TIMEOUT_TOGETHER, Case, Watched, check_together
+from hangwatch.demo.harness import Observation
 from tests.e2e.conftest import STALL_STEP, VERDICT_TIMEOUT
 from tests.e2e.test_cli import run as run_cli
 from tests.e2e.test_cli import run_on_tty as run_cli_on_tty
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
-# A test of jobs run at once lasts as long as its slowest case, each started slower than alone.
-TOGETHER = pytest.mark.timeout(180)
 
 FAIL_AT = ("--fail-at-step", str(STALL_STEP))
-# Rank 1 leaves the loop late: the steps are learned while the job still steps.
-LINGER_AT_150 = ("--fail", "linger", "--fail-at-step", "150")
 
 
 def culprits(job: dict) -> list[int]:
@@ -38,25 +31,11 @@ def evidence(job: dict) -> str:
     return "\n".join(job["evidence"])
 
 
-@TOGETHER
-def test_a_rank_that_ends_is_named_under_torchrun_under_a_plain_launch_and_when_killed(reaper, tmp_path, monitor,
-                                                                                       agent):
-    check_together([
-        Case("exits early under torchrun",
-             launch_torchrun(reaper, tmp_path, ["--fail", "exit", *FAIL_AT], name="exit-torchrun"),
-             _exits_early_under_torchrun),
-        Case("exits early under a plain launch",
-             launch_plain(reaper, tmp_path, ["--fail", "exit", *FAIL_AT], name="exit-plain"),
-             _exits_early_under_a_plain_launch),
-        Case("SIGKILL to rank 1", launch_torchrun(reaper, tmp_path, ["--steps", "100000"], name="sigkill"),
-             _sigkill_rank1),
-    ], monitor, agent)
-
-
-def _exits_early_under_torchrun(w: Watched) -> None:
+def test_rank_exits_early_under_torchrun(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--fail", "exit", *FAIL_AT)
     # rank 0's peer error reaches the monitor a report or two after rank 1's end (later still on a
     # loaded machine): wait for it rather than take the first rank_exited answer.
-    got = w.wait_for_verdict("rank_exited", culprits=[1], where=lambda j: _peer_error_shown(evidence(j)))
+    got = wait_for_verdict(job, "rank_exited", culprits=[1], where=lambda j: _peer_error_shown(evidence(j)))
     assert got["verdict"] == "rank_exited"
     assert culprits(got) == [1]
     # torchrun's own summary blames rank 0; the evidence shows rank 1's end and the peer error
@@ -72,56 +51,37 @@ def _peer_error_shown(text: str) -> bool:
     return "Connection closed by peer" in text or "Connection reset by peer" in text
 
 
-def _exits_early_under_a_plain_launch(w: Watched) -> None:
-    got = w.wait_for_verdict("rank_exited", culprits=[1])
+def test_rank_exits_early_under_plain_launch(plain_job, wait_for_verdict):
+    job = plain_job("--fail", "exit", *FAIL_AT)
+    got = wait_for_verdict(job, "rank_exited", culprits=[1])
     assert culprits(got) == [1]
 
 
-def _sigkill_rank1(w: Watched) -> None:
-    pids = w.job.rank_pids()
-    w.job.wait_for_step(STALL_STEP)
-    w.job.reaper.kill(pids[1], signal.SIGKILL)
-    got = w.wait_for_verdict("rank_exited", culprits=[1])
-    assert culprits(got) == [1]
-    assert "killed by SIGKILL" in evidence(got)
-
-
-@TOGETHER
-def test_a_log_format_no_pattern_knows_is_learned_and_the_deadlock_named(reaper, tmp_path, monitor, agent):
+@pytest.mark.parametrize("log_format", ["mmengine", "json", "hf"])
+def test_a_log_format_no_pattern_knows_is_learned_and_the_deadlock_named(torchrun_job, wait_for_verdict, client,
+                                                                        log_format):
     """The workload logs its steps as mmengine or a JSON-lines logger does, or only its loss as
     transformers' Trainer does (no step number: a heartbeat): the agent learns where the step is,
     or the pace (agent/progress_learner.py), the monitor shows what it learned, and the deadlock
     is named. (The workload's own "left the loop at step N" line, printed when it stalls, is read
     by the generic pattern: the learned steps are checked while the job still steps.)"""
-    check_together([
-        Case(f"{log_format} log format",
-             launch_torchrun(reaper, tmp_path, ["--log-format", log_format, *LINGER_AT_150], name=log_format),
-             _learned_and_the_deadlock_named(log_format))
-        for log_format in ("mmengine", "json", "hf")
-    ], monitor, agent)
-
-
-def _learned_and_the_deadlock_named(log_format: str) -> Callable[[Watched], None]:
-    def check(w: Watched) -> None:
-        job = w.job
-        deadline = time.monotonic() + VERDICT_TIMEOUT_TOGETHER
-        learned = None
-        while learned is None and time.monotonic() < deadline and "mode=linger" not in job.text():
-            answer = w.client.job(job.job_id) or {}
-            learned = next((r for r in answer.get("ranks", [])
-                            if (r.get("progress_pattern") or "").startswith("learned") and r["step"]), None)
-            time.sleep(0.3)
-        assert learned is not None, f"no learned progress before the stall:\n{job.log_tail()}"
-        kind = {"mmengine": "counter", "json": "json", "hf": "heartbeat"}[log_format]
-        assert learned["progress_pattern"].startswith(f"learned ({kind}, "), learned
-        assert 0 < learned["step"] < 150
-        if log_format == "mmengine":
-            assert "Iter(train) [" in learned["progress_pattern"], learned
-        got = w.wait_for_verdict("deadlock", culprits=[1])
-        assert culprits(got) == [1]
-        assert "no progress line seen yet" not in evidence(got), evidence(got)
-
-    return check
+    job = torchrun_job("--log-format", log_format, "--fail", "linger", "--fail-at-step", "150")
+    deadline = time.monotonic() + 45
+    learned = None
+    while learned is None and time.monotonic() < deadline and "mode=linger" not in job.text():
+        answer = client.job(job.job_id) or {}
+        learned = next((r for r in answer.get("ranks", [])
+                        if (r.get("progress_pattern") or "").startswith("learned") and r["step"]), None)
+        time.sleep(0.3)
+    assert learned is not None, f"no learned progress before the stall:\n{job.log_tail()}"
+    kind = {"mmengine": "counter", "json": "json", "hf": "heartbeat"}[log_format]
+    assert learned["progress_pattern"].startswith(f"learned ({kind}, "), learned
+    assert 0 < learned["step"] < 150
+    if log_format == "mmengine":
+        assert "Iter(train) [" in learned["progress_pattern"], learned
+    got = wait_for_verdict(job, "deadlock", culprits=[1])
+    assert culprits(got) == [1]
+    assert "no progress line seen yet" not in evidence(got), evidence(got)
 
 
 def test_a_job_that_logs_to_a_file_of_its_own_shows_its_steps_and_its_deadlock_is_named(
@@ -149,67 +109,45 @@ def test_a_job_that_logs_to_a_file_of_its_own_shows_its_steps_and_its_deadlock_i
 # ranks and frames, from one job instead of two.
 
 
-@TOGETHER
-def test_a_deadlock_is_named_for_an_extra_collective_and_a_rank_lingering_under_ddp_and_async_all_reduce(
-        reaper, tmp_path, monitor, agent):
-    check_together([
-        Case("extra collective on rank 0 only",
-             launch_torchrun(reaper, tmp_path, ["--fail", "extra-collective", "--fail-rank", "0", *FAIL_AT],
-                             name="extra-collective"),
-             _deadlock_named(0)),
-        Case("DDP rank lingers", launch_torchrun(reaper, tmp_path, ["--ddp", "--fail", "linger", *FAIL_AT], name="ddp"),
-             _deadlock_named(1)),
-        Case("async all_reduce rank lingers",
-             launch_torchrun(reaper, tmp_path, ["--async-allreduce", "--fail", "linger", *FAIL_AT], name="async"),
-             _deadlock_named(1)),
-    ], monitor, agent)
+def test_rank0_only_extra_collective(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--fail", "extra-collective", "--fail-rank", "0", *FAIL_AT)
+    got = wait_for_verdict(job, "deadlock", culprits=[0])
+    assert culprits(got) == [0]
 
 
-def _deadlock_named(culprit: int) -> Callable[[Watched], None]:
-    def check(w: Watched) -> None:
-        got = w.wait_for_verdict("deadlock", culprits=[culprit])
-        assert culprits(got) == [culprit]
-
-    return check
+def test_ddp_rank_lingers(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--ddp", "--fail", "linger", *FAIL_AT)
+    got = wait_for_verdict(job, "deadlock", culprits=[1])
+    assert culprits(got) == [1]
 
 
-@TOGETHER
-def test_a_stopped_rank_a_world_size_never_reached_and_a_clean_finish_are_each_named(reaper, tmp_path, monitor,
-                                                                                     agent):
-    check_together([
-        Case("SIGSTOP to rank 1", launch_torchrun(reaper, tmp_path, ["--steps", "100000"], name="sigstop"),
-             _sigstop_rank1),
-        Case("world size never reached",
-             launch_plain(reaper, tmp_path, ["--steps", "100"], world_size=3, nranks=2, name="world3"),
-             _world_size_never_reached),
-        Case("clean finish", launch_torchrun(reaper, tmp_path, ["--steps", "80"], name="finish"), _clean_finish),
-    ], monitor, agent)
+def test_async_allreduce_rank_lingers(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--async-allreduce", "--fail", "linger", *FAIL_AT)
+    got = wait_for_verdict(job, "deadlock", culprits=[1])
+    assert culprits(got) == [1]
 
 
-def _sigstop_rank1(w: Watched) -> None:
-    pids = w.job.rank_pids()
-    w.job.wait_for_step(STALL_STEP)
-    w.job.reaper.kill(pids[1], signal.SIGSTOP)
+def test_sigkill_rank1(torchrun_job, wait_for_verdict, reaper):
+    job = torchrun_job("--steps", "100000")
+    pids = job.rank_pids()
+    job.wait_for_step(STALL_STEP)
+    reaper.kill(pids[1], signal.SIGKILL)
+    got = wait_for_verdict(job, "rank_exited", culprits=[1])
+    assert culprits(got) == [1]
+    assert "killed by SIGKILL" in evidence(got)
+
+
+def test_sigstop_rank1(torchrun_job, wait_for_verdict, reaper):
+    job = torchrun_job("--steps", "100000")
+    pids = job.rank_pids()
+    job.wait_for_step(STALL_STEP)
+    reaper.kill(pids[1], signal.SIGSTOP)
     try:
-        got = w.wait_for_verdict("rank_stopped", culprits=[1])
+        got = wait_for_verdict(job, "rank_stopped", culprits=[1])
         assert culprits(got) == [1]
     finally:
-        w.job.reaper.kill(pids[1], signal.SIGCONT)
-        w.job.reaper.kill(pids[1], signal.SIGKILL)
-
-
-def _world_size_never_reached(w: Watched) -> None:
-    got = w.wait_for_verdict("rendezvous_hang")
-    assert got["verdict"] == "rendezvous_hang"
-    # Say what the ranks wait for.
-    text = " ".join([got.get("summary", "")] + list(got.get("evidence", [])) + list(got.get("hints", [])))
-    assert "3" in text, text
-
-
-def _clean_finish(w: Watched) -> None:
-    got = w.wait_for_verdict("finished", culprits=[])
-    assert culprits(got) == []
-    assert w.job.launcher.wait(timeout=30) == 0
+        reaper.kill(pids[1], signal.SIGCONT)
+        reaper.kill(pids[1], signal.SIGKILL)
 
 
 @pytest.mark.cpu_bound
@@ -238,6 +176,22 @@ def test_all_ranks_busy_is_slow_compute(torchrun_job, wait_for_verdict):
     job = torchrun_job("--fail", "busy-all", "--busy-seconds", "60", *FAIL_AT)
     got = wait_for_verdict(job, "slow_compute")
     assert got["verdict"] == "slow_compute"
+
+
+def test_world_size_never_reached(plain_job, wait_for_verdict):
+    job = plain_job("--steps", "100", world_size=3, nranks=2)
+    got = wait_for_verdict(job, "rendezvous_hang")
+    assert got["verdict"] == "rendezvous_hang"
+    # Say what the ranks wait for.
+    text = " ".join([got.get("summary", "")] + list(got.get("evidence", [])) + list(got.get("hints", [])))
+    assert "3" in text, text
+
+
+def test_clean_finish(torchrun_job, wait_for_verdict):
+    job = torchrun_job("--steps", "80")
+    got = wait_for_verdict(job, "finished", culprits=[])
+    assert culprits(got) == []
+    assert job.launcher.wait(timeout=30) == 0
 
 
 def test_no_alarm_before_the_stall(torchrun_job, wait_for_verdict, client, monitor):
