@@ -33,8 +33,10 @@ class RunningMonitor:
         return self.log.read_text(errors="replace")
 
 
-def wait_until_up(proc: subprocess.Popen[str], base: str, timeout: float = 20.0, log: Path | None = None,
+def wait_until_up(proc: subprocess.Popen[str], base: str, timeout: float = 45.0, log: Path | None = None,
                   **client_options: object) -> None:
+    # A generous deadline: at the suite's start six workers import and start at once on two cores
+    # (a clean-clone run once took over 20 s to answer /healthz).
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
