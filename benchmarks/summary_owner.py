@@ -59,17 +59,20 @@ def rank_view(rank: int, culprit: int, now: float, started: float) -> RankView:
                     progress_times=(now - 130, now - 125, now - 120))
 
 
+def summary_body(relay: int, views: tuple[RankView, ...], world: int, now: float, started: float,
+                 last_progress_at: float, progress: tuple[float, ...] = ()) -> bytes:
+    """Relay ``relay``'s summary of ``views``, grouped and encoded by the relays' own code."""
+    node_index: dict[str, int] = {}
+    job = job_summary(JobView(job_id="giant", world_size=world, now=now, first_seen_at=started, ranks=views,
+                              job_progress_times=progress), node_index, now, last_progress_at, 1)
+    return encode_summary(Summary(relay=f"relay-{relay}", sent_at=now, started_at=started,
+                                  nodes=list(node_index), jobs=[job]))
+
+
 def summaries(ranks: int, relays: int, culprit: int, now: float, started: float) -> list[bytes]:
     share = ranks // relays
-    out = []
-    for k in range(relays):
-        views = tuple(rank_view(r, culprit, now, started) for r in range(k * share, (k + 1) * share))
-        node_index: dict[str, int] = {}
-        job = job_summary(JobView(job_id="giant", world_size=ranks, now=now, first_seen_at=started, ranks=views),
-                          node_index, now, now - 120, 1)
-        out.append(encode_summary(Summary(relay=f"relay-{k}", sent_at=now, started_at=started,
-                                          nodes=list(node_index), jobs=[job])))
-    return out
+    return [summary_body(k, tuple(rank_view(r, culprit, now, started) for r in range(k * share, (k + 1) * share)),
+                         ranks, now, started, now - 120) for k in range(relays)]
 
 
 def reported_at(rank: int, now: float, interval: float) -> float:
@@ -119,11 +122,7 @@ def timeline(args: argparse.Namespace, settings: Settings) -> None:
                                     args.report_interval)
                           for r in range(k * share, (k + 1) * share))
             progress = tuple(float(t) for t in range(int(min(now, fault)) - 5, int(min(now, fault)) + 1))
-            node_index: dict[str, int] = {}
-            job = job_summary(JobView(job_id="giant", world_size=args.ranks, now=now, first_seen_at=started, ranks=views,
-                                      job_progress_times=progress), node_index, now, progress[-1], 1)
-            bodies.append(encode_summary(Summary(relay=f"relay-{k}", sent_at=now, started_at=started,
-                                                 nodes=list(node_index), jobs=[job])))
+            bodies.append(summary_body(k, views, args.ranks, now, started, progress[-1], progress))
         cpu0 = time.process_time()
         for body in bodies:
             monitor.ingest_summary(decode_summary(body))
