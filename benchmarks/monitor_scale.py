@@ -468,6 +468,9 @@ def summarise_restart(args: argparse.Namespace, stats: LoadStats, observed: dict
           + (f"{right:.1f} s after the restart" if right is not None else f"NOT within {args.watch_s:.0f} s"))
     print(f"healthy shown meanwhile: {len(healthy)} answers" + "".join(f"\n  {h[0]:.1f}s {h[3][:160]}" for h in healthy[:3]))
     print("what the job showed:" + "".join(f"\n  {at:6.2f}s {shown}: {summary[:140]}" for at, shown, summary in runs[:12]))
+    if observed["seen"]:  # the same verdict can hide a changing summary (how many nodes it still waits for)
+        at, _, _, summary = observed["seen"][-1]
+        print(f"  last answer, at {at:.2f}s: {summary[:300]}")
     print(f"full reports after the restart: {figures['full_reports_after_restart']}, peak {figures['full_per_s_peak']}/s; "
           f"per second: {figures['full_per_s'][:16]}; kept reports replayed: {stats.replayed}")
     print(f"posts while rebuilding: {len(during)} taken, p50 {ms(percentile(during, 0.5))}, "

@@ -80,6 +80,8 @@ class JobTrack:
     # rank number is taken only below the world size every other node reports (monitor.ingest.rank_claims).
     world_by_node: dict[str, int] = field(default_factory=dict)
     nodes_by_world: dict[int, set[str]] = field(default_factory=dict)
+    # The node last found to vouch for each world size (rank_claims.world_bound looks there first).
+    world_witness: dict[int, str] = field(default_factory=dict)
     # When each node first brought a rank of the job (monitor/engine/attribution.py: a node that joined late).
     node_joined_at: dict[str, float] = field(default_factory=dict)
     # The job's pace against its own history (monitor.ingest.pace); made at its first progress (a

@@ -304,6 +304,13 @@ def is_fresh(node: NodeTrack, now: float) -> bool:
     later it is the past, however recent: after a short outage it can be seconds old and show a
     job in the middle of failing, a false verdict until the node's first live report. A delta the
     monitor cannot build on (``NodeTrack.partial``) is not the present either, until the full report."""
-    if node.partial or (not node.live and now > node.last_report_at):
+    return not node.partial and heard_lately(node, now)
+
+
+def heard_lately(node: NodeTrack, now: float) -> bool:
+    """The node's agent reported live within its freshness window, whether or not the monitor can
+    build on what it sent (``is_fresh`` less ``partial``): after a restart, a node whose full report
+    is still on its way is heard, its restored ranks its own."""
+    if not node.live and now > node.last_report_at:
         return False
     return now - node.last_report_at <= max(NODE_FRESH_S, 3 * (node.agent.interval_s or 0.0))

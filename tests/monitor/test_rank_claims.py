@@ -124,3 +124,19 @@ def test_the_world_bound_follows_an_elastic_resize() -> None:
     job = state.jobs["job-x"]
     assert {r: t.node for r, t in job.ranks.items() if t.alive} == {2: "node-a", 3: "node-a"}
     assert job.claim_conflicts == {}
+
+
+def test_the_world_bound_holds_while_a_node_owes_its_full_report() -> None:
+    """After a restart a node is ``partial`` (not the present) until its full report: its ranks still
+    bound the world, and the bound moves to another node when the one that vouched goes silent."""
+    state = MonitorState()
+    post(state, "node-b", T0, rank_on("node-b", 0), rank_on("node-b", 1))
+    post(state, "node-c", T0, rank(job_id="job-x", rank=2, pid=7002, world_size=3))
+    state.nodes["node-b"].partial = state.nodes["node-c"].partial = True
+    post(state, "node-a", T0 + 1, rank_on("node-a", 3, world_size=4))
+    job = state.jobs["job-x"]
+    assert job.claim_conflicts[3].reason.startswith("past the world size 2 that node node-b")
+    # node-b silent, node-c still heard: the smallest world heard lately bounds it now.
+    post(state, "node-c", T0 + NODE_FRESH_S + 1, rank(job_id="job-x", rank=2, pid=7002, world_size=3))
+    post(state, "node-a", T0 + NODE_FRESH_S + 2, rank_on("node-a", 4, world_size=8))
+    assert job.claim_conflicts[4].reason.startswith("past the world size 3 that node node-c")
