@@ -99,6 +99,7 @@ class MonitorFigures:
     ranks: int
     reports_total: int
     full_reports_total: int
+    deltas_deferred: int
     replayed_total: int
     replayed_dropped: int
     jobs_displaced: int

@@ -66,10 +66,6 @@ REFRESH_S = 5.0
 GIANT_JOB_RANKS = 500
 # Ranks whose views a pass takes between two chances for requests to run.
 VIEW_CHUNK = 500
-# After a restart, the last nodes owing their full report (this share of those restored, or this
-# many) are never shed (``in_rebuild_tail``).
-REBUILD_TAIL_SHARE = 0.05
-REBUILD_TAIL_MIN = 16
 
 # A report kept through an outage longer ago than this is not applied (its verdicts are history
 # nobody will page on, and the state it would set up is long gone).
@@ -158,6 +154,8 @@ class Monitor:
         self.replayed_total = 0
         self.replayed_dropped = 0
         self.full_reports_total = 0
+        # Deltas answered without being applied (``answer_owed_delta``).
+        self.deltas_deferred = 0
         # Jobs forgotten at max_jobs to let new ones in (monitor/ingest/retention.make_room_for_jobs).
         self.jobs_displaced = 0
         self._rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
@@ -677,15 +675,28 @@ class Monitor:
             runs = self._timeline.runs(job_id, chosen)
         return TimelineSpans(now, self._timeline.window_s, len(kept), self._timeline.clipped(runs, now))
 
-    def in_rebuild_tail(self, node: str) -> bool:
-        """Whether ``node`` is one of the last few a restarted monitor still waits on for a full report.
-        Its posts are not shed (monitor/web/routes/ingest.py): shedding the herd keeps the loop ahead
-        (measured: letting every owing node in made 5-10 times as many posts time out), but a job is
-        ``unknown`` until its last node is heard, so the last ones' reports are what its verdict waits for."""
+    def owes_full(self, node: str) -> bool:
+        """Whether ``node``'s next report this process needs is a full one (after a restart, every
+        node's until it sends it). Its posts are never shed (monitor/web/routes/ingest.py): a job is
+        ``unknown`` until its last node's full report, and a node shed once is shed again after its
+        Retry-After while the loop stays behind (a 10,000-rank job's verdict waited 20-30 s on them)."""
         with self._lock:
-            awaiting = self._awaiting_restored
-            return node in awaiting and len(awaiting) <= max(REBUILD_TAIL_MIN,
-                                                             self._restored_nodes * REBUILD_TAIL_SHARE)
+            return node not in self._full_seen
+
+    def answer_owed_delta(self, report: Any, received_at: float | None = None) -> IngestAnswer | None:
+        """The answer to a delta from a node that owes its full report, without applying it (the
+        monitor is behind: a delta on a picture it does not hold changes nothing it can judge, and
+        costs as much to apply as any); None when ``report`` is not one, to be taken as usual."""
+        if not report.delta or report.replayed:
+            return None
+        received_at = self.clock() if received_at is None else received_at
+        with self._lock:
+            # A node this process never heard of is taken as usual, through the limits (``refusal``).
+            if report.node in self._full_seen or report.node not in self._state.nodes:
+                return None
+            self.deltas_deferred += 1
+            wait = self._full_pacer.wait_s(report.node, received_at, len(self._awaiting_restored))
+        return IngestAnswer(send_full=True, full_in_s=wait)
 
     def _rebuild_progress(self, now: float | None = None) -> RebuildProgress | None:
         """How far the rebuild after a restart is; None once every restored node sent a full report, or
@@ -727,6 +738,7 @@ class Monitor:
                 ranks=sum(self._rank_count(j) for j in state.jobs.values()),
                 reports_total=self.reports_total,
                 full_reports_total=self.full_reports_total,
+                deltas_deferred=self.deltas_deferred,
                 replayed_total=self.replayed_total,
                 replayed_dropped=self.replayed_dropped,
                 jobs_displaced=self.jobs_displaced,

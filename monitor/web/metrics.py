@@ -93,6 +93,10 @@ def own_families(figures: MonitorFigures, suspects: Sequence[SuspectNode], load:
     store = figures.store
     full = Family("hangwatch_monitor_full_reports", "Accepted reports that were full (not deltas)", "counter")
     full.add("", float(figures.full_reports_total))
+    deferred = Family("hangwatch_monitor_deltas_deferred",
+                      "Deltas from nodes owing their full report, answered (send the full one) and not applied "
+                      "while the monitor was behind", "counter")
+    deferred.add("", float(figures.deltas_deferred))
     pass_s = Family("hangwatch_monitor_diagnosis_pass_seconds", "Wall time of the last diagnosis pass over all jobs")
     pass_s.add("", figures.last_pass_s)
     pass_at = Family("hangwatch_monitor_last_diagnosis_timestamp_seconds", "Unix time the last diagnosis pass ended")
@@ -190,7 +194,7 @@ def own_families(figures: MonitorFigures, suspects: Sequence[SuspectNode], load:
         for reason in REFUSAL_REASONS:
             parts_refused.add(labels(("reason",), (reason,)), float(refusals.get(reason, 0)))
         kept.add("", float(figures.captures.total_bytes))
-    return [full, *load, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
+    return [full, deferred, *load, pass_s, pass_at, snapshots, backlog, replayed, replay_dropped, store_up,
             in_memory, write_failures, unsaved, dropped, refused, snapshot_bytes, displaced, claims, incidents, node_lost,
             culprit_jobs, ranks, summaries, relay_age, relay_nodes, actions,
             captures, parts, parts_refused, kept, *readiness_families(figures.readiness)]

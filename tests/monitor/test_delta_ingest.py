@@ -57,6 +57,7 @@ def test_a_delta_from_a_node_without_a_full_report_asks_for_one(client: TestClie
     clock.advance(1)
     assert post(client, dict(body, sent_at=clock.now))["send_full"] is True  # asked again until one comes
     clock.advance(1)
+    behind()
     assert post(client, report(ranks=[full_rank(clock)], sent_at=clock.now))["send_full"] is False
     clock.advance(1)
     assert post(client, dict(body, sent_at=clock.now))["send_full"] is False
@@ -98,6 +99,35 @@ def test_rejected_and_shed_reports_store_nothing(client: TestClient, clock: Fake
     assert monitor_of(client).reports_total == 1 and store.count_snapshots() == 1
     # A node the monitor has not heard from lately always gets in.
     assert client.post(URL, json=report(node="node-b", sent_at=clock.now)).status_code == 202
+
+
+def test_a_node_owing_its_full_report_is_never_shed_and_its_deltas_wait_unapplied(
+        client: TestClient, clock: FakeClock) -> None:
+    """While the monitor is behind, the node whose full report its jobs wait on (after a restart: every
+    node) gets in: its deltas are answered "send the full one" without being applied, its full report
+    is taken."""
+    delta = dict(report(ranks=[full_rank(clock)], sent_at=clock.now), delta=True)
+    assert post(client, delta)["send_full"] is True  # a delta first: nothing to build on
+    monitor, guard = monitor_of(client), client.app.state.load_guard
+    taken = monitor.reports_total
+
+    def behind() -> None:  # far behind, for the next second (of the real clock: noted before each post)
+        guard.note_lag(5.0, time.monotonic())
+
+    behind()
+    clock.advance(1)
+    answer = post(client, dict(delta, sent_at=clock.now))
+    assert answer["send_full"] is True and answer["full_in_s"] >= 0
+    assert (monitor.reports_total, monitor.figures().deltas_deferred, guard.shed_total) == (taken, 1, 0)
+    clock.advance(1)
+    behind()
+    assert post(client, report(ranks=[full_rank(clock)], sent_at=clock.now))["send_full"] is False
+    assert monitor.reports_total == taken + 1 and guard.shed_total == 0
+    # Heard in full now: its next report, so soon after, is shed as any other's.
+    clock.advance(1)
+    behind()
+    shed = client.post(URL, json=dict(delta, sent_at=clock.now))
+    assert shed.status_code == 503 and guard.shed_total == 1
 
 
 def test_the_old_reports_table_becomes_snapshots(tmp_path: Path, clock: FakeClock) -> None:

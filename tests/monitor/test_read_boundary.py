@@ -53,9 +53,9 @@ def test_what_a_monitor_shows_in_public_is_immutable_or_a_collaborator(tmp_path)
 # Every public member of Monitor, by what it is. A new one fails here until it is put in its place: a
 # read must return what ``_assert_detached`` accepts (checked below, on a job with every kind of data).
 READS = {"results", "status", "figures", "nodes", "rank_timeline", "job_ids", "node_ids", "resolve", "knows_job",
-         "history", "suspect_nodes", "cached_suspect_nodes", "readiness", "in_rebuild_tail"}
+         "history", "suspect_nodes", "cached_suspect_nodes", "readiness", "owes_full"}
 WRITES = {"ingest", "ingest_summary", "refusal", "make_room", "without_jobs", "reject", "replay", "tick", "tick_steps",
-          "forget_stale"}
+          "forget_stale", "answer_owed_delta"}
 
 
 def test_every_public_member_of_the_monitor_is_a_known_read_or_write():

@@ -96,27 +96,37 @@ def test_a_restart_rebuilds_until_the_restored_nodes_report_and_no_longer_than_t
         store.close()
 
 
-def test_the_last_nodes_a_restart_waits_on_are_its_rebuild_tail(tmp_path: Path) -> None:
-    """Their posts are not shed (monitor/web/routes/ingest.py): the herd's are, the tail's are what
-    the jobs' verdicts wait for."""
+def test_a_node_owing_its_full_report_gets_its_delta_answered_unapplied(tmp_path: Path) -> None:
+    """After a restart every restored node owes its full report: its posts are never shed
+    (monitor/web/routes/ingest.py), and while the monitor is behind its deltas are answered "send
+    the full one" without being applied. A node heard in full, or never heard, is taken as usual."""
     clock = FakeClock(time.time())
     store = Store(tmp_path / "monitor.db", clock=clock)
-    nodes = [f"node-{i:02d}" for i in range(40)]
+    nodes = [f"node-{i:02d}" for i in range(4)]
     try:
         first = Monitor(store, clock=clock)
         for node in nodes:
             first.ingest(_full_report(node, clock))
+        assert not first.owes_full(nodes[0])
         store.flush()
         clock.advance(5)
         restarted = Monitor(store, clock=clock)
-        assert restarted.replay() == 40
-        assert not restarted.in_rebuild_tail(nodes[-1])  # 40 owe their full report: the herd
-        for node in nodes[:24]:
-            restarted.ingest(_full_report(node, clock))
-        assert restarted.in_rebuild_tail(nodes[-1])  # 16 left: the tail (REBUILD_TAIL_MIN)
-        assert not restarted.in_rebuild_tail(nodes[0])  # heard in full already
-        assert not restarted.in_rebuild_tail("node-never-seen")
-        assert not first.in_rebuild_tail(nodes[0])  # a first start waits on nobody
+        assert restarted.replay() == 4
+        assert all(restarted.owes_full(n) for n in nodes)
+        restarted.ingest(_full_report(nodes[0], clock))
+        assert not restarted.owes_full(nodes[0])
+
+        def delta(node: str) -> object:
+            return decode_report(json.dumps(report(node=node, ranks=[rank(job_id=f"job-{node}")],
+                                                   sent_at=clock.now, delta=True)))
+
+        reports_before = restarted.reports_total
+        answer = restarted.answer_owed_delta(delta(nodes[1]))
+        assert answer is not None and answer.send_full and answer.full_in_s >= 0
+        assert restarted.reports_total == reports_before and restarted.figures().deltas_deferred == 1
+        assert restarted.answer_owed_delta(delta(nodes[0])) is None  # heard in full: a delta it builds on
+        assert restarted.answer_owed_delta(_full_report(nodes[1], clock)) is None  # the full report itself
+        assert restarted.answer_owed_delta(delta("node-never-seen")) is None  # through the limits, as any
     finally:
         store.close()
 

@@ -95,7 +95,7 @@ class IngestLayer:
             # A per-node token (monitor/web/auth.py): one node cannot speak for another.
             monitor.reject("wrong_node")
             raise wrong_node(bound_node)
-        return self._take(report, attributed=bound_node is not None)
+        return self._answer_owed_delta(report) or self._take(report, attributed=bound_node is not None)
 
     async def _ingest_batch(self, scope: Scope, receive: Receive) -> dict[str, Any]:
         monitor = self.monitor
@@ -122,7 +122,9 @@ class IngestLayer:
                     raise too_large(self.settings.max_body_bytes)
                 if self._should_shed(entry.report.node):
                     raise self._shed()
-                results.append({"status": 202, "body": self._take(entry.report, attributed=entry.attributed and vouched)})
+                body = (self._answer_owed_delta(entry.report)
+                        or self._take(entry.report, attributed=entry.attributed and vouched))
+                results.append({"status": 202, "body": body})
             except Answer as refusal:
                 headers = {k.decode(): v.decode() for k, v in refusal.headers if k != b"connection"}
                 results.append({"status": refusal.status, "body": refusal.body, "headers": headers})
@@ -134,10 +136,22 @@ class IngestLayer:
         return {"results": results}
 
     def _should_shed(self, node: str | None) -> bool:
-        # The last nodes a restarted monitor waits on are let in (Monitor.in_rebuild_tail).
-        if node is None or not self.guard.overloaded or self.monitor.in_rebuild_tail(node):
+        # A node that owes its full report is never shed (Monitor.owes_full): its jobs wait on it.
+        if node is None or not self.guard.overloaded or self.monitor.owes_full(node):
             return False
         return self.guard.should_shed(node, time.monotonic())
+
+    def _answer_owed_delta(self, report: Any) -> dict[str, Any] | None:
+        """While the loop is behind, a delta from a node that owes its full report is answered (send
+        the full one, when) and not applied: what is let in unshed must not cost what it saves."""
+        if not self.guard.overloaded:
+            return None
+        answer = self.monitor.answer_owed_delta(report)
+        if answer is None:
+            return None
+        self.guard.accepted(report.node, time.monotonic())
+        return {"accepted": True, "ranks": len(report.ranks), "delta": True, "send_full": True,
+                "full_in_s": answer.full_in_s, "replay": True}
 
     def _shed(self) -> Answer:
         # Past capacity: this node reported moments ago, its next report will do.
