@@ -57,7 +57,6 @@ def test_a_delta_from_a_node_without_a_full_report_asks_for_one(client: TestClie
     clock.advance(1)
     assert post(client, dict(body, sent_at=clock.now))["send_full"] is True  # asked again until one comes
     clock.advance(1)
-    behind()
     assert post(client, report(ranks=[full_rank(clock)], sent_at=clock.now))["send_full"] is False
     clock.advance(1)
     assert post(client, dict(body, sent_at=clock.now))["send_full"] is False
