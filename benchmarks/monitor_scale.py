@@ -55,6 +55,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -442,7 +443,9 @@ def summarise_restart(args: argparse.Namespace, stats: LoadStats, observed: dict
     runs: list[tuple[float, str, str]] = []  # each change of what was shown: (at, verdict, summary)
     for at, verdict, named, summary in observed["seen"]:
         shown = f"{verdict} {named[:4]}" + (" (held, unchecked)" if HELD_UNCHECKED in summary else "")
-        if not runs or runs[-1][1] != shown:
+        # A change of what is said counts too (its figures aside): "refreshing" has several reasons.
+        said = re.sub(r"[\d.]+", "#", summary[:70])
+        if not runs or runs[-1][1] != shown or re.sub(r"[\d.]+", "#", runs[-1][2][:70]) != said:
             runs.append((at, shown, summary))
     figures = {
         "ranks": args.nodes * RANKS_PER_NODE, "nodes": args.nodes, "ranks_per_job": args.ranks_per_job,
@@ -467,7 +470,7 @@ def summarise_restart(args: argparse.Namespace, stats: LoadStats, observed: dict
           f"the restart; right again ({args.fault} {[1]}, judged) "
           + (f"{right:.1f} s after the restart" if right is not None else f"NOT within {args.watch_s:.0f} s"))
     print(f"healthy shown meanwhile: {len(healthy)} answers" + "".join(f"\n  {h[0]:.1f}s {h[3][:160]}" for h in healthy[:3]))
-    print("what the job showed:" + "".join(f"\n  {at:6.2f}s {shown}: {summary[:140]}" for at, shown, summary in runs[:12]))
+    print("what the job showed:" + "".join(f"\n  {at:6.2f}s {shown}: {summary[:140]}" for at, shown, summary in runs[:16]))
     if observed["seen"]:  # the same verdict can hide a changing summary (how many nodes it still waits for)
         at, _, _, summary = observed["seen"][-1]
         print(f"  last answer, at {at:.2f}s: {summary[:300]}")
@@ -482,7 +485,8 @@ def summarise_restart(args: argparse.Namespace, stats: LoadStats, observed: dict
     print(f"restarted monitor: CPU {cpu_s if cpu_s is not None else float('nan'):.1f} s from its first answer to the "
           f"end, peak RSS {figures['rss_peak_mib']:.0f} MiB")
     for line in observed["monitor_metrics"]:
-        if line.startswith(("hangwatch_monitor_full_reports", "hangwatch_monitor_reports_replay")):
+        if line.startswith(("hangwatch_monitor_full_reports", "hangwatch_monitor_reports_replay",
+                            "hangwatch_monitor_deltas_deferred")):
             print("  " + line)
     return figures
 
