@@ -185,6 +185,9 @@ class RankView:
     # The median of its CPU percent over the last half-minute of reports (monitor.ingest.tracks): the work
     # it does per second, steady enough to compare ranks by. None until the window is full enough.
     cpu_level_percent: float | None = None
+    # The seconds that level spans: the straggler window, or longer for a rank reported seldom
+    # (monitor.ingest.tracks.Level). None where not known (a member of a relay's group).
+    cpu_level_span_s: float | None = None
     # Since when CPU has stayed below the idle threshold without a break (None: it is not).
     idle_since: float | None = None
     write_bytes_per_s: float | None = None

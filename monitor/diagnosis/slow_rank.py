@@ -127,7 +127,7 @@ def _straggler(ctx: Context, culprits: list[int], levels: dict[int, float], othe
     n_others = len(others)
     evidence = [
         f"rank {r} on {activities[r].rank.node}: {levels[r]:.0f}% CPU (median over the last "
-        f"{ctx.job.cpu_level_window_s:.0f}s)" for r in culprits[:8]
+        f"{activities[r].rank.cpu_level_span_s or ctx.job.cpu_level_window_s:.0f}s)" for r in culprits[:8]
     ]
     if len(culprits) > 8:
         evidence.append(f"... and {len(culprits) - 8} more of {ranks_text(culprits)}")

@@ -56,6 +56,7 @@ def _build_rank_view(track: RankTrack) -> RankView:
         state_since=track.state_since,
         cpu_percent=rr.cpu_percent,
         cpu_level_percent=track.cpu.value,
+        cpu_level_span_s=track.cpu.span_s or None,
         idle_since=track.idle_since,
         cpu_since=track.cpu_since,
         write_bytes_per_s=rr.write_bytes_per_s,

@@ -33,7 +33,9 @@ PER_RANK_ENV = frozenset({"ROLE_RANK", "GROUP_RANK", "TORCHELASTIC_ERROR_FILE", 
 # The cgroup names the node's pod or slice: one group per node if it were the group's (a member is
 # given none; its CPU denied, throttling included, is its own row's).
 _OWN_OR_DERIVED = frozenset(MEMBER_FIELDS) | {"exit", "progress_times", "progress_points", "sockets", "stack",
-                                              "log_phase", "env", "step_time_s", "blocked_io", "cgroup"}
+                                              "log_phase", "env", "step_time_s", "blocked_io", "cgroup",
+                                              # Worked out per rank from its own report times: never shared.
+                                              "cpu_level_span_s"}
 KEY_FIELDS = tuple(f.name for f in dataclasses.fields(RankView) if f.name not in _OWN_OR_DERIVED)
 # Times a view holds, shifted onto the owner's clock when a relay's clock is off by more than
 # CLOCK_SKEW_S; within it, a second's grain does not care.

@@ -12,6 +12,7 @@ STUCK_AFTER_S is dumped at that report (agent/stacks.py ``looks_stuck``).
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -286,3 +287,23 @@ def test_the_level_rule_never_names_the_rank_that_saved_a_checkpoint(interval: f
     for seed in range(seeds):
         seen = readings(job, interval, 80.0 + saving_s + 100.0, level_rule, seed, every_s=1.0, from_s=75.0)
         assert not [s for s in seen if s[1] != "none"], (seed, [s for s in seen if s[1] != "none"][:3])
+
+
+@pytest.mark.parametrize(("interval", "spans"), [pytest.param(1.0, (30, 30), id="1s"),
+                                                  pytest.param(10.0, (75, 90), id="10s")])
+def test_the_straggler_evidence_says_how_long_its_level_spans(interval: float, spans: tuple[int, int]) -> None:
+    """A rank reported every 10 s has its level over 8 of its reports (~80 s), not the 30-s window:
+    the evidence says which."""
+    name, job, slow, within_s = STRAGGLERS[0]
+    said: list[Diagnosis] = []
+
+    def judge(view: JobView) -> Diagnosis:
+        said.append(verdict(view))
+        return said[-1]
+
+    readings(job, interval, job.slow_from + within_s + 20.0, judge, seed=1, from_s=job.slow_from + within_s)
+    named = [d for d in said if d.verdict == "straggler"]
+    assert named, [d.summary for d in said[-3:]]
+    line = next(e for e in named[-1].evidence if e.startswith(f"rank {slow} "))
+    found = re.search(r"median over the last (\d+)s", line)
+    assert found and spans[0] <= int(found.group(1)) <= spans[1], line
