@@ -77,10 +77,10 @@ def assert_no_alarm(seen, allowed) -> None:
                      f"first wrong answer:\n{compact(bad[0][1])}")
 
 
-def test_checkpoint_save_by_rank0_is_not_a_hang(torchrun_job, client, wait_for_verdict):
+def test_checkpoint_save_by_rank0_is_not_a_hang(plain_job, client, wait_for_verdict):
     """rank 0 writes a checkpoint for 14 s (4x the stall threshold of a job this fast); rank 1 waits
     at dist.barrier() meanwhile."""
-    job = torchrun_job("--fail", "checkpoint", "--fail-rank", "0", "--busy-seconds", "14", *FAIL_AT)
+    job = plain_job("--fail", "checkpoint", "--fail-rank", "0", "--busy-seconds", "14", *FAIL_AT)
     job.wait_for_step(5, timeout=60)
     seen = watch(client, job, 60, until="checkpoint saved")
     assert "checkpoint saved" in job.text(), job.log_tail()
@@ -89,10 +89,10 @@ def test_checkpoint_save_by_rank0_is_not_a_hang(torchrun_job, client, wait_for_v
     wait_for_verdict(job, "healthy", timeout=20)
 
 
-def test_checkpoint_written_in_bursts_never_leaves_healthy(torchrun_job, client):
+def test_checkpoint_written_in_bursts_never_leaves_healthy(plain_job, client):
     """rank 0 saves for 14 s in bursts (4 MB, fsync, 1 s pause) while rank 1 waits at a barrier:
     the monitor's own record of published verdicts (not just our polls) stays healthy."""
-    job = torchrun_job("--fail", "checkpoint", "--fail-rank", "0", "--busy-seconds", "14",
+    job = plain_job("--fail", "checkpoint", "--fail-rank", "0", "--busy-seconds", "14",
                        "--checkpoint-burst-mb", "4", "--checkpoint-pause", "1", *FAIL_AT)
     job.wait_for_step(5, timeout=60)
     seen = watch(client, job, 60, until="checkpoint saved")
@@ -106,10 +106,10 @@ def test_checkpoint_written_in_bursts_never_leaves_healthy(torchrun_job, client)
     assert all((h["verdict"], tuple(h["culprit_ranks"])) in allowed for h in history), history
 
 
-def test_evaluation_pass_is_not_a_hang(torchrun_job, client, wait_for_verdict):
+def test_evaluation_pass_is_not_a_hang(plain_job, client, wait_for_verdict):
     """Every rank evaluates for 20 s (printing ``eval ...`` lines) every STALL_STEP steps: well past
     the stall threshold however the loaded machine stretched the job's pace (12 s was not, in CI)."""
-    job = torchrun_job("--fail", "eval", "--busy-seconds", "20", "--eval-every", str(STALL_STEP), *HALF_A_CORE)
+    job = plain_job("--fail", "eval", "--busy-seconds", "20", "--eval-every", str(STALL_STEP), *HALF_A_CORE)
     job.wait_for_step(5, timeout=60)
     seen = watch(client, job, 50, until=f"eval step {STALL_STEP} | val loss")
     assert f"eval step {STALL_STEP} | val loss" in job.text(), job.log_tail()
@@ -121,18 +121,18 @@ def test_evaluation_pass_is_not_a_hang(torchrun_job, client, wait_for_verdict):
                for j in in_phase for line in j["evidence"]), compact(in_phase[-1])
 
 
-def test_slow_first_step_is_not_a_hang(torchrun_job, client):
+def test_slow_first_step_is_not_a_hang(plain_job, client):
     """Step 1 takes 14 s on every rank (a torch.compile-like warm-up, past the 10-s allowance for a
     job whose pace is not known yet); then steps are quick."""
-    job = torchrun_job("--first-step-seconds", "14", *HALF_A_CORE)
+    job = plain_job("--first-step-seconds", "14", *HALF_A_CORE)
     seen = watch(client, job, 60, until="step 20/")
     assert "step 20/" in job.text(), job.log_tail()
     assert_no_alarm(seen, lambda v, c: v == "healthy")
 
 
-def test_slow_steps_are_not_a_hang(torchrun_job, client):
+def test_slow_steps_are_not_a_hang(plain_job, client):
     """8-second steps: the cadence is learned; 8 s of silence between steps is normal."""
-    job = torchrun_job("--step-seconds", "8", *HALF_A_CORE)
+    job = plain_job("--step-seconds", "8", *HALF_A_CORE)
     job.wait_for_step(1, timeout=60)
     seen = watch(client, job, 26)
     assert_no_alarm(seen, lambda v, c: v == "healthy")

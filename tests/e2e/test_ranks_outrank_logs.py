@@ -43,11 +43,11 @@ def test_a_side_threads_counter_does_not_hide_a_deadlock(torchrun_job, wait_for_
     assert {r["k8s_pod"] for r in got["ranks"]} == {None}
 
 
-def test_a_job_that_logs_every_100_steps_is_judged_by_its_ranks(torchrun_job, wait_for_verdict):
+def test_a_job_that_logs_every_100_steps_is_judged_by_its_ranks(plain_job, wait_for_verdict):
     """The step line comes every 100th step only (Megatron-LM's --log-interval); rank 1 stalls 50
     steps after a line. The log's own pace would wait some 5 lines' worth (35 s and more here); the
     stacks and CPU name the deadlock while the log is still within its pace."""
-    job = torchrun_job("--log-every", "100", "--step-sleep", "0.03", "--fail", "linger", "--fail-at-step", "350")
+    job = plain_job("--log-every", "100", "--step-sleep", "0.03", "--fail", "linger", "--fail-at-step", "350")
     job.wait_for_step(300, timeout=90)
     assert "step 350/" not in job.text() and "step 250/" not in job.text()  # the log shows every 100th step only
     got = wait_for_verdict(job, "deadlock", culprits=[1], timeout=60)
@@ -58,12 +58,12 @@ def test_a_job_that_logs_every_100_steps_is_judged_by_its_ranks(torchrun_job, wa
     assert silent < 5 * usual, evidence(got)
 
 
-def test_a_save_whose_open_never_returns_is_named_stuck_io_with_its_file(torchrun_job, wait_for_verdict, tmp_path,
+def test_a_save_whose_open_never_returns_is_named_stuck_io_with_its_file(plain_job, wait_for_verdict, tmp_path,
                                                                         client):
     """Rank 0's torch.save opens a path that never answers (a FIFO nobody reads, as a hung network
     mount); rank 1 waits at the barrier after it. A save keeps its grace while it writes; this one
     writes nothing at 0% CPU, so it is named stuck I/O, with the file, well before the 2-minute grace."""
-    job = torchrun_job("--fail", "stuck-save", "--fail-rank", "0", "--checkpoint-dir", str(tmp_path),
+    job = plain_job("--fail", "stuck-save", "--fail-rank", "0", "--checkpoint-dir", str(tmp_path),
                        "--fail-at-step", str(STALL_STEP))
     observations: list = []
     got = wait_for_verdict(job, "deadlock", culprits=[0], timeout=90, observations=observations)

@@ -58,14 +58,14 @@ def test_rank_exits_early_under_plain_launch(plain_job, wait_for_verdict):
 
 
 @pytest.mark.parametrize("log_format", ["mmengine", "json", "hf"])
-def test_a_log_format_no_pattern_knows_is_learned_and_the_deadlock_named(torchrun_job, wait_for_verdict, client,
+def test_a_log_format_no_pattern_knows_is_learned_and_the_deadlock_named(plain_job, wait_for_verdict, client,
                                                                         log_format):
     """The workload logs its steps as mmengine or a JSON-lines logger does, or only its loss as
     transformers' Trainer does (no step number: a heartbeat): the agent learns where the step is,
     or the pace (agent/progress_learner.py), the monitor shows what it learned, and the deadlock
     is named. (The workload's own "left the loop at step N" line, printed when it stalls, is read
     by the generic pattern: the learned steps are checked while the job still steps.)"""
-    job = torchrun_job("--log-format", log_format, "--fail", "linger", "--fail-at-step", "150")
+    job = plain_job("--log-format", log_format, "--fail", "linger", "--fail-at-step", "150")
     deadline = time.monotonic() + 45
     learned = None
     while learned is None and time.monotonic() < deadline and "mode=linger" not in job.text():
@@ -85,12 +85,12 @@ def test_a_log_format_no_pattern_knows_is_learned_and_the_deadlock_named(torchru
 
 
 def test_a_job_that_logs_to_a_file_of_its_own_shows_its_steps_and_its_deadlock_is_named(
-        torchrun_job, wait_for_verdict, client, tmp_path):
+        plain_job, wait_for_verdict, client, tmp_path):
     """Rank 0 logs its steps through logging.FileHandler to a file only it holds open (stdout
     gets no step line): the agent, given no --log, follows the file because the rank appends to it
     (agent/appended_files.py), the monitor shows rank 0 stepping, and the deadlock is named."""
     own_log = tmp_path / "rank0-own.log"
-    job = torchrun_job("--log-file", str(own_log), "--fail", "linger", "--fail-at-step", "150")
+    job = plain_job("--log-file", str(own_log), "--fail", "linger", "--fail-at-step", "150")
     deadline = time.monotonic() + 45
     stepping = None
     while stepping is None and time.monotonic() < deadline and "mode=linger" not in job.text():
@@ -109,8 +109,8 @@ def test_a_job_that_logs_to_a_file_of_its_own_shows_its_steps_and_its_deadlock_i
 # ranks and frames, from one job instead of two.
 
 
-def test_rank0_only_extra_collective(torchrun_job, wait_for_verdict):
-    job = torchrun_job("--fail", "extra-collective", "--fail-rank", "0", *FAIL_AT)
+def test_rank0_only_extra_collective(plain_job, wait_for_verdict):
+    job = plain_job("--fail", "extra-collective", "--fail-rank", "0", *FAIL_AT)
     got = wait_for_verdict(job, "deadlock", culprits=[0])
     assert culprits(got) == [0]
 
@@ -121,8 +121,8 @@ def test_ddp_rank_lingers(torchrun_job, wait_for_verdict):
     assert culprits(got) == [1]
 
 
-def test_async_allreduce_rank_lingers(torchrun_job, wait_for_verdict):
-    job = torchrun_job("--async-allreduce", "--fail", "linger", *FAIL_AT)
+def test_async_allreduce_rank_lingers(plain_job, wait_for_verdict):
+    job = plain_job("--async-allreduce", "--fail", "linger", *FAIL_AT)
     got = wait_for_verdict(job, "deadlock", culprits=[1])
     assert culprits(got) == [1]
 
@@ -137,8 +137,8 @@ def test_sigkill_rank1(torchrun_job, wait_for_verdict, reaper):
     assert "killed by SIGKILL" in evidence(got)
 
 
-def test_sigstop_rank1(torchrun_job, wait_for_verdict, reaper):
-    job = torchrun_job("--steps", "100000")
+def test_sigstop_rank1(plain_job, wait_for_verdict, reaper):
+    job = plain_job("--steps", "100000")
     pids = job.rank_pids()
     job.wait_for_step(STALL_STEP)
     reaper.kill(pids[1], signal.SIGSTOP)
@@ -194,12 +194,12 @@ def test_clean_finish(torchrun_job, wait_for_verdict):
     assert job.launcher.wait(timeout=30) == 0
 
 
-def test_no_alarm_before_the_stall(torchrun_job, wait_for_verdict, client, monitor):
+def test_no_alarm_before_the_stall(plain_job, wait_for_verdict, client, monitor):
     """While the job is healthy every answer is ``healthy``; the deadlock shows after the stall.
     ``hangwatch diagnose`` and ``status`` asked at both ends exit as the verdict says (0 healthy,
     1 an alarm, 3 no such job): the same job, the commands' exit codes on a real hang."""
     stall_step = 200  # ~12 s of healthy steps at ~0.06 s/step
-    job = torchrun_job("--fail", "linger", "--fail-at-step", str(stall_step))
+    job = plain_job("--fail", "linger", "--fail-at-step", str(stall_step))
     seen: list[Observation] = []
     job.wait_for_step(20, timeout=VERDICT_TIMEOUT)
     got = wait_for_verdict(job, "healthy", observations=seen)
