@@ -25,7 +25,7 @@ import pydantic
 from monitor.web.auth import BATCH_PATH, BOUND_NODE_KEY, INGEST_PATH, RELAY_KEY
 from monitor.ingest.fastwire import MAX_BATCH_REPORTS, decode_batch, decode_report
 from monitor.web.load import LoadGuard, peek_node
-from monitor.engine.service import Monitor
+from monitor.engine.service import IngestAnswer, Monitor
 from monitor.web.settings import Settings
 
 PATH = INGEST_PATH
@@ -150,8 +150,7 @@ class IngestLayer:
         if answer is None:
             return None
         self.guard.accepted(report.node, time.monotonic())
-        return {"accepted": True, "ranks": len(report.ranks), "delta": True, "send_full": True,
-                "full_in_s": answer.full_in_s, "replay": True}
+        return _taken(report, answer)
 
     def _shed(self) -> Answer:
         # Past capacity: this node reported moments ago, its next report will do.
@@ -174,13 +173,7 @@ class IngestLayer:
             report, refused_jobs = rest, sorted(refusal.excess_jobs)
         answer = monitor.ingest(report, attributed=attributed)
         self.guard.accepted(report.node, time.monotonic())
-        # "delta": this monitor takes delta reports (agent/delta.py); "send_full": make the next one full,
-        # "full_in_s" seconds from now (deltas until then: a herd spread, monitor/ingest/full_pacing.py).
-        # "replay": this monitor applies reports kept through an outage at their own times.
-        out = {"accepted": True, "ranks": len(report.ranks), "delta": True, "send_full": answer.send_full,
-               "replay": True}
-        if answer.send_full:
-            out["full_in_s"] = answer.full_in_s
+        out = _taken(report, answer)
         if refused_jobs:
             out["refused_jobs"] = {"jobs": refused_jobs[:64], "detail": refusal.detail if refusal else ""}
         if report.order_results:
@@ -191,6 +184,17 @@ class IngestLayer:
         if orders:
             out["orders"] = orders
         return out
+
+
+def _taken(report: Any, answer: IngestAnswer) -> dict[str, Any]:
+    """The answer to a report taken. "delta": this monitor takes delta reports (agent/delta.py);
+    "send_full": make the next one full, "full_in_s" seconds from now (deltas until then: a herd
+    spread, monitor/ingest/full_pacing.py); "replay": this monitor applies reports kept through an
+    outage at their own times."""
+    out = {"accepted": True, "ranks": len(report.ranks), "delta": True, "send_full": answer.send_full, "replay": True}
+    if answer.send_full:
+        out["full_in_s"] = answer.full_in_s
+    return out
 
 
 def batch_body_limit(max_body_bytes: int) -> int:
