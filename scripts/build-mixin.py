@@ -95,7 +95,7 @@ def _ordered(value: object) -> object:
 def verdicts() -> list[dict]:
     """What the mixin knows of each verdict, from the catalogue."""
     return [{"name": v.name, "label": v.label, "severity": v.severity, "colour": v.colour.grafana,
-             "runbook": v.runbook} for v in CATALOGUE]
+             "runbook": v.runbook, "halts": v.halts} for v in CATALOGUE]
 
 
 def evaluate(config: str, outputs: dict[str, str]) -> dict:

@@ -70,9 +70,13 @@ local lib = import 'lib.libsonnet';
                      'Nothing is hung: the job burns its time waiting on the network.',
                    ]),
           {
-            // Whatever the cause: a job at half its best pace or slower, for long (the pace, not a verdict).
+            // Whatever the cause: a job at half its best pace or slower, for long (the pace, not a verdict),
+            // while it still steps. A job that halted (deadlock, stalled, a rank ended, unknown...) has a
+            // pace ratio that grows with the silence; its own alert says what is wrong, so this one is quiet.
             alert: 'HangwatchJobSlow',
-            expr: 'max by (%s) (hangwatch_job_pace_ratio%s) >= %g' % [h.by(['job_id']), h.sel(), cfg.slowPaceRatio],
+            expr: 'max by (%s) (hangwatch_job_pace_ratio%s) >= %g unless on (%s) max by (%s) (hangwatch_job_verdict%s) == 1'
+                  % [h.by(['job_id']), h.sel(), cfg.slowPaceRatio, h.by(['job_id']), h.by(['job_id']),
+                     h.sel(['verdict=~"%s"' % std.join('|', [v.name for v in cfg.verdicts if v.halts])])],
             'for': cfg.slowPaceFor,
             labels: { severity: 'warning' },
             annotations: {

@@ -6,76 +6,87 @@
     "label": "healthy",
     "severity": "ok",
     "colour": "green",
-    "runbook": null
+    "runbook": null,
+    "halts": false
   },
   {
     "name": "finished",
     "label": "finished",
     "severity": "ok",
     "colour": "green",
-    "runbook": null
+    "runbook": null,
+    "halts": false
   },
   {
     "name": "straggler",
     "label": "straggler",
     "severity": "warning",
     "colour": "orange",
-    "runbook": "straggler"
+    "runbook": "straggler",
+    "halts": false
   },
   {
     "name": "slow_compute",
     "label": "slow compute",
     "severity": "warning",
     "colour": "orange",
-    "runbook": "slow-compute"
+    "runbook": "slow-compute",
+    "halts": false
   },
   {
     "name": "stalled",
     "label": "stalled",
     "severity": "warning",
     "colour": "orange",
-    "runbook": "stalled"
+    "runbook": "stalled",
+    "halts": true
   },
   {
     "name": "rendezvous_hang",
     "label": "rendezvous hang",
     "severity": "critical",
     "colour": "red",
-    "runbook": "rendezvous-hang"
+    "runbook": "rendezvous-hang",
+    "halts": true
   },
   {
     "name": "rank_stopped",
     "label": "rank stopped",
     "severity": "critical",
     "colour": "red",
-    "runbook": "rank-stopped"
+    "runbook": "rank-stopped",
+    "halts": true
   },
   {
     "name": "rank_exited",
     "label": "rank exited",
     "severity": "critical",
     "colour": "red",
-    "runbook": "rank-exited"
+    "runbook": "rank-exited",
+    "halts": true
   },
   {
     "name": "deadlock",
     "label": "deadlock",
     "severity": "critical",
     "colour": "red",
-    "runbook": "deadlock"
+    "runbook": "deadlock",
+    "halts": true
   },
   {
     "name": "unknown",
     "label": "unknown",
     "severity": "warning",
     "colour": "orange",
-    "runbook": "agent-silent"
+    "runbook": "agent-silent",
+    "halts": true
   },
   {
     "name": "slow_network",
     "label": "slow network",
     "severity": "warning",
     "colour": "orange",
-    "runbook": "slow-network"
+    "runbook": "slow-network",
+    "halts": false
   }
 ]

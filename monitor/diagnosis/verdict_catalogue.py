@@ -50,6 +50,9 @@ class VerdictEntry:
     incident: bool = False
     # Its section of docs/runbook.md (the anchor alerts and the page link to).
     runbook: str | None = None
+    # The job makes no progress under it (or the monitor cannot see it): its own alert says so, and
+    # the pace alert (HangwatchJobSlow, for jobs that still step, slowly) stays quiet beside it.
+    halts: bool = False
 
     @property
     def colour(self) -> Colour:
@@ -57,20 +60,20 @@ class VerdictEntry:
 
 
 # In the order of the numbers the mixin's recording rule gives them (job_id:hangwatch_job_verdict:code):
-# kept in Prometheus, so a new verdict goes last. Each: name, severity, label, confirm_s, incident, runbook.
+# kept in Prometheus, so a new verdict goes last. Each: name, severity, label, confirm_s, incident, runbook, halts.
 CATALOGUE: tuple[VerdictEntry, ...] = (
     VerdictEntry("healthy", "ok", "healthy"),
     VerdictEntry("finished", "ok", "finished"),
     VerdictEntry("straggler", "warning", "straggler", 1.0, True, "straggler"),
     VerdictEntry("slow_compute", "warning", "slow compute", 1.0, True, "slow-compute"),
-    VerdictEntry("stalled", "warning", "stalled", 1.0, True, "stalled"),
-    VerdictEntry("rendezvous_hang", "critical", "rendezvous hang", 1.0, True, "rendezvous-hang"),
-    VerdictEntry("rank_stopped", "critical", "rank stopped", None, True, "rank-stopped"),
-    VerdictEntry("rank_exited", "critical", "rank exited", None, True, "rank-exited"),
-    VerdictEntry("deadlock", "critical", "deadlock", 1.0, True, "deadlock"),
+    VerdictEntry("stalled", "warning", "stalled", 1.0, True, "stalled", halts=True),
+    VerdictEntry("rendezvous_hang", "critical", "rendezvous hang", 1.0, True, "rendezvous-hang", halts=True),
+    VerdictEntry("rank_stopped", "critical", "rank stopped", None, True, "rank-stopped", halts=True),
+    VerdictEntry("rank_exited", "critical", "rank exited", None, True, "rank-exited", halts=True),
+    VerdictEntry("deadlock", "critical", "deadlock", 1.0, True, "deadlock", halts=True),
     # The monitor cannot tell: the agent of a node running the job has gone silent (or the
     # monitor has just restarted and waits for fresh reports).
-    VerdictEntry("unknown", "warning", "unknown", None, False, "agent-silent"),
+    VerdictEntry("unknown", "warning", "unknown", None, False, "agent-silent", halts=True),
     # Still stepping, at a third of its own pace or less, its ranks waiting on the network: confirmed
     # over several slow readings, since a single slow step is no trend.
     VerdictEntry("slow_network", "warning", "slow network", 10.0, True, "slow-network"),

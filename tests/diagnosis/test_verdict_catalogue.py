@@ -116,6 +116,12 @@ def _job_alerts() -> dict[str, tuple[str, str]]:
     return out
 
 
+def _pace_alert_quiet_verdicts() -> set[str]:
+    """The verdicts under which HangwatchJobSlow stays quiet (its `unless` matcher)."""
+    (alert,) = [a for a in _rules("dashboards/hangwatch-alerts.yml") if a.get("alert") == "HangwatchJobSlow"]
+    return set(re.search(r'unless on .*verdict=~"([\w|]+)"', alert["expr"]).group(1).split("|"))
+
+
 def _recorded_codes() -> dict[str, int]:
     (rule,) = [r for r in _rules("dashboards/hangwatch-rules.yml") if r.get("record") == "job_id:hangwatch_job_verdict:code"]
     return {v: int(code) for v, code in re.findall(r'verdict="(\w+)"\} == 1\) \* (\d+)', rule["expr"])}
@@ -184,7 +190,8 @@ PLACES: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
                           f"JOB a  \033[{v.colour.terminal}m{v.name.upper()}\033[0m") for v in CATALOGUE}),
     "dashboards/mixin/verdicts.libsonnet": (
         _mixin_verdicts, lambda: [{"name": v.name, "label": v.label, "severity": v.severity, "colour": v.colour.grafana,
-                                   "runbook": v.runbook} for v in CATALOGUE]),
+                                   "runbook": v.runbook, "halts": v.halts} for v in CATALOGUE]),
+    "the pace alert's quiet verdicts (HangwatchJobSlow)": (_pace_alert_quiet_verdicts, lambda: names(lambda v: v.halts)),
     "the dashboard's verdict mappings": (
         _grafana_mappings,
         lambda: [{str(i): (v.label.upper(), v.colour.grafana) for i, v in enumerate(CATALOGUE)}] * len(_grafana_mappings())),
