@@ -18,6 +18,7 @@ import httpx
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from agent.stacks import NATIVE_DUMP_TIMEOUT_S, NATIVE_OFF_AFTER_TIMEOUT_S
 from tests.ops.conftest import GRAFANA_URL, RUNBOOK_URL, LiveHang, is_loopback
 
 pytestmark = pytest.mark.e2e
@@ -25,6 +26,9 @@ pytestmark = pytest.mark.e2e
 SHOW_TIMEOUT_MS = 15_000
 # The agent dumps native frames of a stuck rank a little after it sees it stuck.
 NATIVE_TIMEOUT_MS = 30_000
+# A rank's native dump that timed out on the loaded machine turns its native dumps off for a while
+# (agent/stacks.py); the next one comes after that, so a rank's own native frames may take this long.
+NATIVE_RETRY_TIMEOUT_MS = int((NATIVE_DUMP_TIMEOUT_S + NATIVE_OFF_AFTER_TIMEOUT_S) * 1000) + NATIVE_TIMEOUT_MS
 TIME_WITH_ZONE = r"\d\d:\d\d:\d\d UTC([+-]\d\d:\d\d)?"
 
 
@@ -101,10 +105,10 @@ def test_native_frames_fold_and_unfold(live_hang: LiveHang) -> None:
     # rank's native frames come with its own native dump: rank 1's (asleep in linger_forever) may be
     # shown first, rank 0's with a later poll. (CI saw only rank 1's, ['time_sleep', 'clock_nanosleep'],
     # for 30 s: rank 0's native dump had timed out on the loaded machine, and native dumps stay off
-    # for a minute after that; agent/stacks.py NATIVE_DUMP_TIMEOUT_S.)
+    # for a minute after that: the wait covers the retry.)
     waits = card.locator(".stack-tree .node.native .frame", has_text=re.compile("wait", re.IGNORECASE))
     try:
-        waits.first.wait_for(timeout=NATIVE_TIMEOUT_MS)
+        waits.first.wait_for(timeout=NATIVE_RETRY_TIMEOUT_MS)
     except PlaywrightTimeout as exc:  # say what the tree showed instead, and what the agent said
         shown = [r["frame"] for r in tree_rows(card) if "native" in r["cls"].split()]
         raise AssertionError(f"{shown}\n--- agent log\n{live_hang.agent.log_tail(15)}") from exc
