@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import durations
+from tests import cpu_log, durations
 
 TESTS = Path(__file__).resolve().parent
 NODE_WORKER = TESTS / "node_worker.py"
@@ -43,6 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    cpu_log.register(config)
     # pytest-xdist turns `-n N` into N "popen" specs; each becomes `python tests/node_worker.py ...`.
     tx = getattr(config.option, "tx", None)
     if tx and "PYTEST_XDIST_WORKER" not in os.environ:
