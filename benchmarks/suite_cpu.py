@@ -9,6 +9,10 @@ missed (at most ``--every`` seconds of it: a small share for all but the shortes
 
     python benchmarks/suite_cpu.py                      # scripts/test.sh, the whole suite
     python benchmarks/suite_cpu.py -- scripts/test.sh -m e2e
+    python benchmarks/suite_cpu.py --by-test FILE         # sum a run's HANGWATCH_TEST_CPU_LOG by file, test
+
+The second way (tests/cpu_log.py) counts what each test's worker spent and reaped, so it names the
+tests to make cheaper: HANGWATCH_TEST_CPU_LOG=FILE scripts/test.sh, then --by-test FILE.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,11 +85,34 @@ def read_all(seen: dict[int, Seen], ended: list[Seen]) -> None:
         seen[pid] = Seen(pid, started, kind_of(cmdline), cpu_s)
 
 
+def by_test(path: Path, top: int) -> int:
+    """The CPU each test file and each test spent, from a HANGWATCH_TEST_CPU_LOG file, most first."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    files: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+    for line in lines:
+        files[line["test"].split("::")[0]] += line["cpu_s"]
+        counts[line["test"].split("::")[0]] += 1
+    total = sum(files.values())
+    print(f"{len(lines)} tests, {total:.0f} CPU-s, {sum(x['wall_s'] for x in lines):.0f} worker-s")
+    print(f"{'CPU-s':>8} {'share':>6} {'tests':>5}  file")
+    for name, cpu_s in files.most_common(top):
+        print(f"{cpu_s:8.1f} {cpu_s / total:6.1%} {counts[name]:5d}  {name}")
+    print(f"\n{'CPU-s':>8} {'wall-s':>7}  test")
+    for line in sorted(lines, key=lambda x: -x["cpu_s"])[:top]:
+        print(f"{line['cpu_s']:8.1f} {line['wall_s']:7.1f}  {line['test']}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--every", type=float, default=0.5, help="seconds between readings (default 0.5)")
+    parser.add_argument("--by-test", type=Path, metavar="FILE", help="sum a HANGWATCH_TEST_CPU_LOG file instead")
+    parser.add_argument("--top", type=int, default=40, help="with --by-test: how many files and tests to list")
     parser.add_argument("command", nargs="*", help="the command to measure (default: scripts/test.sh)")
     args = parser.parse_args()
+    if args.by_test:
+        return by_test(args.by_test, args.top)
     command = args.command or [str(ROOT / "scripts" / "test.sh")]
     seen: dict[int, Seen] = {}
     ended: list[Seen] = []

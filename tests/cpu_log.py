@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,11 @@ class CpuLog:
     def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
         cpu, wall = _cpu_s(), time.monotonic()
         yield
+        # Reap what the test left to subprocess's own clean-up (a Popen dropped unwaited), which would
+        # otherwise be counted on the next test that starts a process.
+        cleanup = getattr(subprocess, "_cleanup", None)
+        if cleanup is not None:
+            cleanup()
         line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 3), "cpu_s": round(_cpu_s() - cpu, 3)}
         with self.path.open("a") as out:  # one short write per line: workers append to one file
             out.write(json.dumps(line) + "\n")
