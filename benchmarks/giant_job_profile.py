@@ -1,9 +1,9 @@
 """Where a giant job's time goes inside the monitor, without HTTP: ingest and diagnosis passes.
 
-    python benchmarks/giant_job_profile.py [--ranks 10000] [--seconds 20] [--profile out.prof]
+    python benchmarks/giant_job_profile.py [--ranks 10000] [--seconds 20] [--full] [--profile out.prof]
 
 Builds one job of ``--ranks`` ranks (8 per simulated node, ``simulated_nodes``), feeds the
-monitor's ``Monitor.ingest`` one delta report per node per simulated second (decoded by the
+monitor's ``Monitor.ingest`` one delta report (``--full``: a full one) per node per simulated second (decoded by the
 monitor's own decoder, as the ingest route does) and runs its diagnosis pass once a simulated
 second, as the background tick does. A deadlock is injected half-way. It prints CPU-ms per
 report, per pass and per read of the job's answer, and the simulated seconds until the
@@ -39,6 +39,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--full", action="store_true",
+                        help="every report full, as agents before deltas (or every agent after a restart) send")
     parser.add_argument("--profile", type=Path)
     parser.add_argument("--profile-what", choices=("all", "passes"), default="all",
                         help="profile the whole run, or only the diagnosis passes and reads")
@@ -69,12 +71,14 @@ def main() -> None:
             for i, node in enumerate(nodes):
                 at = now + i / len(nodes)
                 clock[0] = at
-                body, baseline = deltas[node.name].compact(node.report(at))
+                full = node.report(at)
+                body, baseline = (full, None) if args.full else deltas[node.name].compact(full)
                 report = decode_report(json.dumps(body).encode())
                 t0 = time.process_time()
                 answer = monitor.ingest(report, at)
                 ingest_ms.append((time.process_time() - t0) * 1000)
-                deltas[node.name].delivered(baseline, {"send_full": answer.send_full, "delta": True})
+                if not args.full:
+                    deltas[node.name].delivered(baseline, {"send_full": answer.send_full, "delta": True})
             clock[0] = now + 1
             if profiler and args.profile_what == "passes":
                 profiler.enable()
