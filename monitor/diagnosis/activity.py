@@ -18,6 +18,11 @@ BUSY_CPU_PERCENT = 25.0
 # wchar rate above which a rank is moving data (log lines stay far below; a 2 Mbit/s link
 # carries ~250 KB/s, so the bar sits well under that).
 MOVING_BYTES_PER_S = 64 * 1024
+# A send queue at least this deep that changed between two reports is bytes leaving the rank: a
+# throttled link drains a collective's buffered megabytes for seconds with no new write, while a
+# deadlocked rank's queues stay empty (or full and still, when its peer no longer reads). Well over
+# the few bytes a store heartbeat leaves queued for a moment.
+MOVING_QUEUE_BYTES = 64 * 1024
 # A stop seen in two reports (about 2 s apart) is not a passing pause. A tracing stop
 # ("t") is what py-spy's own dumps cause, so it must last much longer to count.
 STOPPED_CONFIRM_S = 1.5

@@ -15,7 +15,7 @@ from typing import TypeVar
 import msgspec
 
 from monitor.diagnosis import ExitView, Frame, LogPhase, Stack
-from monitor.diagnosis.activity import MOVING_BYTES_PER_S
+from monitor.diagnosis.activity import MOVING_BYTES_PER_S, MOVING_QUEUE_BYTES
 from monitor.diagnosis.model import CPU_LEVEL_WINDOW_S
 from monitor.diagnosis.phases import phase_of
 from monitor.ingest.flight_recorder_views import flight_record
@@ -93,7 +93,8 @@ def apply_rank(
             job.lifecycle_revision += 1
         track.proc_state = rr.state
         track.state_since = received_at
-    moving = (rr.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S
+    moving = (rr.write_bytes_per_s or 0.0) >= MOVING_BYTES_PER_S or (
+        rr.sockets is not None and send_queue_drained(track.socket_reports, rr.sockets))
     if moving:
         track.moved_at = received_at
     main_cpu = rr.threads.main_cpu_percent if rr.threads is not None else None
@@ -316,6 +317,19 @@ def to_stack(report: StackReport, offset: float) -> Stack:
         native=report.native,
         active=main.active if main else None,
     )
+
+
+def send_queue_drained(previous: dict[SocketKey, SocketReport], sockets: list[SocketReport]) -> bool:
+    """Bytes moved through a socket's send queue since the rank's last report: a queue of
+    MOVING_QUEUE_BYTES or more, then or now, that changed. (A delta report without sockets: nothing
+    changed, so nothing moved that it shows.)"""
+    for s in sockets:
+        before = previous.get((s.local, s.remote, s.state))
+        if before is None or s.tx_queue is None or before.tx_queue is None:
+            continue
+        if s.tx_queue != before.tx_queue and max(s.tx_queue, before.tx_queue) >= MOVING_QUEUE_BYTES:
+            return True
+    return False
 
 
 def _sockets_since(
