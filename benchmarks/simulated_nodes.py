@@ -69,6 +69,7 @@ class SimulatedNode:
     _steps: list[tuple[float, int]] = field(default_factory=list)
     _stacks: dict[int, dict] = field(default_factory=dict)
     _next_dump: dict[int, float] = field(default_factory=dict)
+    _stuck_dumped: set[int] = field(default_factory=set)  # ranks dumped since their stuck episode began
     _cpu_seconds: float = 0.0
     # The node's report before: a rank's CPU is over the interval since (agent/procstat.py).
     _reported_at: float | None = None
@@ -166,9 +167,13 @@ class SimulatedNode:
         due = self._next_dump.get(rank)
         if due is None:
             due = self._next_dump[rank] = now + random.uniform(0, BACKGROUND_DUMP_EVERY_S)
-        if stuck and self.deadlocked_at is not None and due > self.deadlocked_at + STUCK_AFTER_S + STUCK_DUMP_EVERY_S:
-            # Like the agent: a rank idle for STUCK_AFTER_S past its last step gets dumped at once.
-            due = self._next_dump[rank] = self.deadlocked_at + STUCK_AFTER_S
+        if not stuck:
+            self._stuck_dumped.discard(rank)
+        elif self.deadlocked_at is not None and rank not in self._stuck_dumped:
+            # Like the agent (agent/stacks.next_dump): a rank idle for STUCK_AFTER_S past its last step
+            # is dumped at once at the start of its stuck episode, whenever its background dump was due.
+            self._stuck_dumped.add(rank)
+            due = self._next_dump[rank] = min(due, self.deadlocked_at + STUCK_AFTER_S)
         if now < due:
             return
         waiting = stuck or (self._straggling(now) and rank != self.straggler_rank
