@@ -18,11 +18,11 @@ tests to make cheaper: HANGWATCH_TEST_CPU_LOG=FILE scripts/test.sh, then --by-te
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import time
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,8 +91,9 @@ def by_test(path: Path, top: int) -> int:
     files: Counter[str] = Counter()
     counts: Counter[str] = Counter()
     for line in lines:
-        files[line["test"].split("::")[0]] += line["cpu_s"]
-        counts[line["test"].split("::")[0]] += 1
+        name = line["test"].split("::")[0]
+        files[name] += line["cpu_s"]
+        counts[name] += 1
     total = sum(files.values())
     print(f"{len(lines)} tests, {total:.0f} CPU-s, {sum(x['wall_s'] for x in lines):.0f} worker-s")
     print(f"{'CPU-s':>8} {'share':>6} {'tests':>5}  file")

@@ -80,4 +80,3 @@ def test_a_queue_that_moves_nothing_leaves_the_deadlock_named(case: str) -> None
     assert seen[-1][0] == "deadlock", seen[-1]
     # A queue that filled as the step began moved bytes then (MOVING_WINDOW_S), never after.
     assert all(state != "sending" for _, states in seen[MOVING_SETTLED:] for state in states.values()), seen
-
