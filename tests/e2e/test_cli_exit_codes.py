@@ -210,7 +210,8 @@ def _stderr_lines(res: subprocess.CompletedProcess[str]) -> list[str]:
 
 
 # Long enough for the monitor that answers to answer beside the suite's other workers (3 s was not,
-# in two clean-clone runs of 2026-11-29: the alarm's own monitor was reported silent).
+# in two clean-clone runs of 2026-11-29, nor 1.5 s on 2026-12-01: the alarm's own monitor was
+# reported silent too, and the exit code was 2, not 4).
 SILENT_TIMEOUT_S = 6
 
 
@@ -270,12 +271,12 @@ def test_diagnose_json_lists_the_monitors_that_did_not_answer(alarm_monitor: Run
     quiet = silent()
     # The timeout from the environment, named as such in the message.
     res = run("diagnose", "--json", "--monitor", alarm_monitor.base, "--monitor", quiet.url,
-              env={"HANGWATCH_TIMEOUT_S": "1.5"})
+              env={"HANGWATCH_TIMEOUT_S": str(SILENT_TIMEOUT_S)})
     assert res.returncode == EXIT_ALARM_UNREACHABLE, res
     answer = json.loads(res.stdout)
     assert sorted(j["job_id"] for j in answer["jobs"]) == ["job-bad", "job-ok"]
     assert answer["unanswered"] == [{"monitor": quiet.url, "error": f"monitor {quiet.url} unreachable: no answer "
-                                                                    "within 1.5s (HANGWATCH_TIMEOUT_S)"}]
+                                                                    f"within {SILENT_TIMEOUT_S}s (HANGWATCH_TIMEOUT_S)"}]
     res = run("diagnose", "--json", "--monitor", alarm_monitor.base)
     assert res.returncode == EXIT_ALARM and json.loads(res.stdout)["unanswered"] == [], res
 
