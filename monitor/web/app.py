@@ -9,7 +9,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-import httpx
 from fastapi import FastAPI
 
 from hangwatch_common.sdnotify import Notifier
@@ -131,6 +130,8 @@ def _token_files(settings: Settings) -> dict[str, TokenFile]:
 async def _act_forever(engine: ActionEngine) -> None:
     """Carry out decided actions off the diagnosis pass: a slow command or webhook delays the next
     action, never a verdict."""
+    import httpx  # only a monitor with actions needs it (~0.15 s of every start)
+
     async with httpx.AsyncClient() as client:
         while True:
             try:

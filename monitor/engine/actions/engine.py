@@ -10,9 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from monitor.engine.actions.config import ActionConfig
 from monitor.engine.actions.execute import NotRun, command_line, payload, post_webhook, run_command
@@ -20,6 +18,9 @@ from monitor.engine.actions.orders import AgentOrders
 from monitor.engine.actions.policy import ACT, ActionPolicy, Decision, JobFacts
 from monitor.engine.actions.would import not_carried_out
 from monitor.storage.store import ActionRecord, Store
+
+if TYPE_CHECKING:  # the client is made where actions are carried out (monitor/web/app.py)
+    import httpx
 
 log = logging.getLogger("hangwatch.actions")
 RAN = ("ok", "failed")  # the outcomes of an action carried out

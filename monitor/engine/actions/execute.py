@@ -7,13 +7,14 @@ import asyncio
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from monitor.engine.actions.config import ActionRule
 from monitor.engine.actions.placeholders import PlaceholderRefused, checked_values, fill, used_in
 from monitor.engine.actions.policy import Decision
+
+if TYPE_CHECKING:  # imported where a webhook is posted: a monitor without actions starts without it
+    import httpx
 
 OUTPUT_KEPT = 300  # characters of a command's output kept in the audit log
 
@@ -89,6 +90,8 @@ async def run_command(argv: list[str], body: dict[str, Any], timeout_s: float) -
 
 
 async def post_webhook(client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout_s: float) -> tuple[bool, str]:
+    import httpx
+
     try:
         response = await client.post(url, json=body, timeout=timeout_s)
     except httpx.HTTPError as exc:
