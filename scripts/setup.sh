@@ -75,7 +75,7 @@ use_uv() {
     [ "$uv_ready" -eq 1 ] && return 0
     [ "$uv_ready" -eq 2 ] && return 1
     uv_ready=2
-    if [ -n "${PIP_INDEX_URL:-}" ] || "$VENV/bin/python" -m pip config list 2>/dev/null | grep -q '^[a-z]*\.index-url='; then
+    if custom_index "$VENV/bin/python"; then
         return 1
     fi
     [ -x "$VENV/bin/uv" ] || "$VENV/bin/python" -m pip --disable-pip-version-check install --quiet uv >>"$LOG" 2>&1 ||
@@ -99,11 +99,22 @@ install() {
     pip install "$@"
 }
 
+custom_index() {  # a mirror in the environment or in pip's configuration: uv would not know it
+    [ -n "${PIP_INDEX_URL:-}" ] || "$@" -m pip config list 2>/dev/null | grep -q '^[a-z]*\.index-url='
+}
 if [ ! -x "$VENV/bin/python" ]; then
     step "creating a virtual environment in $VENV ($("$PYTHON" --version 2>&1))"
-    "$PYTHON" -m venv "$VENV" >>"$LOG" 2>&1
+    # Without pip's own set-up in it (ensurepip: 5 of a fresh set-up's 23 s here) where the
+    # interpreter's pip can put uv in the venv: uv then puts pip there in a moment. Else as usual.
+    if custom_index "$PYTHON" || ! "$PYTHON" -m venv --without-pip "$VENV" >>"$LOG" 2>&1 ||
+        ! "$PYTHON" -m pip --disable-pip-version-check --python "$VENV/bin/python" install --quiet uv >>"$LOG" 2>&1 ||
+        ! "$VENV/bin/uv" pip install --python "$VENV/bin/python" --native-tls pip >>"$LOG" 2>&1; then
+        "$PYTHON" -m venv "$VENV" >>"$LOG" 2>&1
+    fi
     done_step
 fi
+# A venv left without pip (a set-up stopped above): pip runs the index checks and the fallback.
+"$VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip --default-pip >>"$LOG" 2>&1
 
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     # PyPI's torch for Linux is the CUDA build, with GBs of nvidia-* wheels: unless pip finds a
