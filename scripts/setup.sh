@@ -69,6 +69,9 @@ pip() {
 # uv compiles no bytecode here (pip compiles all it installs): what the demo and the tests run is
 # compiled at the end, by importing it once. A run imports a third of torch's ~3,000 modules, and
 # compiling all of them and all of the extras took 19 of a fresh test set-up's 32 s here.
+custom_index() {  # a mirror in the environment or in pip's configuration: uv would not know it
+    [ -n "${PIP_INDEX_URL:-}" ] || "$@" -m pip config list 2>/dev/null | grep -q '^[a-z]*\.index-url='
+}
 uv_args=()
 uv_ready=0
 use_uv() {
@@ -99,9 +102,6 @@ install() {
     pip install "$@"
 }
 
-custom_index() {  # a mirror in the environment or in pip's configuration: uv would not know it
-    [ -n "${PIP_INDEX_URL:-}" ] || "$@" -m pip config list 2>/dev/null | grep -q '^[a-z]*\.index-url='
-}
 if [ ! -x "$VENV/bin/python" ]; then
     step "creating a virtual environment in $VENV ($("$PYTHON" --version 2>&1))"
     # Without pip's own set-up in it (ensurepip: 5 of a fresh set-up's 23 s here) where the

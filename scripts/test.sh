@@ -43,9 +43,16 @@ done
 collect() { "$VENV/bin/python" -m pytest --collect-only -q -p no:cacheprovider "${tier[@]}" "$@" >/dev/null 2>&1 || true; }
 if ! compgen -G "tests/__pycache__/conftest.*-pytest-*.pyc" >/dev/null; then
     if [ ${#args[@]} -eq 0 ]; then
-        first_half=(tests/monitor tests/diagnosis tests/terminal)
-        mapfile -t second_half < <(find tests -mindepth 1 -maxdepth 1 \( -type d -o -name 'test_*.py' \) \
-            ! -name __pycache__ ! -name fixtures ! -name monitor ! -name diagnosis ! -name terminal | sort)
+        first_half=()
+        second_half=()
+        for path in tests/*/ tests/test_*.py; do
+            path=${path%/}
+            case ${path#tests/} in
+                __pycache__ | fixtures) ;;
+                monitor | diagnosis | terminal) first_half+=("$path") ;;
+                *) second_half+=("$path") ;;
+            esac
+        done
         collect "${first_half[@]}" &
         collect "${second_half[@]}"
         wait

@@ -216,10 +216,8 @@ def sync_grads(model: nn.Module, world_size: int, use_async: bool) -> None:
     else:
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        for g, reduced in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(reduced.view_as(g))
     for g in grads:
         g.div_(world_size)
 
