@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+from hangwatch_common.http_client import httpx
 
 from agent.delta import DeltaState
 from agent.outage_journal import OutageJournal

@@ -96,7 +96,7 @@ class Ask:
 def get_from_monitor(monitor: str, path: str, params: dict, ask: Ask):
     """``GET monitor+path`` with the run's token, certificate check and timeout: the response
     (any status but 401/403), or the MonitorFailure of a monitor that gave none or refused."""
-    import httpx
+    from hangwatch_common.http_client import httpx
 
     headers = {"authorization": f"Bearer {ask.access.token}"} if ask.access.token else {}
     try:

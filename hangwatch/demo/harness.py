@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-import httpx
+from hangwatch_common.http_client import httpx
 import psutil
 
 import hangwatch.demo.workloads

@@ -19,7 +19,7 @@ import re
 import time
 from collections.abc import Iterator
 
-import httpx
+from hangwatch_common.http_client import httpx
 import orjson
 import pydantic
 from prometheus_client import CollectorRegistry, Histogram, generate_latest

@@ -9,7 +9,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
+from hangwatch_common.http_client import httpx
 import orjson
 
 from monitor.web.auth import BATCH_PATH

@@ -90,7 +90,7 @@ async def run_command(argv: list[str], body: dict[str, Any], timeout_s: float) -
 
 
 async def post_webhook(client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout_s: float) -> tuple[bool, str]:
-    import httpx
+    from hangwatch_common.http_client import httpx
 
     try:
         response = await client.post(url, json=body, timeout=timeout_s)
