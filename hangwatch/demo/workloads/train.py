@@ -117,8 +117,9 @@ def parse_args(argv=None):
     p.add_argument("--first-step-seconds", type=float, default=0.0, help="extra compute in step 1 (warm-up)")
     p.add_argument("--step-seconds", type=float, default=0.0, help="compute time of every step")
     p.add_argument("--compute-share", type=float, default=1.0,
-                   help="the share of a core --first-step-seconds, --step-seconds and an eval pass compute at (the rest "
-                        "asleep): a busy rank all the same, at a lighter load on a shared test machine")
+                   help="the share of a core --first-step-seconds, --step-seconds and an eval pass compute at, by the CPU "
+                        "the process gets (asleep while ahead): a busy rank all the same, at a lighter load on a "
+                        "shared test machine")
     p.add_argument("--slow-factor", type=float, default=1.3, help="slow-rank mode: that rank's step compute, x")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--checkpoint-dir", default=None, help="checkpoint mode: where to write (default: $TMPDIR)")
@@ -236,17 +237,24 @@ def save_checkpoint(model: nn.Module, rank: int, op: str) -> None:
 def busy_compute(seconds: float, share: float = 1.0) -> None:
     """Heavy local work (no collective): evaluation, a slow data transform, ... On a GPU the
     rank grinds there, synchronising each round so the time is real. ``share`` < 1: computes
-    that share of each tenth of a second and sleeps the rest (see --compute-share)."""
+    until the process has had that share of a core since the start, and sleeps while it is ahead
+    (see --compute-share)."""
     a = torch.randn(256, 256, dtype=DTYPE, device=DEVICE)
-    end = time.monotonic() + seconds
+    start = time.monotonic()
+    end = start + seconds
+    cpu_at_start = time.process_time()
     while (now := time.monotonic()) < end:
-        burst_end = min(end, now + 0.1 * share) if share < 1.0 else end
-        while time.monotonic() < burst_end:
-            a = torch.tanh(a @ a)
-            if DEVICE.type == "cuda":
-                torch.cuda.synchronize()
         if share < 1.0:
-            time.sleep(max(0.0, min(end, now + 0.1) - time.monotonic()))
+            # Paced by the CPU the process got, not by the clock: on a crowded machine a rank that
+            # computed a share of each tenth of a second by the clock got a share of what the
+            # kernel gave it, and could read idle. This one computes on until it has had its share.
+            ahead_s = (time.process_time() - cpu_at_start) / share - (now - start)
+            if ahead_s > 0:
+                time.sleep(min(ahead_s, end - now, 0.1))
+                continue
+        a = torch.tanh(a @ a)
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
 
 
 def write_checkpoint(model: nn.Module, rank: int, seconds: float, directory: str | None,
