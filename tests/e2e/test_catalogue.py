@@ -187,10 +187,10 @@ def test_child_failed_error_shows_the_real_error(torchrun_job, wait_for_verdict)
     assert "RuntimeError" in text, compact(got)
 
 
-def test_get_future_on_gloo_crash(torchrun_job, wait_for_verdict):
+def test_get_future_on_gloo_crash(plain_job, wait_for_verdict):
     """nanochat's optimizer pattern: reduce_scatter(async_op=True).get_future() on gloo raises on
     every rank at once."""
-    job = torchrun_job("--fail", "get-future", *FAIL_AT)
+    job = plain_job("--fail", "get-future", *FAIL_AT)
     got = wait_for_verdict(job, "rank_exited", timeout=60)
     assert "Work::getFuture not implemented" in text_of(got), compact(got)
 

@@ -55,9 +55,9 @@ def _evidence(history: list[dict], happened_at: float, back: float, agent: Servi
 
 def test_a_rank_that_exits_and_one_that_stalls_during_an_outage_reach_the_history(
         monitor: Service, agent: Service, client: MonitorClient, session_reaper: Reaper, e2e_dir,
-        torchrun_job, wait_for_verdict) -> None:
-    exits = torchrun_job("--fail", "exit", *FAIL_AT)
-    lingers = torchrun_job("--fail", "linger", *FAIL_AT)
+        plain_job, wait_for_verdict) -> None:
+    exits = plain_job("--fail", "exit", *FAIL_AT)
+    lingers = plain_job("--fail", "linger", *FAIL_AT)
     wait_for_verdict(exits, "healthy")
     wait_for_verdict(lingers, "healthy")
 

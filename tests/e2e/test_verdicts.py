@@ -127,18 +127,11 @@ def test_async_allreduce_rank_lingers(plain_job, wait_for_verdict):
     assert culprits(got) == [1]
 
 
-def test_sigkill_rank1(torchrun_job, wait_for_verdict, reaper):
+def test_sigstop_then_sigkill_rank1(torchrun_job, wait_for_verdict, reaper):
+    """Rank 1 stopped (SIGSTOP: the others wait for it), then killed while stopped, as a person at
+    the keyboard ends it: rank_stopped, then rank_exited with the signal, each naming rank 1. One
+    job for both (each verdict had a job of its own)."""
     job = torchrun_job("--steps", "100000")
-    pids = job.rank_pids()
-    job.wait_for_step(STALL_STEP)
-    reaper.kill(pids[1], signal.SIGKILL)
-    got = wait_for_verdict(job, "rank_exited", culprits=[1])
-    assert culprits(got) == [1]
-    assert "killed by SIGKILL" in evidence(got)
-
-
-def test_sigstop_rank1(plain_job, wait_for_verdict, reaper):
-    job = plain_job("--steps", "100000")
     pids = job.rank_pids()
     job.wait_for_step(STALL_STEP)
     reaper.kill(pids[1], signal.SIGSTOP)
@@ -146,8 +139,10 @@ def test_sigstop_rank1(plain_job, wait_for_verdict, reaper):
         got = wait_for_verdict(job, "rank_stopped", culprits=[1])
         assert culprits(got) == [1]
     finally:
-        reaper.kill(pids[1], signal.SIGCONT)
-        reaper.kill(pids[1], signal.SIGKILL)
+        reaper.kill(pids[1], signal.SIGKILL)  # a stopped process dies of SIGKILL as it is
+    got = wait_for_verdict(job, "rank_exited", culprits=[1])
+    assert culprits(got) == [1]
+    assert "killed by SIGKILL" in evidence(got)
 
 
 @pytest.mark.cpu_bound
