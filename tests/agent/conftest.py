@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from hangwatch.demo.harness import free_port
 
 # A stand-in for a training rank: prints "step N" lines; busy or sleeping; may fork a
 # helper that inherits the environment (like a DataLoader worker); may exit with a code, after
@@ -49,7 +50,9 @@ class Ranks:
 
     def __init__(self, tmp_path: Path):
         self.tmp = tmp_path
-        self.port = random.randint(20000, 60000)
+        # The worker's own block (a random port could be one the kernel hands out for an outgoing
+        # connection: torchrun's store then failed with EADDRINUSE).
+        self.port = free_port()
         self.job = f"127.0.0.1:{self.port}"
         self.script = tmp_path / "rank.py"
         self.script.write_text(RANK_SCRIPT)

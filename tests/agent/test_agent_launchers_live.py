@@ -8,7 +8,6 @@ is killed by pid, also when a test fails.
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ import pytest
 from agent.derived_ranks import Candidate, DerivedRanks
 from agent.identity import LightningChild
 from agent.procstat import Stat
+from hangwatch.demo.harness import free_port
 from monitor.ingest.wire import Report
 from tests.agent.conftest import _kill, run_agent_once
 
@@ -170,7 +170,7 @@ def _ranks(report: dict, job: str) -> dict[int, dict]:
 
 
 def test_lightning_launch_parent_is_rank_0(trees):
-    port = str(random.randint(20000, 60000))
+    port = str(free_port())
     tree = trees(LIGHTNING_TREE, port)
     child, other = (int(p) for p in tree.wait_for("children ")[0].split()[1:])
     helper = int(tree.wait_for("helper ")[0].split()[1])
@@ -189,7 +189,7 @@ def test_lightning_launch_parent_is_rank_0(trees):
 
 
 def test_spawned_processes_with_a_store_are_ranks_in_start_order(trees):
-    port = random.randint(20000, 60000)
+    port = free_port()
     tree = trees(SPAWNED, "store", str(port))
     tree.wait_for("ready ", count=2)
     spawned = sorted((p.create_time(), p.pid) for p in psutil.Process(tree.proc.pid).children()
@@ -219,7 +219,7 @@ def test_spawned_pool_workers_are_not_ranks(trees):
 
 @pytest.mark.parametrize("launcher", ["accelerate", "deepspeed"])
 def test_accelerate_and_deepspeed_launchers_name_their_workers(trees, tmp_path, launcher):
-    port = str(random.randint(20000, 60000))
+    port = str(free_port())
     package = tmp_path / "pkgs" / "deepspeed" / "launcher"
     package.mkdir(parents=True)
     for init in (package.parent / "__init__.py", package / "__init__.py"):
