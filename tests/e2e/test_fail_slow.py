@@ -45,8 +45,9 @@ HEALTHY_AGAIN_WITHIN_S = 45.0
 # All-reduce dominates the throttled step: 4.4 MB of gradients a step, ~20 ms on the bridge and
 # ~10-12 s at 4 Mbit/s, where the old rules said deadlock and stalled before slow steps. A 0.1-s data
 # wait makes the normal step ~0.13 s, near the issue's case (170 ms to 12.5 s); with none, both ranks
-# computed flat out through the baseline (a sixth of the run's slowest tests' CPU). (test_slow_link_is_healthy's
-# 384-wide model, 0.6 MB: 12 ms and 1.5 s a step, too short a silence for any rule to mistake for a hang.)
+# computed flat out through the baseline (the test took 58 CPU-s alone, 18 with the wait).
+# (test_slow_link_is_healthy's 384-wide model, 0.6 MB: 12 ms and 1.5 s a step, too short a silence for
+# any rule to mistake for a hang.)
 ALLREDUCE_BOUND = ("--steps", "100000", "--hidden", "1024", "--step-sleep", "0.1")
 THROTTLE = ("root", "tbf", "rate", "4mbit", "burst", "32kbit", "latency", "400ms")
 # The pace must have fallen to a third of the baseline at least (issue 35: "e.g. to a third").

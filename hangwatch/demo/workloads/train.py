@@ -117,9 +117,9 @@ def parse_args(argv=None):
     p.add_argument("--first-step-seconds", type=float, default=0.0, help="extra compute in step 1 (warm-up)")
     p.add_argument("--step-seconds", type=float, default=0.0, help="compute time of every step")
     p.add_argument("--compute-share", type=float, default=1.0,
-                   help="the share of a core --first-step-seconds, --step-seconds and an eval pass compute at, by the CPU "
-                        "the process gets (asleep while ahead): a busy rank all the same, at a lighter load on a "
-                        "shared test machine")
+                   help="the share of a core --first-step-seconds, --step-seconds and an eval pass compute at, "
+                        "by the CPU the process gets (asleep while ahead): a busy rank all the same, at a lighter "
+                        "load on a shared test machine")
     p.add_argument("--slow-factor", type=float, default=1.3, help="slow-rank mode: that rank's step compute, x")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--checkpoint-dir", default=None, help="checkpoint mode: where to write (default: $TMPDIR)")
