@@ -8,6 +8,7 @@ under the launcher and kills them by pid).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -106,7 +107,10 @@ def wait_for_verdict(client: MonitorClient, monitor: Service, agent: Service) ->
     ``job`` is a Job or a job id. On timeout the test fails showing the last answer, the
     job's log tail and the agent's and monitor's log tails.
     """
+    return verdict_waiter(client, monitor, agent)
 
+
+def verdict_waiter(client: MonitorClient, monitor: Service, agent: Service) -> Callable[..., dict]:
     def wait(job: Job | str, verdict: str, timeout: float = VERDICT_TIMEOUT, *,
              culprits: Sequence[int] | None = None, observations: list | None = None,
              where: Callable[[dict], bool] | None = None) -> dict:
@@ -127,3 +131,31 @@ def wait_for_verdict(client: MonitorClient, monitor: Service, agent: Service) ->
             pytest.fail(str(e), pytrace=False)
 
     return wait
+
+
+# The ranks' CPU levels (and run-queue waits) taken over 12 s: the monitor's straggler_window_s, 30 s
+# by default. The same code and a shorter wait, for the tests that compare ranks' levels; the
+# cpu_bound part of the suite, where they run one after the other, waits on them.
+LEVEL_WINDOW_S = 12
+
+
+@dataclass(frozen=True)
+class OwnMonitor:
+    """A monitor and an agent of one test's own (their processes are the test's ``reaper``'s)."""
+
+    monitor: Service
+    agent: Service
+    client: MonitorClient
+    wait_for_verdict: Callable[..., dict]
+
+
+@pytest.fixture
+def short_window_monitor(reaper: Reaper, tmp_path: Path) -> Iterator[OwnMonitor]:
+    """A monitor whose straggler window is LEVEL_WINDOW_S, and an agent reporting to it every second."""
+    monitor = start_monitor(reaper, tmp_path, settings={"HANGWATCH_STRAGGLER_WINDOW_S": str(LEVEL_WINDOW_S)})
+    agent = start_agent(reaper, tmp_path, monitor.url, interval=1.0)
+    client = MonitorClient(monitor.url)
+    try:
+        yield OwnMonitor(monitor, agent, client, verdict_waiter(client, monitor, agent))
+    finally:
+        client.close()

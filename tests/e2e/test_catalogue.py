@@ -22,11 +22,9 @@ from hangwatch.demo.harness import (
     free_port,
     kill_pid,
     launch_torchrun,
-    start_agent,
-    start_monitor,
     start_orphan_listener,
 )
-from tests.e2e.conftest import STALL_STEP
+from tests.e2e.conftest import LEVEL_WINDOW_S, STALL_STEP, OwnMonitor
 from tests.e2e.answers import compact, text_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
@@ -139,43 +137,35 @@ def test_slow_steps_are_not_a_hang(plain_job, client):
     assert_no_alarm(seen, lambda v, c: v == "healthy")
 
 
-# The ranks' CPU levels taken over 12 s (the monitor's straggler_window_s, 30 s by default: the
-# same code, a shorter wait), and the slow-down some 25 s into the job: long enough for the levels
-# to be compared while both ranks still do the same work.
-STRAGGLER_WINDOW_S = 12
-SLOW_FROM_STEP = 150
+# The slow-down some 15 s into the job: long enough for the ranks' levels (over LEVEL_WINDOW_S) to be
+# compared while both ranks still do the same work.
+SLOW_FROM_STEP = 120
 
 
 @pytest.mark.cpu_bound
 @pytest.mark.xdist_group("cpu_bound_levels")  # beside the other cpu_bound tests, not after them
-def test_a_rank_doing_30_percent_more_work_is_named_straggler_while_the_job_steps(reaper, tmp_path: Path):
+def test_a_rank_doing_30_percent_more_work_is_named_straggler_while_the_job_steps(
+        reaper, tmp_path: Path, short_window_monitor: OwnMonitor):
     """Both ranks compute 0.1 s a step; from SLOW_FROM_STEP rank 1 computes 0.13 s. The job never
     stalls (rank 0 waits for rank 1 in all_reduce every step): the same work is never an alarm,
-    the slow-down names rank 1, alone, while the steps go on. A monitor and agent of its own, for
-    the monitor's shorter straggler window."""
-    monitor = start_monitor(reaper, tmp_path, settings={"HANGWATCH_STRAGGLER_WINDOW_S": str(STRAGGLER_WINDOW_S)})
-    start_agent(reaper, tmp_path, monitor.url, interval=1.0)
-    client = MonitorClient(monitor.url)
+    the slow-down names rank 1, alone, while the steps go on."""
+    client = short_window_monitor.client
     job = launch_torchrun(reaper, tmp_path, ["--steps", "3000", "--step-seconds", "0.1", "--step-sleep", "0.01",
                                              "--fail", "slow-rank", "--fail-at-step", str(SLOW_FROM_STEP)])
-    try:
-        job.wait_for_step(5, timeout=60)
-        seen = watch(client, job, 120, until="mode=slow-rank")
-        assert "mode=slow-rank" in job.text(), job.log_tail()
-        assert_no_alarm(seen, lambda v, c: v == "healthy")
-        assert any(j and all(r["cpu_level_percent"] is not None for r in j["ranks"]) for _, j in seen), \
-            "the ranks' levels were never compared before the slow-down"
-        got = client.wait_for_verdict(job.job_id, "straggler", timeout=60, culprits=[1],
-                                      context=lambda: job.log_tail() + "\n" + monitor.log_tail(15))
-        assert "rank 1 sets the job's pace" in got["summary"], compact(got)
-        assert any(line.startswith("rank 1 on ") and f"CPU (median over the last {STRAGGLER_WINDOW_S}s)" in line
-                   for line in got["evidence"]), compact(got)
-        levels = {r["rank"]: r["cpu_level_percent"] for r in got["ranks"]}
-        assert levels[1] >= 1.2 * levels[0], levels  # the JSON shows each rank's level
-        last = max(int(step) for step in re.findall(r"step (\d+)/", job.text()))
-        job.wait_for_step(last + 10, timeout=30)  # still stepping: a straggler, not a hang
-    finally:
-        client.close()
+    job.wait_for_step(5, timeout=60)
+    seen = watch(client, job, 120, until="mode=slow-rank")
+    assert "mode=slow-rank" in job.text(), job.log_tail()
+    assert_no_alarm(seen, lambda v, c: v == "healthy")
+    assert any(j and all(r["cpu_level_percent"] is not None for r in j["ranks"]) for _, j in seen), \
+        "the ranks' levels were never compared before the slow-down"
+    got = short_window_monitor.wait_for_verdict(job, "straggler", timeout=60, culprits=[1])
+    assert "rank 1 sets the job's pace" in got["summary"], compact(got)
+    assert any(line.startswith("rank 1 on ") and f"CPU (median over the last {LEVEL_WINDOW_S}s)" in line
+               for line in got["evidence"]), compact(got)
+    levels = {r["rank"]: r["cpu_level_percent"] for r in got["ranks"]}
+    assert levels[1] >= 1.2 * levels[0], levels  # the JSON shows each rank's level
+    last = max(int(step) for step in re.findall(r"step (\d+)/", job.text()))
+    job.wait_for_step(last + 10, timeout=30)  # still stepping: a straggler, not a hang
 
 
 def test_child_failed_error_shows_the_real_error(torchrun_job, wait_for_verdict):

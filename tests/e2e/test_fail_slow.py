@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from hangwatch.demo.harness import Job, MonitorClient, Reaper, Service
+from hangwatch.demo.harness import Job, MonitorClient, Reaper, launch_torchrun
 from tests.e2e.answers import compact, text_of
+from tests.e2e.conftest import OwnMonitor
 from tests.e2e.test_multinode import Cluster, two_nodes
 
 pytestmark = [pytest.mark.e2e]
@@ -131,8 +132,9 @@ def check_pace(job: dict) -> None:
 # ---------------------------------------------------------------- a noisy neighbour
 
 
-# The job steps steadily this long before the squeeze (the ranks' CPU levels and the pace are known).
-STEADY_S = 15.0
+# The job steps steadily this long before the squeeze: the ranks' CPU levels (over LEVEL_WINDOW_S,
+# the test's own monitor's straggler window) and the pace are known.
+STEADY_S = 10.0
 # Issue 35's target: straggler [1] with its run-queue evidence at most this long after the squeeze.
 STRAGGLER_WITHIN_S = 30.0
 # A compute-bound step (~40-60 ms here: a 2048-row batch through a 384-wide MLP, 0.6 MB all-reduced
@@ -156,14 +158,15 @@ def on_squeeze_test(verdict: str, culprits: tuple[int, ...]) -> bool:
 @pytest.mark.xdist_group("cpu_bound_levels")
 @pytest.mark.timeout(150)
 def test_a_rank_squeezed_by_a_noisy_neighbour_is_straggler_with_its_run_queue_wait(
-        torchrun_job, client: MonitorClient, reaper: Reaper, wait_for_verdict, agent: Service, monitor: Service):
+        reaper: Reaper, tmp_path: Path, short_window_monitor: OwnMonitor):
     cores = sorted(os.sched_getaffinity(0))
     assert len(cores) >= 2, f"needs two cores to pin the ranks apart, has {cores}"
     squeezed_core, free_core = cores[0], cores[1]
-    job = torchrun_job(*COMPUTE_BOUND)
-    pids = job.rank_pids()
+    client, agent, monitor = short_window_monitor.client, short_window_monitor.agent, short_window_monitor.monitor
+    job = launch_torchrun(reaper, tmp_path, list(COMPUTE_BOUND))
+    pids = job.rank_pids(timeout=30)
     job.wait_for_step(5, timeout=60)
-    got = wait_for_verdict(job, "healthy", culprits=[])
+    got = short_window_monitor.wait_for_verdict(job, "healthy", culprits=[])
     seen = [got, *watch(client, job, STEADY_S)]
     before = [j for j in seen if j is not None]
     wrong = [j for j in before if j["verdict"] != "healthy"]
