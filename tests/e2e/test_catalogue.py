@@ -186,8 +186,8 @@ def test_get_future_on_gloo_crash(plain_job, wait_for_verdict):
 
 
 @pytest.mark.cpu_bound
-def test_bf16_on_cpu_is_slow_compute(torchrun_job, wait_for_verdict):
-    job = torchrun_job("--dtype", "bfloat16", "--fail", "busy-all", "--busy-seconds", "60", *FAIL_AT)
+def test_bf16_on_cpu_is_slow_compute(plain_job, wait_for_verdict):
+    job = plain_job("--dtype", "bfloat16", "--fail", "busy-all", "--busy-seconds", "60", *FAIL_AT)
     # The dtype is read from the rank's log, which may reach the monitor a poll after the
     # verdict: wait for both, not for the first slow_compute answer.
     got = wait_for_verdict(job, "slow_compute", timeout=60, where=lambda j: "bfloat16" in text_of(j))

@@ -166,7 +166,7 @@ def test_demo_killed_shows_verdict_and_cleans_up():
 def test_sharded_monitors_one_job_each_place_and_one_view(reaper, tmp_path):
     """An agent given two monitors sends a real job to its owner only; the CLI shows both monitors' jobs."""
     from agent.shards import owner
-    from hangwatch.demo.harness import launch_torchrun, start_agent, start_monitor
+    from hangwatch.demo.harness import launch_plain, start_agent, start_monitor
 
     monitors = []
     for name in ("a", "b"):
@@ -176,7 +176,7 @@ def test_sharded_monitors_one_job_each_place_and_one_view(reaper, tmp_path):
     port = free_port()
     job_id = f"127.0.0.1:{port}"
     start_agent(reaper, tmp_path, urls[0], extra=["--monitor", urls[1], "--job", job_id])
-    launch_torchrun(reaper, tmp_path, ["--steps", "100000"], port=port)
+    launch_plain(reaper, tmp_path, ["--steps", "100000"], port=port)
     home = owner(job_id, urls)
     other = next(u for u in urls if u != home)
     deadline = time.monotonic() + 90

@@ -115,8 +115,8 @@ def test_rank0_only_extra_collective(plain_job, wait_for_verdict):
     assert culprits(got) == [0]
 
 
-def test_ddp_rank_lingers(torchrun_job, wait_for_verdict):
-    job = torchrun_job("--ddp", "--fail", "linger", *FAIL_AT)
+def test_ddp_rank_lingers(plain_job, wait_for_verdict):
+    job = plain_job("--ddp", "--fail", "linger", *FAIL_AT)
     got = wait_for_verdict(job, "deadlock", culprits=[1])
     assert culprits(got) == [1]
 
@@ -146,8 +146,8 @@ def test_sigstop_then_sigkill_rank1(torchrun_job, wait_for_verdict, reaper):
 
 
 @pytest.mark.cpu_bound
-def test_straggler_rank1(torchrun_job, wait_for_verdict):
-    job = torchrun_job("--fail", "straggle", "--busy-seconds", "60", *FAIL_AT)
+def test_straggler_rank1(plain_job, wait_for_verdict):
+    job = plain_job("--fail", "straggle", "--busy-seconds", "60", *FAIL_AT)
     got = wait_for_verdict(job, "straggler", culprits=[1])
     assert culprits(got) == [1]
     straggler = next(r for r in got["ranks"] if r["rank"] == 1)
@@ -155,11 +155,11 @@ def test_straggler_rank1(torchrun_job, wait_for_verdict):
 
 
 @pytest.mark.cpu_bound
-def test_a_rank_spinning_while_its_peer_waits_is_named_in_a_job_that_logs_no_steps(torchrun_job, wait_for_verdict):
+def test_a_rank_spinning_while_its_peer_waits_is_named_in_a_job_that_logs_no_steps(plain_job, wait_for_verdict):
     """No step line at all (--log-format none): the verdict does not hinge on the log. Rank 1
     computes for 60 s before its next all_reduce while rank 0 waits there: a straggler, as in a
     job that logs its steps, named once rank 0 has sat parked past the no-pace allowance."""
-    job = torchrun_job("--log-format", "none", "--fail", "straggle", "--busy-seconds", "60", *FAIL_AT)
+    job = plain_job("--log-format", "none", "--fail", "straggle", "--busy-seconds", "60", *FAIL_AT)
     got = wait_for_verdict(job, "straggler", culprits=[1])
     assert culprits(got) == [1]
     spinning = next(r for r in got["ranks"] if r["rank"] == 1)
@@ -167,8 +167,8 @@ def test_a_rank_spinning_while_its_peer_waits_is_named_in_a_job_that_logs_no_ste
 
 
 @pytest.mark.cpu_bound
-def test_all_ranks_busy_is_slow_compute(torchrun_job, wait_for_verdict):
-    job = torchrun_job("--fail", "busy-all", "--busy-seconds", "60", *FAIL_AT)
+def test_all_ranks_busy_is_slow_compute(plain_job, wait_for_verdict):
+    job = plain_job("--fail", "busy-all", "--busy-seconds", "60", *FAIL_AT)
     got = wait_for_verdict(job, "slow_compute")
     assert got["verdict"] == "slow_compute"
 
