@@ -1,4 +1,5 @@
-"""End-to-end fixtures: one real monitor and one real agent per session, real gloo jobs per test.
+"""End-to-end fixtures: one real monitor and one real agent per session, real gloo jobs per test
+(and a monitor and agent of a test's own where it needs other settings: ``short_window_monitor``).
 
 Everything is on loopback. Every process is recorded in a ``Reaper`` and killed on teardown,
 also when a test fails (torchrun's workers run in their own sessions: the reaper finds them
@@ -146,7 +147,10 @@ class OwnMonitor:
     monitor: Service
     agent: Service
     client: MonitorClient
-    wait_for_verdict: Callable[..., dict]
+
+    def wait_for_verdict(self, job: Job | str, verdict: str, timeout: float = VERDICT_TIMEOUT, **kw) -> dict:
+        """As the ``wait_for_verdict`` fixture, on this monitor."""
+        return verdict_waiter(self.client, self.monitor, self.agent)(job, verdict, timeout, **kw)
 
 
 @pytest.fixture
@@ -156,6 +160,6 @@ def short_window_monitor(reaper: Reaper, tmp_path: Path) -> Iterator[OwnMonitor]
     agent = start_agent(reaper, tmp_path, monitor.url, interval=1.0)
     client = MonitorClient(monitor.url)
     try:
-        yield OwnMonitor(monitor, agent, client, verdict_waiter(client, monitor, agent))
+        yield OwnMonitor(monitor, agent, client)
     finally:
         client.close()
